@@ -1,0 +1,280 @@
+"""The packfs command line: parses arguments, calls one library function, prints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat as stat_module
+import sys
+import time
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import PackfsError
+from .extract import unpack as unpack_archive
+from .reader import PackedFolder
+from .writer import pack_folder
+
+EXISTING_FILE = click.Path(exists=True, dir_okay=False)
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+class _Group(click.Group):
+    """Turns PackfsError into one ``Error: ...`` line and exit 1 (a traceback with --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PackfsError as error:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            raise click.ClickException(str(error)) from None
+        except BrokenPipeError:
+            sys.stderr.close()  # reader went away (e.g. `packfs cat ... | head`)
+            sys.exit(1)
+
+
+class _TerminalProgress:
+    """A one-line progress display on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str, quiet: bool = False) -> None:
+        self.label = label
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.total_files = self.total_bytes = 0
+        self.files = self.bytes = 0
+        self.started = time.monotonic()
+        self._drawn = 0.0
+
+    def start(self, total_files: int, total_bytes: int) -> None:
+        self.total_files, self.total_bytes = total_files, total_bytes
+        self.started = time.monotonic()
+
+    def advance(self, files: int, nbytes: int) -> None:
+        self.files += files
+        self.bytes += nbytes
+        now = time.monotonic()
+        if self.enabled and now - self._drawn > 0.1:
+            self._drawn = now
+            elapsed = max(now - self.started, 1e-9)
+            rate = self.bytes / elapsed
+            left = (self.total_bytes - self.bytes) / rate if rate and self.total_bytes else 0
+            percent = 100 * self.bytes / self.total_bytes if self.total_bytes else 100
+            files = f"{self.files}/{self.total_files} files  " if self.total_files else ""
+            click.echo(
+                f"\r{self.label} {percent:5.1f}%  {files}{human_size(self.bytes)}"
+                f"/{human_size(self.total_bytes)}  {human_size(rate)}/s  ETA {left:.0f} s   ",
+                nl=False, err=True,
+            )
+
+    def add_bytes(self, nbytes: int) -> None:
+        self.advance(0, nbytes)
+
+    def close(self) -> None:
+        if self.enabled and self._drawn:
+            click.echo("\r" + " " * 79 + "\r", nl=False, err=True)
+
+
+class _WarningHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"Warning: {record.getMessage()}", err=True)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(__version__, prog_name="packfs")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Pack a directory tree into one checksummed file and read it in place.
+
+    \b
+    Example:
+      packfs pack dataset/ data.ffr
+      packfs ls -l data.ffr train
+      packfs verify data.ffr
+    """
+    ctx.obj = {"debug": debug}
+    logger = logging.getLogger("packfs")
+    if not any(isinstance(h, _WarningHandler) for h in logger.handlers):
+        logger.addHandler(_WarningHandler())
+    logger.propagate = False
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to.")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Leave out paths or names matching GLOB (repeatable).")
+@click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
+         quiet: bool) -> None:
+    """Pack the directory SRC into the archive OUT.
+
+    \b
+    Example:
+      packfs pack dataset/ data.ffr --exclude '*.tmp'
+    """
+    progress = _TerminalProgress("packing", quiet)
+    try:
+        stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
+                            force=force, progress=progress)
+    finally:
+        progress.close()
+    if not quiet:
+        rate = stats.file_bytes / stats.seconds if stats.seconds else 0
+        click.echo(
+            f"packed {stats.files} files, {stats.dirs} dirs, {stats.symlinks} symlinks "
+            f"({human_size(stats.file_bytes)}) into {out!r} ({human_size(stats.archive_bytes)}) "
+            f"in {stats.seconds:.2f} s ({stats.files / max(stats.seconds, 1e-9):.0f} files/s, "
+            f"{human_size(rate)}/s)"
+            + (f"; skipped {stats.skipped}" if stats.skipped else ""),
+            err=True,
+        )
+
+
+def _ls_line(name: str, info: Any, folder: PackedFolder, path: str) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.mtime_ns / 1e9))
+    line = (f"{stat_module.filemode(info.mode)} {info.nlink:3d} {info.uid:5d} {info.gid:5d} "
+            f"{info.size:12d} {when} {name}")
+    if info.kind == "symlink":
+        line += " -> " + folder.readlink(path)
+    return line
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.argument("path", default="")
+@click.option("-l", "long", is_flag=True, help="Long listing: mode, links, owner, size, mtime.")
+@click.option("-R", "recursive", is_flag=True, help="List sub-directories recursively.")
+def ls(archive: str, path: str, long: bool, recursive: bool) -> None:
+    """List directory PATH (default: the root) of ARCHIVE.
+
+    \b
+    Example:
+      packfs ls -l data.ffr train/cat
+    """
+    with PackedFolder(archive) as folder:
+        if not folder.is_dir(path):
+            info = folder.stat(path)
+            click.echo(_ls_line(path, info, folder, path) if long else path)
+            return
+        for name in folder.list(path, recursive=recursive):
+            full = f"{path.strip('/')}/{name}" if path.strip("/") else name
+            if long:
+                click.echo(_ls_line(name, folder.stat(full), folder, full))
+            else:
+                click.echo(name)
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.argument("paths", nargs=-1, required=True)
+def cat(archive: str, paths: tuple[str, ...]) -> None:
+    """Write the contents of files in ARCHIVE to standard output.
+
+    \b
+    Example:
+      packfs cat data.ffr labels.csv | head
+    """
+    out = click.get_binary_stream("stdout")
+    with PackedFolder(archive) as folder:
+        for path in paths:
+            with folder.open(path) as source:  # checks the CRC before any byte is written
+                while chunk := source.read(1 << 20):
+                    out.write(chunk)
+    out.flush()
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def info(archive: str, as_json: bool) -> None:
+    """Show counts, sizes and the format version of ARCHIVE.
+
+    \b
+    Example:
+      packfs info --json data.ffr
+    """
+    with PackedFolder(archive) as folder:
+        details = folder.info()
+    if as_json:
+        click.echo(json.dumps(details, indent=2))
+        return
+    for key, value in details.items():
+        if key.endswith("_bytes"):
+            value = f"{human_size(value)} ({value} bytes)"  # type: ignore[arg-type]
+        click.echo(f"{key.replace('_', ' '):<16}{value}")
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def verify(archive: str, quiet: bool) -> None:
+    """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
+
+    \b
+    Example:
+      packfs verify data.ffr && echo sound
+    """
+    progress = _TerminalProgress("verifying", quiet)
+    with PackedFolder(archive) as folder:
+        progress.start(0, folder._container.file_size)
+        try:
+            report = folder.verify(progress.add_bytes)
+        finally:
+            progress.close()
+    if report.ok:
+        click.echo(f"OK: {report.records_checked} records, {human_size(report.bytes_checked)} checked")
+        return
+    for path in report.bad_paths:
+        click.echo(f"damaged: {path}")
+    for problem in report.problems:
+        click.echo(f"damaged: {problem}")
+    raise click.ClickException(
+        f"{archive!r} is damaged: {len(report.bad_paths)} files and "
+        f"{len(report.bad_records)} records fail their checksums"
+    )
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.argument("paths", nargs=-1)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool) -> None:
+    """Extract ARCHIVE (or just PATHS in it) into the directory DEST.
+
+    Restores modes, mtimes, symlinks, hard links and empty directories; never writes
+    outside DEST and never overwrites an existing file.
+
+    \b
+    Example:
+      packfs unpack data.ffr restored/ train/cat
+    """
+    progress = _TerminalProgress("unpacking", quiet)
+    with PackedFolder(archive) as folder:
+        progress.start(0, int(folder.info()["file_bytes"]))  # type: ignore[call-overload]
+        try:
+            stats = unpack_archive(folder, dest, paths, progress=progress.add_bytes)
+        finally:
+            progress.close()
+    if not quiet:
+        click.echo(
+            f"unpacked {stats.files + stats.hardlinks} files, {stats.dirs} dirs, "
+            f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}",
+            err=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

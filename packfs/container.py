@@ -1,0 +1,397 @@
+"""The FFRecord container on its own: a memory-mapped reader and an atomic writer.
+
+The byte layout is documented in :mod:`packfs.format`, section 1.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import stat as stat_module
+import sys
+from array import array
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import numpy as np
+
+from .errors import ChecksumError, FormatError, PackError
+from .format import HEADER_PREFIX, crc32, header_size
+
+__all__ = ["Container", "ContainerWriter", "TEMP_MARKER"]
+
+# Large enough to amortise per-call overhead, small enough that validation of a huge
+# header never holds more than this many pages in the process at once.
+_SCAN_CHUNK = 8 << 20
+_COPY_CHUNK = 1 << 20
+
+# Temporary files are named ".<out>.packfs-tmp-<pid>-<random>" so that a killed packer's
+# leftovers are recognisable.
+TEMP_MARKER = ".packfs-tmp-"
+
+ProgressCallback = Callable[[int], None]
+
+
+def release_pages(mm: mmap.mmap, start: int, end: int) -> None:
+    """Drop our mapping of [start, end) so one-off scans do not stay in RSS."""
+    page = mmap.PAGESIZE
+    start -= start % page
+    end = min(end, len(mm))
+    if end > start:
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (AttributeError, OSError, ValueError):
+            pass  # only a memory hint; correctness does not depend on it
+
+
+def crc32_of_range(
+    mm: mmap.mmap, start: int, end: int, progress: ProgressCallback | None = None
+) -> int:
+    """CRC-32 of mm[start:end], chunked so peak memory stays flat."""
+    view = memoryview(mm)
+    value = 0
+    try:
+        for chunk_start in range(start, end, _SCAN_CHUNK):
+            chunk_end = min(end, chunk_start + _SCAN_CHUNK)
+            value = crc32(view[chunk_start:chunk_end], value)
+            if end - start > _SCAN_CHUNK:
+                release_pages(mm, chunk_start, chunk_end)
+            if progress is not None:
+                progress(chunk_end - chunk_start)
+    finally:
+        view.release()
+    return value
+
+
+class Container:
+    """A memory-mapped FFRecord container, validated at open.
+
+    Parameters
+    ----------
+    path
+        The container file.
+    check_data
+        Check the header CRC at open (record CRCs are checked by the callers).
+
+    Raises
+    ------
+    FormatError
+        The file is not a well-formed container.
+    ChecksumError
+        The header CRC does not match.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], check_data: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.check_data = check_data
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise FormatError(f"{self.path!r}: no such file") from None
+        except IsADirectoryError:
+            raise FormatError(f"{self.path!r}: is a directory, expected an archive file") from None
+        except OSError as error:
+            raise FormatError(f"{self.path!r}: cannot open: {error.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat_module.S_ISREG(info.st_mode):
+                raise FormatError(f"{self.path!r}: not a regular file, expected an archive file")
+            self.file_size = info.st_size
+            if self.file_size < HEADER_PREFIX.size:
+                raise FormatError(
+                    f"{self.path!r}: truncated: {self.file_size} bytes, a container header "
+                    f"needs at least {HEADER_PREFIX.size}"
+                )
+            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        try:
+            self._open_header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_header(self) -> None:
+        mm = self._mm
+        checksum_meta, n = HEADER_PREFIX.unpack_from(mm, 0)
+        if n < 0 or header_size(n) > self.file_size:
+            raise FormatError(
+                f"{self.path!r}: header claims {n} records, which needs {header_size(n)} "
+                f"header bytes, but the file has {self.file_size}"
+            )
+        self.record_count = n
+        self.data_start = header_size(n)
+        if self.check_data:
+            if checksum_meta == 0:
+                raise FormatError(
+                    f"{self.path!r}: metadata checksum is 0 (an FFRecord legacy or aborted "
+                    f"file); expected a CRC-32 of the header"
+                )
+            actual = crc32_of_range(mm, 4, self.data_start)
+            if actual != checksum_meta:
+                raise ChecksumError(
+                    f"{self.path!r}: header checksum mismatch: stored {checksum_meta:#010x}, "
+                    f"computed {actual:#010x}"
+                )
+        self.crcs = np.frombuffer(mm, dtype="<u4", count=n, offset=12)
+        self.offsets = np.frombuffer(mm, dtype="<i8", count=n, offset=12 + 4 * n)
+        self._check_offsets()
+        # memoryview item access is several times faster than numpy scalar indexing,
+        # and the hot read path does a handful of them per call.
+        self._view = memoryview(mm)
+        self._crc_items = self._view[12 : 12 + 4 * n].cast("I")
+        self._offset_items = self._view[12 + 4 * n : self.data_start].cast("q")
+
+    def _check_offsets(self) -> None:
+        n = self.record_count
+        previous = self.data_start
+        step = _SCAN_CHUNK // 8
+        for start in range(0, n, step):
+            chunk = self.offsets[start : start + step]
+            if chunk[0] < previous or np.any(chunk[1:] < chunk[:-1]):
+                bad = start + int(np.argmax(np.diff(chunk, prepend=previous) < 0))
+                low = previous if bad == start else int(self.offsets[bad - 1])
+                raise FormatError(
+                    f"{self.path!r}: record {bad} starts at offset {int(self.offsets[bad])}, "
+                    f"expected >= {low} (offsets must be non-decreasing from the header end)"
+                )
+            previous = int(chunk[-1])
+        if n and previous > self.file_size:
+            raise FormatError(
+                f"{self.path!r}: record {n - 1} starts at offset {previous}, past the end "
+                f"of the file ({self.file_size} bytes)"
+            )
+        if n > step:
+            release_pages(self._mm, 12, self.data_start)
+
+    # -- records ---------------------------------------------------------------------
+
+    def record_span(self, index: int) -> tuple[int, int]:
+        """(start, end) file offsets of record ``index`` (already range-checked)."""
+        offsets = self._offset_items
+        start = offsets[index]
+        end = offsets[index + 1] if index + 1 < self.record_count else self.file_size
+        return start, end
+
+    def record_length(self, index: int) -> int:
+        start, end = self.record_span(index)
+        return end - start
+
+    def stored_crc(self, index: int) -> int:
+        return self._crc_items[index]
+
+    def record_bytes(self, index: int) -> bytes:
+        """A copy of record ``index``, unchecked."""
+        start, end = self.record_span(index)
+        return self._mm[start:end]
+
+    def record_view(self, index: int) -> memoryview:
+        """A zero-copy read-only view of record ``index``, unchecked."""
+        start, end = self.record_span(index)
+        return self._view[start:end]
+
+    def check_crc(self, index: int, data: bytes | memoryview, label: str) -> None:
+        """Raise ChecksumError naming ``label`` if ``data`` is not record ``index``'s bytes."""
+        stored = self._crc_items[index]
+        actual = crc32(data)
+        if actual != stored:
+            raise ChecksumError(
+                f"{self.path!r}: {label}: checksum mismatch: stored {stored:#010x}, "
+                f"computed {actual:#010x}"
+            )
+
+    def record_crc_ok(self, index: int, progress: ProgressCallback | None = None) -> bool:
+        """Check record ``index`` in chunks (for records too big to hold twice)."""
+        start, end = self.record_span(index)
+        return crc32_of_range(self._mm, start, end, progress) == self._crc_items[index]
+
+    def checked_record_bytes(self, index: int, label: str) -> bytes:
+        data = self.record_bytes(index)
+        self.check_crc(index, data, label)
+        return data
+
+    def read_region(self, start: int, end: int) -> bytes:
+        return self._mm[start:end]
+
+    @property
+    def mmap(self) -> mmap.mmap:
+        return self._mm
+
+    def close(self) -> None:
+        for name in ("_crc_items", "_offset_items", "_view"):
+            view = self.__dict__.pop(name, None)
+            if view is not None:
+                view.release()
+        self.__dict__.pop("crcs", None)
+        self.__dict__.pop("offsets", None)
+        mm = self.__dict__.pop("_mm", None)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                # A caller still holds a read_view(); the map closes when it is released.
+                pass
+
+    @property
+    def closed(self) -> bool:
+        return "_mm" not in self.__dict__
+
+
+class ContainerWriter:
+    """Writes a container with a known record count to a temporary file next to ``out``.
+
+    Records are appended in order; :meth:`commit` writes the header, fsyncs and
+    publishes the file under its final name in one rename.  Until then ``out`` is
+    untouched; :meth:`abort` (or leaving a ``with`` block with an exception) removes
+    the temporary file.
+
+    Parameters
+    ----------
+    out
+        Final path of the container.
+    record_count
+        Exactly how many records will be written.
+    force
+        Replace ``out`` if it exists; otherwise an existing ``out`` is an error.
+
+    Raises
+    ------
+    PackError
+        ``out`` exists (without ``force``) or cannot be created.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], record_count: int, force: bool = False) -> None:
+        if record_count < 0:
+            raise ValueError(f"record_count must be >= 0, got {record_count!r}")
+        if sys.byteorder != "little":
+            # array.tobytes() below writes native order and the format is little-endian.
+            raise PackError("packfs can only write archives on a little-endian machine")
+        self.out = Path(out)
+        self.force = force
+        self.record_count = record_count
+        if not force and os.path.lexists(self.out):
+            raise PackError(f"{str(self.out)!r} already exists; use --force to replace it")
+        if self.out.is_dir():
+            raise PackError(f"{str(self.out)!r} is a directory, expected an archive file path")
+        self.temp_path = self.out.parent / (
+            f".{self.out.name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        try:
+            fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except OSError as error:
+            raise PackError(
+                f"cannot create {str(self.temp_path)!r} next to the output: {error.strerror}"
+            ) from None
+        self._file: BinaryIO = os.fdopen(fd, "wb", buffering=_COPY_CHUNK)
+        self._crcs = array("I")
+        self._offsets = array("q")
+        self.position = header_size(record_count)
+        self._file.seek(self.position)
+        self._record_start = -1
+        self._record_crc = 0
+
+    def __enter__(self) -> ContainerWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    @property
+    def records_written(self) -> int:
+        return len(self._offsets)
+
+    def begin_record(self) -> None:
+        if len(self._offsets) >= self.record_count:
+            raise PackError(
+                f"{str(self.out)!r}: more records written than the {self.record_count} declared"
+            )
+        self._record_start = self.position
+        self._record_crc = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data`` to the record begun with :meth:`begin_record`."""
+        self._file.write(data)
+        self._record_crc = crc32(data, self._record_crc)
+        self.position += len(data)
+
+    def end_record(self) -> int:
+        """Finish the current record and return its index."""
+        self._offsets.append(self._record_start)
+        self._crcs.append(self._record_crc)
+        return len(self._offsets) - 1
+
+    def write_record(self, data: bytes | memoryview) -> int:
+        self.begin_record()
+        self.write(data)
+        return self.end_record()
+
+    def commit(self) -> None:
+        """Write the header, fsync, and rename the temporary file to ``out``."""
+        if len(self._offsets) != self.record_count:
+            raise PackError(
+                f"{str(self.out)!r}: {len(self._offsets)} records written, "
+                f"{self.record_count} declared"
+            )
+        header = HEADER_PREFIX.pack(0, self.record_count)[4:] + self._crcs.tobytes()
+        header += self._offsets.tobytes()
+        checksum_meta = crc32(header)
+        try:
+            self._file.seek(0)
+            self._file.write(checksum_meta.to_bytes(4, "little") + header)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._publish()
+        except OSError as error:
+            self.abort()
+            raise PackError(f"cannot write {str(self.out)!r}: {error.strerror}") from None
+
+    def _publish(self) -> None:
+        if self.force:
+            os.replace(self.temp_path, self.out)
+        else:
+            # link() fails if out appeared meanwhile, so nothing is ever clobbered.
+            try:
+                os.link(self.temp_path, self.out)
+            except FileExistsError:
+                self.abort()
+                raise PackError(
+                    f"{str(self.out)!r} already exists; use --force to replace it"
+                ) from None
+            except OSError:
+                # Some file systems have no hard links; fall back to a plain rename.
+                if os.path.lexists(self.out):
+                    self.abort()
+                    raise PackError(
+                        f"{str(self.out)!r} already exists; use --force to replace it"
+                    ) from None
+                os.replace(self.temp_path, self.out)
+            else:
+                os.unlink(self.temp_path)
+        directory = os.open(self.out.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def abort(self) -> None:
+        """Close and remove the temporary file; ``out`` is left as it was."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.temp_path)
+        except FileNotFoundError:
+            pass
+
+
+def iter_chunks(source: BinaryIO, chunk_size: int = _COPY_CHUNK) -> Iterator[bytes]:
+    """Read ``source`` to its end in chunks of at most ``chunk_size`` bytes."""
+    while True:
+        chunk = source.read(chunk_size)
+        if not chunk:
+            return
+        yield chunk

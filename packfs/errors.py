@@ -1,0 +1,56 @@
+"""The PackfsError hierarchy.
+
+Every error packfs raises on purpose is a :class:`PackfsError`.  Where a built-in
+exception already names the situation, the class derives from it too, so callers can
+keep writing ``except FileNotFoundError`` (the pattern zarr uses).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PackfsError",
+    "FormatError",
+    "ChecksumError",
+    "PathNotFoundError",
+    "NotAFileError",
+    "NotADirectoryPathError",
+    "NotASymlinkError",
+    "PackError",
+    "UnpackError",
+]
+
+
+class PackfsError(Exception):
+    """Raised for any error packfs reports on purpose; the base of all others."""
+
+
+class FormatError(PackfsError, ValueError):
+    """Raised when a file is not a valid archive: bad magic, unsupported version, truncation."""
+
+
+class ChecksumError(FormatError):
+    """Raised when a stored CRC-32 does not match the bytes it covers."""
+
+
+class PathNotFoundError(PackfsError, FileNotFoundError):
+    """Raised when a path does not exist in the archive."""
+
+
+class NotAFileError(PackfsError, IsADirectoryError):
+    """Raised when file contents are asked of something that is not a regular file."""
+
+
+class NotADirectoryPathError(PackfsError, NotADirectoryError):
+    """Raised when a directory operation is given a path that is not a directory."""
+
+
+class NotASymlinkError(PackfsError, ValueError):
+    """Raised when a symlink operation is given a path that is not a symlink."""
+
+
+class PackError(PackfsError):
+    """Raised when the writer rejects its input or cannot finish the archive."""
+
+
+class UnpackError(PackfsError):
+    """Raised when extraction cannot write an entry safely inside the destination."""

@@ -1,0 +1,240 @@
+"""The packfs archive format, version 1.  This docstring is the specification.
+
+A packfs archive is an FFRecord container whose last records describe a directory tree.
+FFRecord's own ``FileReader`` opens it as a plain sequence of records.
+
+1. Container (FFRecord's layout, unchanged)
+-------------------------------------------
+All integers are little-endian.  There is no magic and no padding in the header::
+
+    offset        size   field
+    0             4      checksum_meta   u32   CRC-32 of bytes [4, 12 + 12n)
+    4             8      n               i64   number of records
+    12            4n     crc[i]          u32   CRC-32 of record i's bytes
+    12 + 4n       8n     offset[i]       i64   absolute file offset of record i
+    12 + 12n      ...    record bytes, back to back
+
+Record ``i`` spans ``[offset[i], offset[i+1])``; the last record ends at the end of the
+file, so the file size is part of the format.  CRC-32 is zlib's (reflected polynomial
+0xEDB88320, init and xorout 0xFFFFFFFF; the CRC of zero bytes is 0).
+
+A reader must reject: a file shorter than 12 bytes; ``n < 0``; ``12 + 12n`` greater than
+the file size; ``checksum_meta`` not matching (when checking data); offsets that are not
+``12 + 12n <= offset[0] <= offset[1] <= ... <= offset[n-1] <= file size``.
+``checksum_meta == 0`` is FFRecord's "legacy file" marker; packfs refuses it.
+
+2. Record order in a packfs archive
+-----------------------------------
+With ``D`` data records and ``S`` sections (``S = 15`` in version 1)::
+
+    records 0 .. D-1        data: file contents and symlink targets, one record each
+    record  D + 2k          padding before section k: zero bytes, so that section k
+                            starts at a file offset that is a multiple of 64
+    record  D + 2k + 1      section k (k = 0 .. S-1)
+    [one empty record]      present only when it makes n odd, so that the offset
+                            table (at 12 + 4n) is 8-byte aligned
+    record  n - 1           the footer
+
+Data records that no entry references are allowed and must be empty (a writer may
+reserve header slots it then does not use).  ``pack`` writes data records in
+depth-first order of paths, with names sorted bytewise, so the files of one directory
+are adjacent; readers do not depend on that order.
+
+3. Footer (the last record, exactly 64 bytes; ``FOOTER``)
+----------------------------------------------------------
+::
+
+    offset  size  field
+    0       8     magic                b"\\x93PACKFS\\x00"
+    8       2     version_major  u16   1
+    10      2     version_minor  u16   0
+    12      4     flags          u32   0; a reader rejects any bit it does not know
+    16      8     entry_count    u64   N, the number of path-table entries (>= 1)
+    24      8     data_records   u64   D
+    32      4     section_count  u32   S; 15 in version 1
+    36      28    reserved             zero
+
+Version policy: a reader rejects another ``version_major``.  A higher
+``version_minor`` only adds things an older reader may ignore (sections after the
+known ones, meanings for reserved bytes), so it is accepted.
+
+4. Path table (sections 0..14)
+------------------------------
+The table has N entries: directories, regular files and symlinks.  Entry 0 is the
+root directory (parent 0, empty name).  Entries are in breadth-first order and the
+children of every directory are one contiguous range, sorted bytewise by name.  Each
+column is its own section, an array of N little-endian values indexed by entry:
+
+    k   name          type  meaning
+    0   parent        u32   entry index of the parent directory (0 for the root)
+    1   mode          u32   st_mode: file type (S_IFDIR, S_IFREG or S_IFLNK) and
+                            permission bits
+    2   uid           u32   owner
+    3   gid           u32   group
+    4   mtime_ns      i64   modification time, nanoseconds since the epoch
+    5   size          u64   file: its length; symlink: the target's length; dir: 0
+    6   record        u64   file, symlink: the data record holding the contents or
+                            the target; dir: 2**64 - 1
+    7   child_start   u32   dir: index of its first child; others: 0
+    8   child_count   u32   dir: number of children; others: 0
+    9   name_end      u64   end of this entry's name in section 12; entry i's name is
+                            names[name_end[i-1] : name_end[i]] (the root's is empty,
+                            name_end[0] = 0)
+    10  nlink         u32   file: entries sharing its record (hard links); dir: 2 +
+                            its sub-directories; symlink: 1
+    11  (reserved)    u32   zero
+    12  names         u8    all names, in entry order, with no separators
+    13  path_hash     u32   sorted ascending: CRC-32 of each entry's full path
+    14  path_entry    u32   the entry index for path_hash[j] (ties sorted by index)
+
+A full path is the names from the root down joined by ``/``, with no leading slash;
+the root's is the empty string.  Names are raw bytes (POSIX names need not be UTF-8).
+
+To look a path up, compute its CRC-32, binary-search ``path_hash`` and compare the
+full path of each entry in the run of equal hashes (different paths can share a CRC).
+To list a directory, read its children range.
+
+5. What a reader must reject at open
+------------------------------------
+Besides section 1: a last record that is not a 64-byte footer with the magic; another
+major version; unknown flags; ``section_count < 15``; ``n`` not equal to
+``D + 2S + 1`` plus the parity record; a section whose length is not ``N`` times its
+item size (section 12: ``name_end[N-1]``); a section not starting at a multiple of 64;
+any CRC mismatch in the header or a table section (when checking data); and a table
+that is not a tree:
+
+- the root is a directory with parent 0 and an empty name;
+- for every other entry: ``parent < i``, the parent is a directory and
+  ``child_start[parent] <= i < child_start[parent] + child_count[parent]``;
+- the child counts of all directories add up to ``N - 1``; non-directories have
+  ``child_start == child_count == 0``;
+- ``name_end`` is non-decreasing; every name but the root's is non-empty, is not
+  ``.`` or ``..``; the names section contains no ``/`` and no NUL byte;
+- the file type is a directory, a regular file or a symlink;
+- files and symlinks name a record below D whose length equals their size, and
+  directories have record 2**64 - 1;
+- ``path_entry`` values are below N and ``path_hash`` is sorted.
+
+These checks make every later access in bounds; a reader need not repeat them.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from zlib_ng import zlib_ng
+
+from .errors import FormatError
+
+__all__ = [
+    "MAGIC",
+    "VERSION_MAJOR",
+    "VERSION_MINOR",
+    "HEADER_PREFIX",
+    "FOOTER",
+    "FOOTER_SIZE",
+    "SECTION_ALIGNMENT",
+    "SECTIONS",
+    "SECTION_COUNT",
+    "NO_RECORD",
+    "Footer",
+    "crc32",
+    "header_size",
+    "record_count_for",
+    "pack_footer",
+    "unpack_footer",
+]
+
+MAGIC = b"\x93PACKFS\x00"
+VERSION_MAJOR = 1
+VERSION_MINOR = 0
+
+# Section 1: checksum_meta u32, n i64.  The arrays that follow are read as numpy views.
+HEADER_PREFIX = struct.Struct("<Iq")
+
+# Section 3: magic, version_major, version_minor, flags, entry_count, data_records,
+# section_count, 28 reserved bytes.
+FOOTER = struct.Struct("<8sHHIQQI28s")
+FOOTER_SIZE = FOOTER.size  # 64
+
+SECTION_ALIGNMENT = 64
+NO_RECORD = 2**64 - 1
+
+# Section 4: (name, numpy dtype) in section order.
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("parent", "<u4"),
+    ("mode", "<u4"),
+    ("uid", "<u4"),
+    ("gid", "<u4"),
+    ("mtime_ns", "<i8"),
+    ("size", "<u8"),
+    ("record", "<u8"),
+    ("child_start", "<u4"),
+    ("child_count", "<u4"),
+    ("name_end", "<u8"),
+    ("nlink", "<u4"),
+    ("reserved", "<u4"),
+    ("names", "u1"),
+    ("path_hash", "<u4"),
+    ("path_entry", "<u4"),
+)
+SECTION_COUNT = len(SECTIONS)
+
+
+class Footer(NamedTuple):
+    """The decoded footer record."""
+
+    version_major: int
+    version_minor: int
+    flags: int
+    entry_count: int
+    data_records: int
+    section_count: int
+
+
+def crc32(data: bytes | memoryview, value: int = 0) -> int:
+    """CRC-32 as zlib computes it, using zlib-ng's vectorised implementation."""
+    return zlib_ng.crc32(data, value)
+
+
+def header_size(record_count: int) -> int:
+    """Bytes taken by the container header for ``record_count`` records."""
+    return 12 + 12 * record_count
+
+
+def record_count_for(data_records: int, section_count: int = SECTION_COUNT) -> int:
+    """Total records in an archive with ``data_records`` data records (section 2)."""
+    count = data_records + 2 * section_count + 1
+    return count if count % 2 else count + 1
+
+
+def pack_footer(entry_count: int, data_records: int) -> bytes:
+    """Encode a version-1 footer."""
+    return FOOTER.pack(
+        MAGIC, VERSION_MAJOR, VERSION_MINOR, 0, entry_count, data_records, SECTION_COUNT, bytes(28)
+    )
+
+
+def unpack_footer(data: bytes, where: str) -> Footer:
+    """Decode and check a footer; ``where`` names the archive in error messages."""
+    if len(data) != FOOTER_SIZE or data[:8] != MAGIC:
+        raise FormatError(
+            f"{where}: not a packfs archive (its last record is not a {FOOTER_SIZE}-byte "
+            f"footer starting with {MAGIC!r})"
+        )
+    magic, major, minor, flags, entries, data_records, sections, _reserved = FOOTER.unpack(data)
+    if major != VERSION_MAJOR:
+        raise FormatError(
+            f"{where}: unsupported format version {major}.{minor}; "
+            f"this packfs reads version {VERSION_MAJOR}.x"
+        )
+    if flags:
+        raise FormatError(f"{where}: unknown feature flags {flags:#x} in the footer")
+    if sections < SECTION_COUNT:
+        raise FormatError(
+            f"{where}: footer lists {sections} sections, version {major} needs {SECTION_COUNT}"
+        )
+    if entries < 1:
+        raise FormatError(f"{where}: footer says the path table has {entries} entries, expected >= 1")
+    return Footer(major, minor, flags, entries, data_records, sections)

@@ -1,0 +1,331 @@
+"""The path table (format section 4): built from entries by the writer, read in place
+from the memory map by the reader."""
+
+from __future__ import annotations
+
+import stat as stat_module
+from bisect import bisect_left
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from .container import Container, release_pages
+from .errors import ChecksumError, FormatError
+from .format import NO_RECORD, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
+
+__all__ = ["TableRow", "build_tables", "PathTable", "S_IFMT", "S_IFDIR", "S_IFREG", "S_IFLNK"]
+
+S_IFMT = stat_module.S_IFMT(0o177777)
+S_IFDIR = stat_module.S_IFDIR
+S_IFREG = stat_module.S_IFREG
+S_IFLNK = stat_module.S_IFLNK
+
+_VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
+_SLASH = ord("/")
+# Validation works on slices of this many entries so its temporaries stay small.
+_CHUNK = 1 << 20
+
+
+class TableRow(NamedTuple):
+    """One entry as the writer collects it; ``path`` is the full path in bytes."""
+
+    path: bytes
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int
+    record: int  # NO_RECORD for directories
+
+
+def build_tables(rows: Iterable[TableRow]) -> dict[str, np.ndarray]:
+    """Lay out the path table for ``rows``: one array per section, in section order.
+
+    Every parent directory must be among the rows; the root is the row with path b"".
+    """
+    by_path: dict[bytes, TableRow] = {}
+    children: dict[bytes, list[bytes]] = {}
+    for row in rows:
+        by_path[row.path] = row
+        if row.path:
+            children.setdefault(row.path.rpartition(b"/")[0], []).append(row.path)
+
+    # Breadth-first, so the children of every directory are one contiguous range.
+    order = [b""]
+    child_start = [0]
+    child_count = [0]
+    position = 0
+    while position < len(order):
+        kids = children.get(order[position])
+        if kids:
+            # Siblings share the parent's prefix, so sorting full paths sorts names bytewise.
+            kids.sort()
+            child_start[position] = len(order)
+            child_count[position] = len(kids)
+            order.extend(kids)
+            child_start.extend([0] * len(kids))
+            child_count.extend([0] * len(kids))
+        position += 1
+
+    count = len(order)
+    index_of = {path: i for i, path in enumerate(order)}
+    parent = np.zeros(count, "<u4")
+    columns = {name: np.zeros(count, dtype) for name, dtype in SECTIONS if name != "names"}
+    names: list[bytes] = []
+    for i, path in enumerate(order):
+        row = by_path[path]
+        head, _, name = path.rpartition(b"/")
+        parent[i] = index_of[head] if i else 0
+        names.append(name)
+        columns["mode"][i] = row.mode
+        columns["uid"][i] = row.uid
+        columns["gid"][i] = row.gid
+        columns["mtime_ns"][i] = row.mtime_ns
+        columns["size"][i] = row.size
+        columns["record"][i] = row.record
+    columns["parent"] = parent
+    columns["child_start"] = np.asarray(child_start, "<u4")
+    columns["child_count"] = np.asarray(child_count, "<u4")
+    name_lengths = np.fromiter((len(n) for n in names), np.int64, count)
+    columns["name_end"] = np.cumsum(name_lengths).astype("<u8")
+
+    file_type = columns["mode"] & S_IFMT
+    nlink = np.ones(count, "<u4")
+    is_file = file_type == S_IFREG
+    if is_file.any():
+        records = columns["record"][is_file].astype(np.int64)
+        sharing = np.bincount(records)
+        nlink[is_file] = sharing[records]
+    is_dir = file_type == S_IFDIR
+    subdirs = np.bincount(parent[1:][is_dir[1:]], minlength=count)
+    nlink[is_dir] = 2 + subdirs[is_dir]
+    columns["nlink"] = nlink
+
+    hashes = np.fromiter((crc32(p) for p in order), np.uint32, count)
+    by_hash = np.argsort(hashes, kind="stable")  # ties keep entry order
+    columns["path_hash"] = hashes[by_hash].astype("<u4")
+    columns["path_entry"] = by_hash.astype("<u4")
+    columns["names"] = np.frombuffer(b"".join(names), np.uint8)
+    return {name: columns[name] for name, _ in SECTIONS}
+
+
+class PathTable:
+    """The path table of an open archive, as views into the memory map.
+
+    Opening validates every rule of format section 5, chunk by chunk, so later
+    lookups can index the arrays without further checks.
+    """
+
+    def __init__(self, container: Container, footer: Footer) -> None:
+        self._container = container
+        self.path = container.path
+        self.entry_count = footer.entry_count
+        self.data_records = footer.data_records
+        self.arrays: dict[str, np.ndarray] = {}
+        self._section_start: dict[str, int] = {}
+        mm = container.mmap
+        for k, (name, dtype) in enumerate(SECTIONS):
+            record = footer.data_records + 2 * k + 1
+            start, end = container.record_span(record)
+            if start % SECTION_ALIGNMENT:
+                raise FormatError(
+                    f"{self.path!r}: section {name!r} starts at offset {start}, expected a "
+                    f"multiple of {SECTION_ALIGNMENT}"
+                )
+            itemsize = np.dtype(dtype).itemsize
+            expected = None if name == "names" else self.entry_count * itemsize
+            if expected is not None and end - start != expected:
+                raise FormatError(
+                    f"{self.path!r}: section {name!r} is {end - start} bytes, expected "
+                    f"{expected} for {self.entry_count} entries"
+                )
+            if container.check_data and not container.record_crc_ok(record):
+                raise ChecksumError(
+                    f"{self.path!r}: path table section {name!r} (record {record}): "
+                    f"checksum mismatch"
+                )
+            self.arrays[name] = np.frombuffer(mm, dtype, (end - start) // itemsize, start)
+            self._section_start[name] = start
+        self._table_span = (
+            self._section_start[SECTIONS[0][0]],
+            container.record_span(footer.data_records + 2 * len(SECTIONS) - 1)[1],
+        )
+        self._names_start = self._section_start["names"]
+        self._validate()
+        # Item access through memoryviews is several times faster than numpy scalars.
+        view = memoryview(mm)
+        self._views = []
+        for name, code in (
+            ("parent", "I"), ("mode", "I"), ("size", "Q"), ("record", "Q"),
+            ("child_start", "I"), ("child_count", "I"), ("name_end", "Q"),
+            ("path_hash", "I"), ("path_entry", "I"),
+        ):
+            start = self._section_start[name]
+            item_view = view[start : start + self.arrays[name].nbytes].cast(code)
+            self._views.append(item_view)
+            setattr(self, "_" + name, item_view)
+        view.release()
+        self._mm = mm
+
+    def close(self) -> None:
+        for item_view in self.__dict__.pop("_views", []):
+            item_view.release()
+        self.arrays.clear()
+
+    # -- validation ------------------------------------------------------------------
+
+    def _fail(self, message: str) -> None:
+        raise FormatError(f"{self.path!r}: invalid path table: {message}")
+
+    def _validate(self) -> None:
+        a = self.arrays
+        count = self.entry_count
+        names = a["names"]
+        mode, parent = a["mode"], a["parent"]
+        if mode[0] & S_IFMT != S_IFDIR or parent[0] != 0 or a["name_end"][0] != 0:
+            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
+        if a["name_end"][-1] != len(names):
+            self._fail(
+                f"names end at {int(a['name_end'][-1])} but the names section has "
+                f"{len(names)} bytes"
+            )
+        offsets = self._container.offsets
+        data_records = self.data_records
+        total_children = 0
+        for start in range(0, count, _CHUNK):
+            end = min(count, start + _CHUNK)
+            index = np.arange(start, end, dtype=np.int64)
+            file_type = mode[start:end] & S_IFMT
+            if not np.isin(file_type, _VALID_TYPES).all():
+                bad = start + int(np.argmin(np.isin(file_type, _VALID_TYPES)))
+                self._fail(f"entry {bad} has file type {int(mode[bad]) & S_IFMT:#o}")
+            is_dir = file_type == S_IFDIR
+            child_start = a["child_start"][start:end].astype(np.int64)
+            child_count = a["child_count"][start:end].astype(np.int64)
+            total_children += int(child_count[is_dir].sum())
+            if np.any(child_start[~is_dir]) or np.any(child_count[~is_dir]):
+                self._fail("a file or symlink has children")
+            # Every non-root entry lies in its parent's child range; with the total
+            # below this makes the ranges an exact tiling, so the table is a tree.
+            his = parent[start:end].astype(np.int64)
+            body = index >= 1
+            if np.any(his[body] >= index[body]):
+                self._fail("an entry's parent does not come before it")
+            parent_type = mode[his] & S_IFMT
+            if np.any(parent_type[body] != S_IFDIR):
+                self._fail("an entry's parent is not a directory")
+            first = a["child_start"][his].astype(np.int64)
+            last = first + a["child_count"][his]
+            if np.any((index[body] < first[body]) | (index[body] >= last[body])):
+                self._fail("an entry lies outside its parent's child range")
+            # Names: non-empty, not "." or "..".
+            name_end = a["name_end"][max(start - 1, 0) : end].astype(np.int64)
+            name_start = name_end[:-1] if start else np.concatenate(([0], name_end[:-1]))
+            lengths = name_end[1:] - name_end[:-1] if start else np.diff(name_end, prepend=0)
+            if np.any(lengths < 0):
+                self._fail("name offsets go backwards")
+            if np.any(lengths[body] == 0):
+                self._fail("an entry other than the root has an empty name")
+            dots = (lengths == 1) | (lengths == 2)
+            if dots.any():
+                first_byte = names[name_start[dots]]
+                last_byte = names[name_start[dots] + lengths[dots] - 1]
+                if np.any((first_byte == ord(".")) & (last_byte == ord("."))):
+                    self._fail("a name is '.' or '..'")
+            # Records: files and symlinks name a data record of exactly their size.
+            record = a["record"][start:end]
+            if np.any(record[is_dir] != NO_RECORD):
+                self._fail("a directory names a data record")
+            has_data = ~is_dir
+            their = record[has_data]
+            if np.any(their >= data_records):
+                self._fail(f"an entry names a record outside the {data_records} data records")
+            their = their.astype(np.int64)
+            length = offsets[their + 1] - offsets[their]
+            if np.any(length != a["size"][start:end][has_data].astype(np.int64)):
+                self._fail("an entry's size differs from the length of its record")
+        if total_children != count - 1:
+            self._fail(f"directories list {total_children} children for {count - 1} entries")
+        for start in range(0, len(names), _CHUNK * 16):
+            chunk = names[start : start + _CHUNK * 16]
+            if np.any((chunk == _SLASH) | (chunk == 0)):
+                self._fail("a name contains '/' or a NUL byte")
+        path_entry, path_hash = a["path_entry"], a["path_hash"]
+        for start in range(0, count, _CHUNK):
+            end = min(count, start + _CHUNK)
+            if np.any(path_entry[start:end] >= count):
+                self._fail("the path index names an entry that does not exist")
+            hashes = path_hash[max(start - 1, 0) : end]
+            if np.any(hashes[1:] < hashes[:-1]):
+                self._fail("the path index is not sorted")
+        if count > _CHUNK:
+            # Lookups touch only a few pages each; drop the ones validation faulted in.
+            release_pages(self._container.mmap, *self._table_span)
+
+    # -- access ----------------------------------------------------------------------
+
+    def lookup(self, key: bytes) -> int:
+        """Entry index of full path ``key`` (no leading or trailing slash), or -1."""
+        hashes = self._path_hash
+        digest = crc32(key)
+        j = bisect_left(hashes, digest)
+        count = self.entry_count
+        while j < count and hashes[j] == digest:
+            entry = self._path_entry[j]
+            if self._path_equals(entry, key):
+                return entry
+            j += 1
+        return -1
+
+    def _path_equals(self, entry: int, key: bytes) -> bool:
+        if entry == 0:
+            return not key
+        name_end, parent, mm = self._name_end, self._parent, self._mm
+        base = self._names_start
+        end = len(key)
+        while True:
+            name_from, name_to = name_end[entry - 1], name_end[entry]
+            start = end - (name_to - name_from)
+            if start < 0 or not key.startswith(mm[base + name_from : base + name_to], start):
+                return False
+            entry = parent[entry]
+            if entry == 0:
+                return start == 0
+            if start == 0 or key[start - 1] != _SLASH:
+                return False
+            end = start - 1
+
+    def name(self, entry: int) -> bytes:
+        if entry == 0:
+            return b""
+        base = self._names_start
+        return self._mm[base + self._name_end[entry - 1] : base + self._name_end[entry]]
+
+    def full_path(self, entry: int) -> bytes:
+        parts = []
+        while entry:
+            parts.append(self.name(entry))
+            entry = self._parent[entry]
+        return b"/".join(reversed(parts))
+
+    def file_type(self, entry: int) -> int:
+        return self._mode[entry] & S_IFMT
+
+    def mode(self, entry: int) -> int:
+        return self._mode[entry]
+
+    def record(self, entry: int) -> int:
+        return self._record[entry]
+
+    def size(self, entry: int) -> int:
+        return self._size[entry]
+
+    def parent(self, entry: int) -> int:
+        return self._parent[entry]
+
+    def children(self, entry: int) -> range:
+        start = self._child_start[entry]
+        return range(start, start + self._child_count[entry])
+
+    def column(self, name: str) -> np.ndarray:
+        return self.arrays[name]

@@ -1,0 +1,539 @@
+"""PackedFolder: read a packfs archive in place through a memory map."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat as stat_module
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence, Union, overload
+
+from .container import Container, crc32_of_range
+from .errors import (
+    FormatError,
+    NotADirectoryPathError,
+    NotASymlinkError,
+    NotAFileError,
+    PathNotFoundError,
+)
+from .format import FOOTER_SIZE, crc32, record_count_for, unpack_footer
+from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, PathTable
+
+__all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport"]
+
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+_MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
+_KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """Attributes of one entry, as stored in the archive."""
+
+    path: str
+    kind: str  # "file", "dir" or "symlink"
+    mode: int  # st_mode, file type bits included
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int
+    nlink: int
+    inode: int  # stable: the entry index + 1 (the root is 1)
+
+    @property
+    def permissions(self) -> int:
+        return stat_module.S_IMODE(self.mode)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`PackedFolder.verify` found."""
+
+    records_checked: int
+    bytes_checked: int
+    bad_paths: tuple[str, ...]  # entries whose contents fail their CRC
+    bad_records: tuple[int, ...]  # every record that fails, table records included
+    problems: tuple[str, ...]  # table-level findings beyond CRCs
+
+    @property
+    def ok(self) -> bool:
+        return not (self.bad_records or self.problems)
+
+
+def _key(path: PathArg) -> bytes:
+    """Table form of a user path: bytes without leading, trailing or doubled slashes."""
+    raw = os.fsencode(path)
+    key = raw.strip(b"/")
+    if b"//" in key or b"." in key[:1] or b"/." in key:
+        parts = []
+        for part in key.split(b"/"):
+            if part in (b"", b"."):
+                continue
+            if part == b"..":
+                if parts:
+                    parts.pop()
+                continue
+            parts.append(part)
+        key = b"/".join(parts)
+    return key
+
+
+class PackedFolder:
+    """A packfs archive opened for reading, with FFRecord's PackedFolder interface.
+
+    The path table stays in the memory map: opening reads the header, the footer and
+    validates the table in fixed-size chunks, and creates no object per entry.
+
+    Parameters
+    ----------
+    path
+        The archive file.
+    check_data
+        Check CRCs: of the header and the path table at open, and of a file's
+        contents each time it is read.
+
+    Raises
+    ------
+    FormatError
+        The file is not a packfs archive or its tables are inconsistent.
+    ChecksumError
+        A CRC of the header or the path table does not match.
+    """
+
+    def __init__(self, path: PathArg, check_data: bool = True) -> None:
+        self.path = os.fsdecode(path)
+        self.check_data = check_data
+        self._container = Container(self.path, check_data=check_data)
+        try:
+            self._open_table()
+        except BaseException:
+            self._container.close()
+            raise
+
+    def _open_table(self) -> None:
+        container = self._container
+        n = container.record_count
+        if n == 0:
+            raise FormatError(f"{self.path!r}: not a packfs archive (an empty FFRecord container)")
+        footer_data = container.record_bytes(n - 1)
+        if len(footer_data) == FOOTER_SIZE and self.check_data:
+            container.check_crc(n - 1, footer_data, "footer")
+        footer = unpack_footer(footer_data, repr(self.path))
+        expected = record_count_for(footer.data_records, footer.section_count)
+        if n != expected:
+            raise FormatError(
+                f"{self.path!r}: {n} records, but the footer's {footer.data_records} data "
+                f"records and {footer.section_count} sections need {expected}"
+            )
+        self.footer = footer
+        self._table = PathTable(container, footer)
+        self._file_count = -1
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the map; views from :meth:`read_view` keep it alive until released."""
+        if "_table" in self.__dict__:
+            self._table.close()
+            del self._table
+        self._container.close()
+
+    def __enter__(self) -> PackedFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PackedFolder({self.path!r}, check_data={self.check_data!r})"
+
+    def __getstate__(self) -> dict[str, object]:
+        # Pickles as its path, so DataLoader workers re-open (and share) the map.
+        return {"path": self.path, "check_data": self.check_data}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["path"], state["check_data"])  # type: ignore[misc, arg-type]
+
+    # -- lookup ----------------------------------------------------------------------
+
+    def _find(self, path: PathArg, follow: bool = True) -> int:
+        """Entry index for ``path``, following symlinks (also in the final component
+        when ``follow``); raises PathNotFoundError or NotADirectoryPathError."""
+        key = _key(path)
+        entry = self._table.lookup(key)
+        if entry >= 0 and (not follow or self._table.file_type(entry) != S_IFLNK):
+            return entry
+        return self._resolve(key, follow, path)
+
+    def _resolve(self, key: bytes, follow: bool, original: PathArg) -> int:
+        """Slow path: walk ``key`` a component at a time, expanding symlinks."""
+        table = self._table
+        pending = key.split(b"/") if key else []
+        pending.reverse()
+        current = 0
+        hops = 0
+        resolved: list[bytes] = []
+        while pending:
+            part = pending.pop()
+            if part in (b"", b"."):
+                continue
+            if part == b"..":
+                if resolved:
+                    resolved.pop()
+                current = table.lookup(b"/".join(resolved))
+                continue
+            if table.file_type(current) != S_IFDIR:
+                raise NotADirectoryPathError(
+                    f"{os.fsdecode(original)!r}: {os.fsdecode(b'/'.join(resolved))!r} is not a directory"
+                )
+            candidate = table.lookup(b"/".join(resolved + [part]))
+            if candidate < 0:
+                raise PathNotFoundError(f"{os.fsdecode(original)!r}: no such file or directory in {self.path!r}")
+            if table.file_type(candidate) == S_IFLNK and (pending or follow):
+                hops += 1
+                if hops > _MAX_SYMLINK_HOPS:
+                    raise PathNotFoundError(f"{os.fsdecode(original)!r}: too many levels of symbolic links")
+                target = self._container.record_bytes(table.record(candidate))
+                if target.startswith(b"/"):
+                    raise PathNotFoundError(
+                        f"{os.fsdecode(original)!r}: symlink to {os.fsdecode(target)!r} "
+                        f"points outside the archive"
+                    )
+                pending.extend(reversed(target.split(b"/")))
+                continue
+            resolved.append(part)
+            current = candidate
+        return current
+
+    def _entry_of_kind(self, path: PathArg, kind: int) -> int:
+        entry = self._find(path)
+        actual = self._table.file_type(entry)
+        if actual != kind:
+            if kind == S_IFDIR:
+                raise NotADirectoryPathError(f"{os.fsdecode(path)!r} is not a directory but a {_KIND[actual]}")
+            raise NotAFileError(f"{os.fsdecode(path)!r} is not a file but a {_KIND[actual]}")
+        return entry
+
+    def exists(self, path: PathArg) -> bool:
+        try:
+            self._find(path)
+        except (PathNotFoundError, NotADirectoryPathError):
+            return False
+        return True
+
+    __contains__ = exists
+
+    def is_file(self, path: PathArg) -> bool:
+        try:
+            return self._table.file_type(self._find(path)) == S_IFREG
+        except (PathNotFoundError, NotADirectoryPathError):
+            return False
+
+    def is_dir(self, path: PathArg) -> bool:
+        try:
+            return self._table.file_type(self._find(path)) == S_IFDIR
+        except (PathNotFoundError, NotADirectoryPathError):
+            return False
+
+    def is_symlink(self, path: PathArg) -> bool:
+        try:
+            return self._table.file_type(self._find(path, follow=False)) == S_IFLNK
+        except (PathNotFoundError, NotADirectoryPathError):
+            return False
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _file_record(self, path: PathArg) -> int:
+        table = self._table
+        entry = table.lookup(_key(path))
+        if entry < 0 or table.file_type(entry) != S_IFREG:
+            entry = self._entry_of_kind(path, S_IFREG)
+        return table.record(entry)
+
+    def read_one(self, path: PathArg) -> bytes:
+        """The contents of one file.
+
+        Raises
+        ------
+        PathNotFoundError, NotAFileError
+            ``path`` is missing or is a directory.
+        ChecksumError
+            ``check_data`` is on and the contents fail their CRC.
+        """
+        record = self._file_record(path)
+        data = self._container.record_bytes(record)
+        if self.check_data:
+            self._container.check_crc(record, data, repr(os.fsdecode(path)))
+        return data
+
+    @overload
+    def read(self, path: PathArg) -> bytes: ...
+
+    @overload
+    def read(self, path: Sequence[PathArg]) -> list[bytes]: ...
+
+    def read(self, path: PathArg | Sequence[PathArg]) -> bytes | list[bytes]:
+        """The contents of one file, or a list of contents for a list of paths."""
+        if isinstance(path, (str, bytes, os.PathLike)):
+            return self.read_one(path)
+        return [self.read_one(p) for p in path]
+
+    def read_view(self, path: PathArg) -> memoryview:
+        """A zero-copy, read-only view of a file's bytes in the map (checked if
+        ``check_data``).  Release it (or let it go) before closing the folder."""
+        record = self._file_record(path)
+        view = self._container.record_view(record)
+        if self.check_data:
+            self._container.check_crc(record, view, repr(os.fsdecode(path)))
+        return view
+
+    def open(self, path: PathArg) -> PackedFile:
+        """A seekable, read-only binary file object over the map.
+
+        The CRC is checked once here, not on every read.
+        """
+        record = self._file_record(path)
+        view = self._container.record_view(record)
+        if self.check_data:
+            self._container.check_crc(record, view, repr(os.fsdecode(path)))
+        return PackedFile(view, os.fsdecode(path))
+
+    def readlink(self, path: PathArg) -> str:
+        entry = self._find(path, follow=False)
+        if self._table.file_type(entry) != S_IFLNK:
+            raise NotASymlinkError(f"{os.fsdecode(path)!r} is not a symlink")
+        record = self._table.record(entry)
+        if self.check_data:
+            target = self._container.checked_record_bytes(record, repr(os.fsdecode(path)))
+        else:
+            target = self._container.record_bytes(record)
+        return os.fsdecode(target)
+
+    def stat(self, path: PathArg, follow_symlinks: bool = False) -> FileStat:
+        """Attributes of ``path`` (of the link itself unless ``follow_symlinks``)."""
+        return self._stat_entry(self._find(path, follow=follow_symlinks))
+
+    def _stat_entry(self, entry: int) -> FileStat:
+        arrays = self._table.arrays
+        mode = int(arrays["mode"][entry])
+        return FileStat(
+            path=os.fsdecode(self._table.full_path(entry)),
+            kind=_KIND[mode & S_IFMT],
+            mode=mode,
+            uid=int(arrays["uid"][entry]),
+            gid=int(arrays["gid"][entry]),
+            mtime_ns=int(arrays["mtime_ns"][entry]),
+            size=int(arrays["size"][entry]),
+            nlink=int(arrays["nlink"][entry]),
+            inode=entry + 1,
+        )
+
+    # -- listing ---------------------------------------------------------------------
+
+    def list(
+        self,
+        path: PathArg | None = None,
+        list_file: bool = True,
+        list_dir: bool = True,
+        recursive: bool = False,
+    ) -> list[str]:
+        """Names in directory ``path`` (the root by default), sorted bytewise.
+
+        With ``recursive``, paths relative to ``path`` in depth-first order, as
+        FFRecord's PackedFolder returns them.  Symlinks count as files.
+        """
+        entry = self._entry_of_kind("" if path is None else path, S_IFDIR)
+        return [
+            os.fsdecode(relative)
+            for relative, child in self._iter_tree(entry, recursive)
+            if (list_dir if self._table.file_type(child) == S_IFDIR else list_file)
+        ]
+
+    def _iter_tree(self, entry: int, recursive: bool, prefix: bytes = b"") -> Iterator[tuple[bytes, int]]:
+        table = self._table
+        for child in table.children(entry):
+            relative = prefix + table.name(child)
+            yield relative, child
+            if recursive and table.file_type(child) == S_IFDIR:
+                yield from self._iter_tree(child, True, relative + b"/")
+
+    def scandir(self, path: PathArg = "") -> Iterator[tuple[str, FileStat]]:
+        """(name, FileStat) for each child of directory ``path``."""
+        entry = self._entry_of_kind(path, S_IFDIR)
+        for child in self._table.children(entry):
+            yield os.fsdecode(self._table.name(child)), self._stat_entry(child)
+
+    def walk(self, top: PathArg = "") -> Iterator[tuple[str, list[str], list[str]]]:
+        """Like os.walk (top-down): (dirpath, dirnames, filenames); symlinks are
+        listed with the files and not followed."""
+        start = self._entry_of_kind(top, S_IFDIR)
+        table = self._table
+        stack = [(start, _key(top))]
+        while stack:
+            entry, key = stack.pop()
+            dirnames, filenames, subdirs = [], [], []
+            for child in table.children(entry):
+                name = table.name(child)
+                if table.file_type(child) == S_IFDIR:
+                    dirnames.append(os.fsdecode(name))
+                    subdirs.append((child, key + b"/" + name if key else name))
+                else:
+                    filenames.append(os.fsdecode(name))
+            yield os.fsdecode(key), dirnames, filenames
+            stack.extend(reversed(subdirs))
+
+    def __iter__(self) -> Iterator[str]:
+        """Full paths of all regular files, depth-first, names sorted bytewise."""
+        for relative, child in self._iter_tree(0, True):
+            if self._table.file_type(child) == S_IFREG:
+                yield os.fsdecode(relative)
+
+    def num_files(self) -> int:
+        """Number of regular files (hard links counted once per path)."""
+        if self._file_count < 0:
+            mode = self._table.column("mode")
+            self._file_count = int(((mode & S_IFMT) == S_IFREG).sum())
+        return self._file_count
+
+    __len__ = num_files
+
+    @property
+    def entry_count(self) -> int:
+        return self.footer.entry_count
+
+    def info(self) -> dict[str, object]:
+        """Counts and sizes for ``packfs info``."""
+        file_type = self._table.column("mode") & S_IFMT
+        is_file = file_type == S_IFREG
+        return {
+            "path": self.path,
+            "format_version": f"{self.footer.version_major}.{self.footer.version_minor}",
+            "files": int(is_file.sum()),
+            "dirs": int((file_type == S_IFDIR).sum()),
+            "symlinks": int((file_type == S_IFLNK).sum()),
+            "file_bytes": int(self._table.column("size")[is_file].sum()),
+            "archive_bytes": self._container.file_size,
+            "records": self._container.record_count,
+        }
+
+    # -- verification ----------------------------------------------------------------
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> VerifyReport:
+        """Check every CRC in the archive (header, tables, every record) and that each
+        path's stored hash matches, whatever ``check_data`` was.
+
+        ``progress`` is called with byte counts as records are checked.
+        """
+        return verify_container(self._container, self._table, progress)
+
+
+class PackedFile(io.RawIOBase):
+    """A read-only, seekable binary file over one record of the map."""
+
+    def __init__(self, view: memoryview, name: str) -> None:
+        super().__init__()
+        self._view = view
+        self._position = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._check_closed()
+        start = self._position
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), start + size)
+        if end <= start:
+            return b""
+        self._position = end
+        return self._view[start:end].tobytes()
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        self._check_closed()
+        view = self._view
+        start = self._position
+        limit = len(view) if size is None or size < 0 else min(len(view), start + size)
+        newline = bytes(view[start:limit]).find(b"\n")
+        end = limit if newline < 0 else start + newline + 1
+        self._position = end
+        return view[start:end].tobytes()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._check_closed()
+        if whence == io.SEEK_SET:
+            position = offset
+        elif whence == io.SEEK_CUR:
+            position = self._position + offset
+        elif whence == io.SEEK_END:
+            position = len(self._view) + offset
+        else:
+            raise ValueError(f"invalid whence {whence!r}")
+        if position < 0:
+            raise ValueError(f"negative seek position {position}")
+        self._position = position
+        return position
+
+    def tell(self) -> int:
+        self._check_closed()
+        return self._position
+
+    def close(self) -> None:
+        if not self.closed:
+            self._view.release()
+        super().close()
+
+    def _check_closed(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+
+
+def verify_container(
+    container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None
+) -> VerifyReport:
+    """Check every record's CRC (and the table's path hashes if ``table``)."""
+    bad_records = []
+    checked_bytes = 0
+    header_crc = container.mmap[:4]
+    problems = []
+    if crc32_of_range(container.mmap, 4, container.data_start) != int.from_bytes(header_crc, "little"):
+        problems.append("header checksum mismatch")
+    for record in range(container.record_count):
+        start, end = container.record_span(record)
+        if not container.record_crc_ok(record, progress):
+            bad_records.append(record)
+        checked_bytes += end - start
+    bad_paths: list[str] = []
+    if table is not None:
+        bad = set(bad_records)
+        file_type = table.column("mode") & S_IFMT
+        records = table.column("record")
+        for entry in (file_type != S_IFDIR).nonzero()[0]:
+            if int(records[entry]) in bad:
+                bad_paths.append(os.fsdecode(table.full_path(int(entry))))
+        hashes = table.column("path_hash")
+        for j, entry in enumerate(table.column("path_entry")):
+            if crc32(table.full_path(int(entry))) != int(hashes[j]):
+                problems.append(f"path index slot {j} has a wrong hash for entry {int(entry)}")
+                break
+        sections_bad = [r for r in bad_records if r >= table.data_records]
+        if sections_bad:
+            problems.append(f"path table records {sections_bad} fail their checksums")
+    return VerifyReport(
+        records_checked=container.record_count,
+        bytes_checked=checked_bytes,
+        bad_paths=tuple(bad_paths),
+        bad_records=tuple(bad_records),
+        problems=tuple(problems),
+    )

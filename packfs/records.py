@@ -1,0 +1,180 @@
+"""RecordWriter and RecordReader: the FFRecord container as a sequence of records."""
+
+from __future__ import annotations
+
+import glob
+import os
+from bisect import bisect_right
+from typing import Iterable, Sequence, Union, overload
+
+from .container import Container, ContainerWriter
+from .errors import PackError
+
+__all__ = ["RecordWriter", "RecordReader"]
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+
+class RecordWriter:
+    """Write ``n`` records to an FFRecord container, atomically.
+
+    Like FFRecord's FileWriter, but the file appears only at :meth:`close` (written to
+    a temporary file until then), a wrong count is an error that leaves nothing
+    behind, and ``write_one`` stores all ``nbytes`` of a buffer (FFRecord stores only
+    ``shape[0]`` bytes of a numpy array).
+
+    Parameters
+    ----------
+    path
+        The file to write.
+    n
+        Exactly how many records will be written.
+    force
+        Replace ``path`` if it exists.
+    """
+
+    def __init__(self, path: PathArg, n: int, force: bool = False) -> None:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        self.path = os.fspath(path)
+        self.n = n
+        self._writer: ContainerWriter | None = ContainerWriter(self.path, n, force=force)
+
+    def write_one(self, data: bytes | bytearray | memoryview) -> None:
+        """Append one record (any object with the buffer protocol)."""
+        if self._writer is None:
+            raise ValueError(f"RecordWriter for {self.path!r} is closed")
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        self._writer.write_record(view)
+
+    def close(self) -> None:
+        """Write the header and publish the file; fewer records than ``n`` is a PackError."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        if writer.records_written != self.n:
+            writer.abort()
+            raise PackError(
+                f"{self.path!r}: {writer.records_written} records written, {self.n} declared; "
+                f"nothing was written"
+            )
+        writer.commit()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None and self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        else:
+            self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_writer", None) is not None:
+            self._writer.abort()  # never leave a temporary file behind
+
+
+def _expand(paths: PathArg | Sequence[PathArg]) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        text = os.fspath(paths)
+        if os.path.isdir(text):
+            return sorted(glob.glob(os.path.join(glob.escape(text), "*.ffr")))
+        if glob.has_magic(text) and not os.path.exists(text):
+            return sorted(glob.glob(text))
+        return [text]
+    return [os.fspath(p) for p in paths]
+
+
+class RecordReader:
+    """Read records from one or several FFRecord containers as one sequence.
+
+    Parameters
+    ----------
+    paths
+        A file, a list of files, a glob, or a directory (all its ``*.ffr``, sorted).
+    check_data
+        Check the header CRC at open and each record's CRC when read.
+
+    Raises
+    ------
+    FormatError
+        A file is missing or malformed; ChecksumError for a header CRC mismatch.
+    """
+
+    def __init__(self, paths: PathArg | Sequence[PathArg], check_data: bool = True) -> None:
+        self.paths = _expand(paths)
+        if not self.paths:
+            raise ValueError(f"no record files match {paths!r}")
+        self.check_data = check_data
+        self._containers: list[Container] = []
+        try:
+            for path in self.paths:
+                self._containers.append(Container(path, check_data=check_data))
+        except BaseException:
+            self.close()
+            raise
+        self._starts = [0]
+        for container in self._containers:
+            self._starts.append(self._starts[-1] + container.record_count)
+        self.n = self._starts[-1]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _locate(self, index: int) -> tuple[Container, int]:
+        if not isinstance(index, int):
+            raise TypeError(f"record index must be an int, got {type(index).__name__}")
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError(f"record index out of range for {self.n} records")
+        if len(self._containers) == 1:
+            return self._containers[0], index
+        shard = bisect_right(self._starts, index) - 1
+        return self._containers[shard], index - self._starts[shard]
+
+    def read_one(self, index: int) -> bytes:
+        """Record ``index`` (negative counts from the end)."""
+        container, local = self._locate(index)
+        data = container.record_bytes(local)
+        if self.check_data:
+            container.check_crc(local, data, f"record {index}")
+        return data
+
+    def read(self, indices: Iterable[int]) -> list[bytes]:
+        return [self.read_one(i) for i in indices]
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return self.read(range(*index.indices(self.n)))
+        return self.read_one(index)
+
+    def record_length(self, index: int) -> int:
+        container, local = self._locate(index)
+        return container.record_length(local)
+
+    def close(self) -> None:
+        for container in self._containers:
+            container.close()
+
+    def __enter__(self) -> RecordReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RecordReader({self.paths!r}, check_data={self.check_data!r})"
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"paths": self.paths, "check_data": self.check_data}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["paths"], state["check_data"])  # type: ignore[misc, arg-type]

@@ -1,0 +1,539 @@
+"""pack_folder() and pack_entries(): write a tree of entries into one archive."""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import logging
+import os
+import shutil
+import stat as stat_module
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Sequence, Union
+
+from .container import TEMP_MARKER, ContainerWriter
+from .errors import PackError
+from .format import NO_RECORD, SECTION_ALIGNMENT, crc32, pack_footer, record_count_for
+from .pathtable import S_IFDIR, S_IFLNK, S_IFREG, TableRow, build_tables
+
+__all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
+
+log = logging.getLogger("packfs")
+
+_CHUNK = 1 << 20
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], None]
+
+
+class PackProgress(Protocol):
+    """What pack_folder reports progress to (the CLI draws a bar from it)."""
+
+    def start(self, total_files: int, total_bytes: int) -> None: ...
+
+    def advance(self, files: int, nbytes: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry for :func:`pack_entries`.
+
+    Parameters
+    ----------
+    path
+        Path inside the archive, ``/``-separated; a leading ``/`` is ignored.
+    data
+        File contents: bytes, a binary file object, or a callable returning one (opened
+        only when the entry is written, so millions of entries need no open files).
+    kind
+        ``"file"``, ``"dir"``, ``"symlink"`` (``target`` is the link text) or
+        ``"hardlink"`` (``target`` is the path of an earlier file entry).
+    mode
+        Permission bits; default 0o644 for files, 0o755 for directories, 0o777 for
+        symlinks.
+    size
+        Expected file size; when given, a different number of bytes read is an error.
+    """
+
+    path: PathLike
+    data: Data = None
+    kind: Literal["file", "dir", "symlink", "hardlink"] = "file"
+    target: PathLike | None = None
+    mode: int | None = None
+    uid: int = 0
+    gid: int = 0
+    mtime_ns: int = 0
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """What a pack wrote."""
+
+    files: int
+    dirs: int
+    symlinks: int
+    hardlinks: int
+    skipped: int
+    file_bytes: int
+    archive_bytes: int
+    seconds: float
+
+
+_DEFAULT_MODE = {"file": 0o644, "dir": 0o755, "symlink": 0o777, "hardlink": 0o644}
+_TYPE_BITS = {"file": S_IFREG, "dir": S_IFDIR, "symlink": S_IFLNK, "hardlink": S_IFREG}
+
+
+def archive_key(path: PathLike) -> bytes:
+    """The table form of a path: bytes, no leading, trailing or doubled slashes.
+
+    Raises PackError for components the format forbids ("." , "..", NUL).
+    """
+    raw = os.fsencode(path)
+    parts = [part for part in raw.split(b"/") if part]
+    for part in parts:
+        if part in (b".", b"..") or b"\0" in part:
+            raise PackError(f"invalid path {os.fsdecode(raw)!r}: component {os.fsdecode(part)!r}")
+    return b"/".join(parts)
+
+
+class _ArchiveBuilder:
+    """Streams data records into a ContainerWriter and collects the table rows."""
+
+    def __init__(self, writer: ContainerWriter, data_slots: int) -> None:
+        self.writer = writer
+        self.data_slots = data_slots
+        self.rows: dict[bytes, TableRow] = {}
+        self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
+        self.file_bytes = 0
+        self._buffer = bytearray(_CHUNK)
+
+    def _new_record(self) -> None:
+        if self.writer.records_written >= self.data_slots:
+            raise PackError(
+                f"more files and symlinks than the {self.data_slots} declared "
+                f"(pass a larger count)"
+            )
+        self.writer.begin_record()
+
+    def add(self, entry: Entry) -> None:
+        key = archive_key(entry.path)
+        kind = entry.kind
+        if kind not in _TYPE_BITS:
+            raise ValueError(f"Entry.kind must be file, dir, symlink or hardlink, got {kind!r}")
+        label = os.fsdecode(key)
+        if key in self.rows and not (kind == "dir" and key == b""):
+            raise PackError(f"duplicate path {label!r}")
+        mode = (_DEFAULT_MODE[kind] if entry.mode is None else entry.mode) & 0o7777
+        mode |= _TYPE_BITS[kind]
+        if kind == "dir":
+            record, size = NO_RECORD, 0
+        elif kind == "symlink":
+            if entry.target is None:
+                raise PackError(f"symlink {label!r} has no target")
+            target = os.fsencode(entry.target)
+            if not target or b"\0" in target:
+                raise PackError(f"symlink {label!r} has an empty target or one with a NUL byte")
+            self._new_record()
+            self.writer.write(target)
+            record, size = self.writer.end_record(), len(target)
+        elif kind == "hardlink":
+            if entry.target is None:
+                raise PackError(f"hard link {label!r} has no target")
+            other = self.rows.get(archive_key(entry.target))
+            if other is None or other.mode & 0o170000 != S_IFREG:
+                raise PackError(
+                    f"hard link {label!r} points to {os.fsdecode(entry.target)!r}, "
+                    f"which is not an earlier file entry"
+                )
+            record, size = other.record, other.size
+            mode = other.mode
+        else:
+            record, size = self._write_file(entry, label)
+            self.file_bytes += size
+        self.counts[kind] += 1
+        self.rows[key] = TableRow(key, mode, entry.uid, entry.gid, entry.mtime_ns, size, record)
+
+    def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
+        data = entry.data
+        self._new_record()
+        if data is None:
+            data = b""
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self.writer.write(data)
+            size = len(data)
+        else:
+            source = data() if callable(data) else data
+            size = 0
+            try:
+                while True:
+                    got = source.readinto(self._buffer)  # type: ignore[attr-defined]
+                    if not got:
+                        break
+                    self.writer.write(memoryview(self._buffer)[:got])
+                    size += got
+            finally:
+                if callable(data):
+                    source.close()
+        if entry.size is not None and size != entry.size:
+            raise PackError(
+                f"{label!r} changed size while packing: {entry.size} bytes when scanned, "
+                f"{size} bytes read"
+            )
+        return self.writer.end_record(), size
+
+    def finish(self) -> int:
+        """Add implicit directories, write the table and footer; return the entry count."""
+        rows = self.rows
+        if b"" not in rows:
+            rows[b""] = TableRow(b"", S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
+        for key in list(rows):
+            head = key.rpartition(b"/")[0]
+            while key and head not in rows:
+                rows[head] = TableRow(head, S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
+                key, head = head, head.rpartition(b"/")[0]
+            if key and rows[head].mode & 0o170000 != S_IFDIR:
+                raise PackError(f"{os.fsdecode(key)!r} is inside {os.fsdecode(head)!r}, which is not a directory")
+        writer = self.writer
+        while writer.records_written < self.data_slots:
+            writer.write_record(b"")  # reserved slots the entries did not use
+        tables = build_tables(rows.values())
+        for array in tables.values():
+            padding = -writer.position % SECTION_ALIGNMENT
+            writer.write_record(bytes(padding))
+            writer.write_record(memoryview(array).cast("B"))
+        if writer.records_written + 1 < writer.record_count:
+            writer.write_record(b"")  # the parity record (format section 2)
+        entry_count = len(tables["parent"])
+        writer.write_record(pack_footer(entry_count, self.data_slots))
+        return entry_count
+
+
+def pack_entries(
+    entries: Iterable[Entry],
+    out: PathLike,
+    *,
+    count: int | None = None,
+    force: bool = False,
+) -> PackStats:
+    """Write an archive from entries instead of a directory on disk.
+
+    Parameters
+    ----------
+    entries
+        The entries, in any order; parents missing from them are created as
+        directories with mode 0o755 and mtime 0.  Give them in depth-first order,
+        names sorted bytewise, for the same bytes as :func:`pack_folder` writes.
+    out
+        Archive path; written atomically.
+    count
+        An upper bound on the number of file and symlink entries.  Defaults to
+        ``len(entries)``; for an iterator without a length the data is spooled to a
+        temporary file first and copied.
+    force
+        Replace ``out`` if it exists.
+
+    Returns
+    -------
+    PackStats
+
+    Raises
+    ------
+    PackError
+        Invalid or duplicate paths, a short read, or an I/O error while writing.
+    """
+    if count is None and isinstance(entries, Sequence):
+        count = len(entries)
+    if count is None:
+        return _pack_spooled(entries, out, force=force)
+    started = time.perf_counter()
+    out_path = os.fsdecode(out)
+    with ContainerWriter(out_path, record_count_for(count), force=force) as writer:
+        builder = _ArchiveBuilder(writer, count)
+        try:
+            for entry in entries:
+                builder.add(entry)
+        except OSError as error:
+            raise PackError(f"cannot read an entry's data: {error}") from None
+        builder.finish()
+        writer.commit()
+    return _stats(builder, 0, out_path, started)
+
+
+def _stats(builder: _ArchiveBuilder, skipped: int, out: str, started: float) -> PackStats:
+    counts = builder.counts
+    return PackStats(
+        files=counts["file"] + counts["hardlink"],
+        dirs=sum(1 for row in builder.rows.values() if row.mode & 0o170000 == S_IFDIR),
+        symlinks=counts["symlink"],
+        hardlinks=counts["hardlink"],
+        skipped=skipped,
+        file_bytes=builder.file_bytes,
+        archive_bytes=os.path.getsize(out),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool) -> PackStats:
+    """pack_entries for an iterator of unknown length: spool file data, then pack."""
+    directory = os.path.dirname(os.path.abspath(os.fsdecode(out)))
+    with tempfile.TemporaryFile(dir=directory, prefix="." + TEMP_MARKER.strip(".-")) as spool:
+        staged: list[Entry] = []
+        for entry in entries:
+            if entry.kind == "file":
+                data = entry.data
+                start = spool.tell()
+                if data is None or isinstance(data, (bytes, bytearray, memoryview)):
+                    spool.write(data or b"")
+                else:
+                    source = data() if callable(data) else data
+                    try:
+                        shutil.copyfileobj(source, spool, _CHUNK)
+                    finally:
+                        if callable(data):
+                            source.close()
+                staged.append(_Spooled(entry, spool, start, spool.tell() - start))
+            else:
+                staged.append(entry)
+        return pack_entries(staged, out, force=force)
+
+
+def _Spooled(entry: Entry, spool: BinaryIO, start: int, length: int) -> Entry:
+    def reopen() -> BinaryIO:
+        return _Window(spool, start, length)
+
+    return Entry(entry.path, reopen, "file", None, entry.mode, entry.uid, entry.gid, entry.mtime_ns, length)
+
+
+class _Window:
+    """A read-only window [start, start+length) of an open file, read with pread."""
+
+    def __init__(self, source: BinaryIO, start: int, length: int) -> None:
+        self._fd = source.fileno()
+        self._position = start
+        self._end = start + length
+
+    def readinto(self, buffer: bytearray) -> int:
+        want = min(len(buffer), self._end - self._position)
+        if want <= 0:
+            return 0
+        data = os.pread(self._fd, want, self._position)
+        buffer[: len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        pass
+
+
+# -- packing a directory ---------------------------------------------------------------
+
+
+@dataclass
+class _Scanned:
+    key: bytes
+    kind: str
+    info: os.stat_result
+    target: bytes | None = None  # symlink text, or the first path of a hard link
+
+
+def _excluded(key: bytes, name: bytes, patterns: Sequence[str]) -> bool:
+    text, base = os.fsdecode(key), os.fsdecode(name)
+    return any(fnmatch.fnmatchcase(text, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
+
+
+def _scan(
+    src: bytes, follow_symlinks: bool, exclude: Sequence[str], skip: set[tuple[int, int]],
+    temp_files: tuple[tuple[int, int], bytes],
+) -> tuple[list[_Scanned], int]:
+    """Depth-first listing of ``src``, names sorted bytewise; returns (items, skipped)."""
+    items: list[_Scanned] = []
+    skipped = 0
+    first_link: dict[tuple[int, int], bytes] = {}
+    root_info = os.stat(src) if follow_symlinks else os.lstat(src)
+    items.append(_Scanned(b"", "dir", root_info))
+
+    def walk(
+        directory: bytes, key: bytes, identity: tuple[int, int],
+        ancestors: frozenset[tuple[int, int]],
+    ) -> None:
+        nonlocal skipped
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError as error:
+            raise PackError(f"cannot list {os.fsdecode(directory)!r}: {error.strerror}") from None
+        for name in names:
+            path = directory + b"/" + name
+            child_key = key + b"/" + name if key else name
+            if identity == temp_files[0] and name.startswith(temp_files[1]):
+                continue  # a packer's temporary file for this same output
+            if exclude and _excluded(child_key, name, exclude):
+                continue
+            try:
+                info = os.lstat(path)
+                if follow_symlinks and stat_module.S_ISLNK(info.st_mode):
+                    try:
+                        info = os.stat(path)
+                    except OSError:
+                        log.warning("%r: dangling symlink kept as a symlink", os.fsdecode(path))
+            except FileNotFoundError:
+                raise PackError(f"{os.fsdecode(path)!r} vanished while packing") from None
+            except OSError as error:
+                raise PackError(f"cannot stat {os.fsdecode(path)!r}: {error.strerror}") from None
+            child = (info.st_dev, info.st_ino)
+            if child in skip:
+                continue  # the output archive itself
+            mode = info.st_mode
+            if stat_module.S_ISDIR(mode):
+                if child in ancestors:
+                    log.warning("%r: symlink loop, skipped", os.fsdecode(path))
+                    skipped += 1
+                    continue
+                items.append(_Scanned(child_key, "dir", info))
+                walk(path, child_key, child, ancestors | {child})
+            elif stat_module.S_ISREG(mode):
+                if info.st_nlink > 1 and child in first_link:
+                    items.append(_Scanned(child_key, "hardlink", info, first_link[child]))
+                else:
+                    if info.st_nlink > 1:
+                        first_link[child] = child_key
+                    items.append(_Scanned(child_key, "file", info))
+            elif stat_module.S_ISLNK(mode):
+                try:
+                    target = os.readlink(path)
+                except OSError as error:
+                    raise PackError(f"cannot read symlink {os.fsdecode(path)!r}: {error.strerror}") from None
+                items.append(_Scanned(child_key, "symlink", info, target))
+            else:
+                kind = (
+                    "FIFO" if stat_module.S_ISFIFO(mode) else
+                    "socket" if stat_module.S_ISSOCK(mode) else "device file"
+                )
+                log.warning("skipped %s %r", kind, os.fsdecode(path))
+                skipped += 1
+
+    root_identity = (root_info.st_dev, root_info.st_ino)
+    walk(src, b"", root_identity, frozenset({root_identity}))
+    return items, skipped
+
+
+def _open_source(path: bytes, info: os.stat_result) -> Callable[[], BinaryIO]:
+    def opener() -> BinaryIO:
+        # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            raise PackError(f"{os.fsdecode(path)!r} vanished while packing") from None
+        except OSError as error:
+            raise PackError(f"cannot read {os.fsdecode(path)!r}: {error.strerror}") from None
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise PackError(f"{os.fsdecode(path)!r} is no longer a regular file")
+        return os.fdopen(fd, "rb", buffering=0)
+
+    return opener
+
+
+def pack_folder(
+    src: PathLike,
+    out: PathLike,
+    *,
+    follow_symlinks: bool = False,
+    exclude: Sequence[str] = (),
+    force: bool = False,
+    progress: PackProgress | None = None,
+) -> PackStats:
+    """Pack the directory tree ``src`` into the archive ``out``.
+
+    Regular files, directories (empty ones too) and symlinks are kept with their mode
+    bits, uid, gid and mtime in nanoseconds; hard-linked files are stored once.  FIFOs,
+    sockets and devices are skipped with a warning on the ``packfs`` logger.
+
+    Parameters
+    ----------
+    src
+        The directory to pack.
+    out
+        The archive to write, atomically: until it is complete, ``out`` is untouched.
+    follow_symlinks
+        Store what symlinks point to instead of the links.
+    exclude
+        Glob patterns; an entry is left out when its path relative to ``src`` or its
+        name matches one.
+    force
+        Replace ``out`` if it exists.
+    progress
+        Told the totals after the scan, then each file as it is written.
+
+    Returns
+    -------
+    PackStats
+
+    Raises
+    ------
+    PackError
+        ``src`` is not a directory, ``out`` exists, a file vanished or changed size
+        while being packed, or reading or writing failed.
+    """
+    started = time.perf_counter()
+    src_bytes = os.fsencode(src)
+    out_text = os.fsdecode(out)
+    if not os.path.isdir(src_bytes):
+        raise PackError(f"{os.fsdecode(src_bytes)!r} is not a directory")
+    if not force and os.path.lexists(out_text):
+        raise PackError(f"{out_text!r} already exists; use --force to replace it")
+    skip: set[tuple[int, int]] = set()
+    try:
+        existing = os.stat(out_text)
+        skip.add((existing.st_dev, existing.st_ino))
+    except OSError:
+        pass
+    try:
+        out_directory = os.stat(os.path.dirname(os.path.abspath(out_text)))
+    except OSError as error:
+        raise PackError(f"cannot write {out_text!r}: {error.strerror}") from None
+    temp_files = (
+        (out_directory.st_dev, out_directory.st_ino),
+        os.fsencode("." + os.path.basename(out_text) + TEMP_MARKER),
+    )
+    root = src_bytes.rstrip(b"/") or b"/"
+    items, skipped = _scan(root, follow_symlinks, exclude, skip, temp_files)
+    data_slots = sum(1 for item in items if item.kind in ("file", "symlink"))
+    if progress is not None:
+        progress.start(
+            sum(1 for item in items if item.kind == "file"),
+            sum(item.info.st_size for item in items if item.kind == "file"),
+        )
+
+    def entries() -> Iterator[Entry]:
+        for item in items:
+            info = item.info
+            common = dict(
+                mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
+                mtime_ns=info.st_mtime_ns,
+            )
+            if item.kind == "file":
+                path = root + b"/" + item.key
+                yield Entry(item.key, _open_source(path, info), "file", size=info.st_size, **common)
+                if progress is not None:
+                    progress.advance(1, info.st_size)
+            elif item.kind in ("symlink", "hardlink"):
+                yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
+            else:
+                yield Entry(item.key, None, "dir", **common)
+
+    with ContainerWriter(out_text, record_count_for(data_slots), force=force) as writer:
+        builder = _ArchiveBuilder(writer, data_slots)
+        try:
+            for entry in entries():
+                builder.add(entry)
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise PackError(f"cannot write {out_text!r}: {error.strerror}") from None
+            raise PackError(f"packing {os.fsdecode(src_bytes)!r} failed: {error}") from None
+        builder.finish()
+        writer.commit()
+    return _stats(builder, skipped, out_text, started)
