@@ -297,6 +297,7 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool) -> Pa
                 staged.append(_Spooled(entry, spool, start, spool.tell() - start))
             else:
                 staged.append(entry)
+        spool.flush()  # _Window reads with pread, below the file object's buffer
         return pack_entries(staged, out, force=force)
 
 

@@ -1,0 +1,74 @@
+"""Shared fixtures: a tricky source tree (the blueprint) and its archive."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import packfs
+
+VECTORS = Path(__file__).resolve().parent.parent.parent / "shared" / "vectors" / "ffrecord"
+
+# The blueprint: path -> contents (bytes) for files, None for empty directories.
+# Names cover what a POSIX file system allows and tools trip over.
+NON_UTF8 = os.fsdecode(b"bytes-\xff\xfe.bin")
+BLUEPRINT: dict[str, bytes | None] = {
+    "empty.txt": b"",
+    "hello.txt": b"hello world\n",
+    "a/b/c/deep.bin": bytes(range(256)) * 3,
+    "données/été.txt": "ünïcödé\n".encode(),
+    "with space.txt": b"space",
+    "-leading-dash": b"dash",
+    "hash#percent%.txt": b"#%",
+    NON_UTF8: b"\x00\x01\x02",
+    "Zeta.txt": b"upper case sorts first",
+    "big/large.bin": os.urandom(3 * (1 << 20) + 17),  # crosses the 1 MiB chunk size
+    "empty_dir": None,
+    "a/empty_nested": None,
+}
+SYMLINKS = {"link-to-hello": "hello.txt", "a/link-up": "../hello.txt", "dangling": "no/such/target",
+            "absolute": "/etc/hostname", "a/dirlink": "b"}
+HARDLINK = ("hardlink.txt", "hello.txt")
+MTIME_NS = 1_600_000_000_123_456_789
+
+
+def make_tree(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for relative, contents in BLUEPRINT.items():
+        path = root / relative
+        if contents is None:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(contents)
+    for relative, target in SYMLINKS.items():
+        os.symlink(target, root / relative)
+    os.link(root / HARDLINK[1], root / HARDLINK[0])
+    os.chmod(root / "hello.txt", 0o600)
+    os.chmod(root / "a/b/c/deep.bin", 0o755)
+    os.chmod(root / "empty_dir", 0o700)
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in dirnames + filenames:
+            os.utime(os.path.join(dirpath, name), ns=(MTIME_NS, MTIME_NS), follow_symlinks=False)
+    os.utime(root, ns=(MTIME_NS, MTIME_NS))
+    return root
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "src")
+
+
+@pytest.fixture
+def archive(tree: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "tree.ffr"
+    packfs.pack_folder(tree, out)
+    return out
+
+
+@pytest.fixture
+def folder(archive: Path):
+    with packfs.PackedFolder(archive) as opened:
+        yield opened

@@ -1,0 +1,302 @@
+"""pack_folder and pack_entries: what is kept, what is refused, atomicity."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import packfs
+from packfs import Entry, PackError, PackedFolder, pack_entries, pack_folder
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, NON_UTF8, SYMLINKS, make_tree
+
+
+def test_round_trip_every_file_and_attribute(tree: Path, archive: Path) -> None:
+    with PackedFolder(archive) as folder:
+        for dirpath, dirnames, filenames in os.walk(tree):
+            for name in dirnames + filenames:
+                path = Path(dirpath) / name
+                relative = str(path.relative_to(tree))
+                info = os.lstat(path)
+                stat = folder.stat(relative)
+                assert stat.mode == info.st_mode, relative
+                assert stat.mtime_ns == info.st_mtime_ns == MTIME_NS
+                assert (stat.uid, stat.gid) == (info.st_uid, info.st_gid)
+                if path.is_symlink():
+                    assert folder.readlink(relative) == os.readlink(path)
+                    assert stat.size == len(os.fsencode(os.readlink(path)))
+                elif path.is_file():
+                    assert folder.read(relative) == path.read_bytes()
+                    assert stat.size == info.st_size
+                    assert stat.nlink == info.st_nlink
+        assert folder.stat("").mtime_ns == MTIME_NS
+
+
+def test_names_are_kept_as_exact_bytes(folder: PackedFolder, tree: Path) -> None:
+    assert NON_UTF8 in folder.list()
+    assert folder.read(NON_UTF8) == b"\x00\x01\x02"
+    assert folder.read(os.fsencode(NON_UTF8)) == b"\x00\x01\x02"
+    assert folder.list() == sorted(os.listdir(tree), key=os.fsencode)
+
+
+def test_empty_directories_are_kept(folder: PackedFolder) -> None:
+    assert folder.list("empty_dir") == []
+    assert folder.stat("empty_dir").permissions == 0o700
+    assert folder.list("a/empty_nested") == []
+
+
+def test_hard_links_are_stored_once(folder: PackedFolder) -> None:
+    table = folder._table
+    first = table.lookup(HARDLINK[0].encode())
+    second = table.lookup(HARDLINK[1].encode())
+    assert table.record(first) == table.record(second)
+    assert folder.stat(HARDLINK[0]).nlink == 2
+
+
+def test_symlinks_are_not_followed_by_default(folder: PackedFolder) -> None:
+    for link, target in SYMLINKS.items():
+        assert folder.is_symlink(link)
+        assert folder.readlink(link) == target
+
+
+def test_follow_symlinks_stores_the_targets(tree: Path, tmp_path: Path) -> None:
+    (tree / "dangling").unlink()
+    (tree / "absolute").unlink()
+    out = tmp_path / "followed.ffr"
+    pack_folder(tree, out, follow_symlinks=True)
+    with PackedFolder(out) as folder:
+        assert not folder.is_symlink("link-to-hello")
+        assert folder.read("link-to-hello") == b"hello world\n"
+        assert folder.is_dir("a/dirlink")
+        assert folder.read("a/dirlink/c/deep.bin") == BLUEPRINT["a/b/c/deep.bin"]
+
+
+def test_symlink_loop_is_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    os.symlink("..", src / "d" / "up")
+    with caplog.at_level(logging.WARNING, logger="packfs"):
+        pack_folder(src, tmp_path / "o.ffr", follow_symlinks=True)
+    assert "symlink loop" in caplog.text
+
+
+def test_special_files_are_skipped_and_named(tmp_path: Path, caplog) -> None:
+    src = make_tree(tmp_path / "src")
+    os.mkfifo(src / "a-fifo")  # opening it would hang the packer
+    with caplog.at_level(logging.WARNING, logger="packfs"):
+        stats = pack_folder(src, tmp_path / "o.ffr")
+    assert "skipped FIFO" in caplog.text and "a-fifo" in caplog.text
+    assert stats.skipped == 1
+    assert not PackedFolder(tmp_path / "o.ffr").exists("a-fifo")
+
+
+def test_exclude_globs(tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.ffr"
+    pack_folder(tree, out, exclude=["*.txt", "big"])
+    with PackedFolder(out) as folder:
+        assert not folder.exists("hello.txt")
+        assert not folder.exists("données/été.txt")
+        assert not folder.exists("big")
+        assert folder.exists("a/b/c/deep.bin")
+
+
+def test_output_inside_source_is_not_packed_into_itself(tree: Path) -> None:
+    out = tree / "self.ffr"
+    pack_folder(tree, out)
+    pack_folder(tree, out, force=True)
+    with PackedFolder(out) as folder:
+        assert not folder.exists("self.ffr")
+        assert not any(".packfs-tmp-" in name for name in folder.list())
+
+
+def test_packing_is_deterministic(tree: Path, tmp_path: Path) -> None:
+    pack_folder(tree, tmp_path / "one.ffr")
+    pack_folder(tree, tmp_path / "two.ffr")
+    assert (tmp_path / "one.ffr").read_bytes() == (tmp_path / "two.ffr").read_bytes()
+
+
+def test_records_are_in_depth_first_order(folder: PackedFolder) -> None:
+    order = []
+    for relative in folder:
+        order.append((folder._table.record(folder._table.lookup(os.fsencode(relative))), relative))
+    records = [record for record, _ in order]
+    # Files listed depth-first (with hard links pointing back) appear in record order.
+    firsts = [r for i, r in enumerate(records) if r not in records[:i]]
+    assert firsts == sorted(firsts)
+
+
+def test_archive_is_an_ffrecord_container(archive: Path, tree: Path) -> None:
+    reader = packfs.RecordReader(archive)
+    assert reader.read_one(0) == (tree / "-leading-dash").read_bytes()  # first in byte order
+
+
+def test_existing_output_is_refused_untouched(tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.ffr"
+    out.write_bytes(b"precious")
+    with pytest.raises(PackError, match="already exists; use --force"):
+        pack_folder(tree, out)
+    assert out.read_bytes() == b"precious"
+
+
+def test_source_must_be_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(PackError, match="is not a directory"):
+        pack_folder(tmp_path / "f", tmp_path / "o.ffr")
+
+
+class _Interrupt:
+    """A progress object that raises after some files, as Ctrl-C would."""
+
+    def __init__(self, after: int, error: BaseException) -> None:
+        self.after, self.error, self.seen = after, error, 0
+
+    def start(self, total_files: int, total_bytes: int) -> None:
+        pass
+
+    def advance(self, files: int, nbytes: int) -> None:
+        self.seen += files
+        if self.seen >= self.after:
+            raise self.error
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), PackError("disk on fire")])
+def test_interrupted_pack_leaves_nothing(tree: Path, tmp_path: Path, error: BaseException) -> None:
+    out = tmp_path / "out" / "x.ffr"
+    out.parent.mkdir()
+    with pytest.raises(type(error)):
+        pack_folder(tree, out, progress=_Interrupt(3, error))
+    assert os.listdir(out.parent) == []
+    out.write_bytes(b"old")
+    with pytest.raises(type(error)):
+        pack_folder(tree, out, force=True, progress=_Interrupt(3, error))
+    assert os.listdir(out.parent) == ["x.ffr"] and out.read_bytes() == b"old"
+
+
+def test_killed_pack_leaves_old_output_and_a_recognisable_temporary(tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.ffr"
+    out.write_bytes(b"old")
+    script = (
+        "import os, signal, packfs\n"
+        "class P:\n"
+        "    def start(self, *a): pass\n"
+        "    def advance(self, *a): os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"packfs.pack_folder({str(tree)!r}, {str(out)!r}, force=True, progress=P())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
+    assert result.returncode == -signal.SIGKILL
+    assert out.read_bytes() == b"old"
+    leftovers = [name for name in os.listdir(tmp_path) if name != "x.ffr" and name != "src"]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".x.ffr.packfs-tmp-")
+
+
+def test_file_changing_size_is_an_error(tree: Path, tmp_path: Path) -> None:
+    class Grow:
+        def start(self, *args: int) -> None:
+            (tree / "zz-late.txt").write_bytes(b"")  # scanned? no: created after the scan
+            with open(tree / "Zeta.txt", "ab") as f:
+                f.write(b"more")
+
+        def advance(self, *args: int) -> None:
+            pass
+
+    out = tmp_path / "x.ffr"
+    with pytest.raises(PackError, match="Zeta.txt' changed size while packing"):
+        pack_folder(tree, out, progress=Grow())
+    assert not out.exists()
+
+
+def test_vanished_file_is_an_error(tree: Path, tmp_path: Path) -> None:
+    class Vanish:
+        def start(self, *args: int) -> None:
+            (tree / "with space.txt").unlink()
+
+        def advance(self, *args: int) -> None:
+            pass
+
+    with pytest.raises(PackError, match="with space.txt' vanished while packing"):
+        pack_folder(tree, tmp_path / "x.ffr", progress=Vanish())
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_large_files_are_streamed_in_bounded_memory(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "big.bin", "wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(1 << 20))
+    tracemalloc.start()
+    pack_folder(src, tmp_path / "big.ffr")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 8 << 20  # a 64 MiB file, never more than a few 1 MiB buffers
+    with PackedFolder(tmp_path / "big.ffr") as folder:
+        assert folder.read_view("big.bin") == (src / "big.bin").read_bytes()
+
+
+# -- pack_entries ----------------------------------------------------------------------
+
+
+def test_pack_entries_builds_an_archive_without_a_tree(tmp_path: Path) -> None:
+    entries = [
+        Entry("train/cat/1.jpg", b"cat", mtime_ns=5, mode=0o640, uid=7, gid=8),
+        Entry("train/dog/1.jpg", io.BytesIO(b"dog")),
+        Entry("train/dog/2.jpg", lambda: io.BytesIO(b"dog2")),
+        Entry("/labels.txt", b"cat\ndog\n"),
+        Entry("empty", kind="dir"),
+        Entry("latest", kind="symlink", target="train/dog/2.jpg"),
+        Entry("alias.jpg", kind="hardlink", target="train/cat/1.jpg"),
+    ]
+    stats = pack_entries(entries, tmp_path / "e.ffr")
+    assert (stats.files, stats.symlinks, stats.hardlinks) == (5, 1, 1)
+    with PackedFolder(tmp_path / "e.ffr") as folder:
+        assert folder.read("train/cat/1.jpg") == b"cat" == folder.read("alias.jpg")
+        assert folder.read("latest") == b"dog2"
+        assert folder.list("train") == ["cat", "dog"]
+        stat = folder.stat("train/cat/1.jpg")
+        assert (stat.permissions, stat.uid, stat.gid, stat.mtime_ns, stat.nlink) == (0o640, 7, 8, 5, 2)
+        assert folder.stat("train").permissions == 0o755  # created implicitly
+
+
+def test_pack_entries_from_a_generator_spools(tmp_path: Path) -> None:
+    def entries():
+        for i in range(50):
+            yield Entry(f"d{i % 5}/f{i}.bin", os.urandom(i))
+
+    pack_entries(entries(), tmp_path / "g.ffr")
+    with PackedFolder(tmp_path / "g.ffr") as folder:
+        assert folder.num_files() == 50
+        assert len(folder.read("d4/f49.bin")) == 49
+    assert sorted(os.listdir(tmp_path)) == ["g.ffr"]
+
+
+def test_pack_entries_with_a_count_larger_than_needed(tmp_path: Path) -> None:
+    pack_entries(iter([Entry("a", b"1"), Entry("d", kind="dir")]), tmp_path / "c.ffr", count=10)
+    assert PackedFolder(tmp_path / "c.ffr").read("a") == b"1"
+    with pytest.raises(PackError, match="more files"):
+        pack_entries(iter([Entry("a", b"1"), Entry("b", b"2")]), tmp_path / "d.ffr", count=1)
+    assert not (tmp_path / "d.ffr").exists()
+
+
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ([Entry("a", b"1"), Entry("a", b"2")], "duplicate path 'a'"),
+        ([Entry("a/../b", b"1")], "component '..'"),
+        ([Entry("a/./b", b"1")], "component '.'"),
+        ([Entry("a", b"1"), Entry("a/b", b"2")], "not a directory"),
+        ([Entry("l", kind="symlink")], "has no target"),
+        ([Entry("h", kind="hardlink", target="nothing")], "not an earlier file entry"),
+        ([Entry("f", b"abc", size=4)], "changed size"),
+    ],
+)
+def test_pack_entries_rejects(tmp_path: Path, entries, message: str) -> None:
+    with pytest.raises(PackError, match=message):
+        pack_entries(entries, tmp_path / "bad.ffr")
+    assert os.listdir(tmp_path) == []
