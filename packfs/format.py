@@ -218,10 +218,14 @@ def pack_footer(entry_count: int, data_records: int) -> bytes:
 
 def unpack_footer(data: bytes, where: str) -> Footer:
     """Decode and check a footer; ``where`` names the archive in error messages."""
-    if len(data) != FOOTER_SIZE or data[:8] != MAGIC:
+    if len(data) != FOOTER_SIZE:
         raise FormatError(
-            f"{where}: not a packfs archive (its last record is not a {FOOTER_SIZE}-byte "
-            f"footer starting with {MAGIC!r})"
+            f"{where}: not a packfs archive, or truncated or extended: its last record is "
+            f"{len(data)} bytes, expected the {FOOTER_SIZE}-byte footer"
+        )
+    if data[:8] != MAGIC:
+        raise FormatError(
+            f"{where}: not a packfs archive: its last record does not start with {MAGIC!r}"
         )
     magic, major, minor, flags, entries, data_records, sections, _reserved = FOOTER.unpack(data)
     if major != VERSION_MAJOR:

@@ -1,0 +1,197 @@
+"""Damage an archive every way we can think of; each read path reports it exactly."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import packfs
+from packfs import ChecksumError, FormatError, PackedFolder, RecordReader, RecordWriter
+from packfs.format import SECTIONS
+from tests.conftest import BLUEPRINT
+
+
+def _flip(path: Path, offset: int, out: Path) -> Path:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _layout(archive: Path) -> tuple[int, list[int], int]:
+    """(n, offsets, data_records) of an archive."""
+    reader = RecordReader(archive)
+    container = reader._containers[0]
+    n = container.record_count
+    offsets = [int(x) for x in container.offsets]
+    footer = reader.read_one(n - 1)
+    data_records = struct.unpack_from("<Q", footer, 24)[0]
+    reader.close()
+    return n, offsets, data_records
+
+
+@pytest.mark.parametrize("offset", [0, 3, 4, 12, 40])
+def test_header_damage_fails_at_open(archive: Path, tmp_path: Path, offset: int) -> None:
+    bad = _flip(archive, offset, tmp_path / "bad.ffr")
+    with pytest.raises(FormatError):  # ChecksumError, or the count no longer fits
+        PackedFolder(bad)
+
+
+def test_header_crc_damage_is_a_checksum_error(archive: Path, tmp_path: Path) -> None:
+    n, offsets, _ = _layout(archive)
+    bad = _flip(archive, 12 + 4 * n + 3, tmp_path / "bad.ffr")  # inside offsets[0]
+    with pytest.raises(ChecksumError, match="header checksum mismatch"):
+        PackedFolder(bad)
+
+
+@pytest.mark.parametrize("section", range(len(SECTIONS)))
+def test_table_damage_fails_at_open(archive: Path, tmp_path: Path, section: int) -> None:
+    n, offsets, data_records = _layout(archive)
+    record = data_records + 2 * section + 1
+    bad = _flip(archive, offsets[record], tmp_path / "bad.ffr")
+    with pytest.raises(ChecksumError, match=f"section '{SECTIONS[section][0]}'"):
+        PackedFolder(bad)
+
+
+def test_footer_damage_fails_at_open(archive: Path, tmp_path: Path) -> None:
+    n, offsets, _ = _layout(archive)
+    bad = _flip(archive, offsets[n - 1] + 20, tmp_path / "bad.ffr")
+    with pytest.raises(ChecksumError, match="footer"):
+        PackedFolder(bad)
+
+
+def _damaged_file(archive: Path, tmp_path: Path, path: str) -> Path:
+    folder = PackedFolder(archive)
+    record = folder._table.record(folder._table.lookup(path.encode()))
+    start, end = folder._container.record_span(record)
+    folder.close()
+    return _flip(archive, start + (end - start) // 2, tmp_path / "bad.ffr")
+
+
+@pytest.mark.parametrize("path", ["hello.txt", "big/large.bin"])
+def test_file_damage_is_caught_by_every_read_path(archive: Path, tmp_path: Path, path: str) -> None:
+    bad = _damaged_file(archive, tmp_path, path)
+    with PackedFolder(bad) as folder:
+        message = f"'{path}': checksum mismatch"
+        with pytest.raises(ChecksumError, match=message):
+            folder.read_one(path)
+        with pytest.raises(ChecksumError, match=message):
+            folder.read([path])
+        with pytest.raises(ChecksumError, match=message):
+            folder.read_view(path)
+        with pytest.raises(ChecksumError, match=message):
+            folder.open(path)
+        # Everything else still reads.
+        for other, contents in BLUEPRINT.items():
+            if contents is not None and other != path and not (path == "hello.txt" and other == "hardlink.txt"):
+                assert folder.read(other) == contents
+        report = folder.verify()
+        assert not report.ok
+        assert path in report.bad_paths
+        if path == "hello.txt":
+            assert "hardlink.txt" in report.bad_paths  # same record
+        with pytest.raises(ChecksumError):
+            packfs.unpack(folder, tmp_path / "out")
+    # Unchecked reads return the damaged bytes, as FFRecord does.
+    with PackedFolder(bad, check_data=False) as folder:
+        assert folder.read(path) != BLUEPRINT[path]
+        assert not folder.verify().ok  # verify checks regardless
+
+
+def test_damaged_file_is_not_left_behind_by_unpack(archive: Path, tmp_path: Path) -> None:
+    bad = _damaged_file(archive, tmp_path, "big/large.bin")
+    with PackedFolder(bad) as folder, pytest.raises(ChecksumError):
+        packfs.unpack(folder, tmp_path / "out", ["big/large.bin"])
+    assert not (tmp_path / "out" / "big" / "large.bin").exists()
+
+
+@pytest.mark.parametrize("keep", [0, 11, 12, 100, 1000, -65, -64, -63, -1])
+@pytest.mark.parametrize("check_data", [True, False])
+def test_truncation_fails_at_open(archive: Path, tmp_path: Path, keep: int, check_data: bool) -> None:
+    data = archive.read_bytes()
+    bad = tmp_path / "cut.ffr"
+    bad.write_bytes(data[:keep] if keep >= 0 else data[: len(data) + keep])
+    with pytest.raises(FormatError):
+        PackedFolder(bad, check_data=check_data)
+
+
+def test_extension_fails_at_open(archive: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "long.ffr"
+    bad.write_bytes(archive.read_bytes() + b"\0")
+    with pytest.raises(FormatError, match="truncated or extended"):
+        PackedFolder(bad)
+
+
+def test_plain_container_is_not_a_packed_folder(tmp_path: Path) -> None:
+    from tests.conftest import VECTORS
+
+    with pytest.raises(FormatError, match="not a packfs archive"):
+        PackedFolder(VECTORS / "records.ffr")
+    with pytest.raises(FormatError, match="empty FFRecord container"):
+        PackedFolder(VECTORS / "empty.ffr")
+
+
+# -- structurally wrong tables with valid checksums ------------------------------------
+
+
+def _rewrite(archive: Path, out: Path, section: str, mutate: Callable[[np.ndarray], None]) -> Path:
+    """Copy ``archive`` with one table section changed in place, all CRCs recomputed."""
+    n, _, data_records = _layout(archive)
+    index = data_records + 2 * [name for name, _ in SECTIONS].index(section) + 1
+    dtype = dict(SECTIONS)[section]
+    reader = RecordReader(archive)
+    with RecordWriter(out, n) as writer:
+        for record in range(n):
+            data = reader.read_one(record)
+            if record == index:
+                array = np.frombuffer(data, dtype).copy()
+                mutate(array)
+                data = array.tobytes()
+            writer.write_one(data)
+    return out
+
+
+def _entry(archive: Path, path: str) -> int:
+    with PackedFolder(archive) as folder:
+        return folder._table.lookup(path.encode())
+
+
+@pytest.mark.parametrize(
+    "section, mutate, message",
+    [
+        ("parent", lambda a: a.__setitem__(3, 3), "parent does not come before it"),
+        ("parent", lambda a: a.__setitem__(len(a) - 1, 1), "outside its parent's child range|parent is not a directory"),
+        ("mode", lambda a: a.__setitem__(0, 0o100644), "root directory"),
+        ("mode", lambda a: a.__setitem__(2, 0o060644), "file type"),
+        ("child_count", lambda a: a.__setitem__(0, a[0] + 1), "outside its parent's child range|children for"),
+        ("child_start", lambda a: a.__setitem__(0, 0), "child range"),
+        ("record", lambda a: a.__setitem__(len(a) - 1, 10**6), "outside the"),
+        ("size", lambda a: a.__setitem__(len(a) - 1, a[-1] + 1), "size differs"),
+        ("names", lambda a: a.__setitem__(0, ord("/")), "'/' or a NUL"),
+        ("names", lambda a: a.__setitem__(0, 0), "'/' or a NUL"),
+        ("name_end", lambda a: a.__setitem__(1, 0), "empty name"),
+        ("path_entry", lambda a: a.__setitem__(0, 10**6), "path index names an entry"),
+        ("path_hash", lambda a: a.__setitem__(0, 2**32 - 1), "not sorted"),
+    ],
+)
+def test_inconsistent_tables_are_refused_at_open(
+    archive: Path, tmp_path: Path, section: str, mutate, message: str
+) -> None:
+    bad = _rewrite(archive, tmp_path / "bad.ffr", section, mutate)
+    with pytest.raises(FormatError, match=message):
+        PackedFolder(bad)
+    with pytest.raises(FormatError, match=message):
+        PackedFolder(bad, check_data=False)
+
+
+def test_dot_names_are_refused(tmp_path: Path) -> None:
+    packfs.pack_entries([packfs.Entry("ab", b"x")], tmp_path / "a.ffr")
+    bad = _rewrite(tmp_path / "a.ffr", tmp_path / "dots.ffr", "names",
+                   lambda a: a.__setitem__(slice(0, 2), ord(".")))
+    with pytest.raises(FormatError, match="'.' or '..'"):
+        PackedFolder(bad)
