@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import stat as stat_module
 import sys
 import time
@@ -142,6 +143,11 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         )
 
 
+def _echo_path_line(line: str) -> None:
+    """Print a line holding archive names as their exact bytes (they need not be UTF-8)."""
+    click.echo(os.fsencode(line))
+
+
 def _ls_line(name: str, info: Any, folder: PackedFolder, path: str) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.mtime_ns / 1e9))
     line = (f"{stat_module.filemode(info.mode)} {info.nlink:3d} {info.uid:5d} {info.gid:5d} "
@@ -166,14 +172,11 @@ def ls(archive: str, path: str, long: bool, recursive: bool) -> None:
     with PackedFolder(archive) as folder:
         if not folder.is_dir(path):
             info = folder.stat(path)
-            click.echo(_ls_line(path, info, folder, path) if long else path)
+            _echo_path_line(_ls_line(path, info, folder, path) if long else path)
             return
         for name in folder.list(path, recursive=recursive):
             full = f"{path.strip('/')}/{name}" if path.strip("/") else name
-            if long:
-                click.echo(_ls_line(name, folder.stat(full), folder, full))
-            else:
-                click.echo(name)
+            _echo_path_line(_ls_line(name, folder.stat(full), folder, full) if long else name)
 
 
 @main.command()
@@ -186,7 +189,7 @@ def cat(archive: str, paths: tuple[str, ...]) -> None:
     Example:
       packfs cat data.ffr labels.csv | head
     """
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     with PackedFolder(archive) as folder:
         for path in paths:
             with folder.open(path) as source:  # checks the CRC before any byte is written
@@ -237,7 +240,7 @@ def verify(archive: str, quiet: bool) -> None:
         click.echo(f"OK: {report.records_checked} records, {human_size(report.bytes_checked)} checked")
         return
     for path in report.bad_paths:
-        click.echo(f"damaged: {path}")
+        _echo_path_line(f"damaged: {path}")
     for problem in report.problems:
         click.echo(f"damaged: {problem}")
     raise click.ClickException(
