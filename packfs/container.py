@@ -25,6 +25,8 @@ __all__ = ["Container", "ContainerWriter", "TEMP_MARKER"]
 # header never holds more than this many pages in the process at once.
 _SCAN_CHUNK = 8 << 20
 _COPY_CHUNK = 1 << 20
+# Scans of ranges at least this large drop their pages from the process afterwards.
+_RELEASE_THRESHOLD = 1 << 20
 
 # Temporary files are named ".<out>.packfs-tmp-<pid>-<random>" so that a killed packer's
 # leftovers are recognisable.
@@ -55,7 +57,7 @@ def crc32_of_range(
         for chunk_start in range(start, end, _SCAN_CHUNK):
             chunk_end = min(end, chunk_start + _SCAN_CHUNK)
             value = crc32(view[chunk_start:chunk_end], value)
-            if end - start > _SCAN_CHUNK:
+            if end - start >= _RELEASE_THRESHOLD:
                 release_pages(mm, chunk_start, chunk_end)
             if progress is not None:
                 progress(chunk_end - chunk_start)
@@ -146,7 +148,7 @@ class Container:
     def _check_offsets(self) -> None:
         n = self.record_count
         previous = self.data_start
-        step = _SCAN_CHUNK // 8
+        step = _SCAN_CHUNK // 64  # 128 Ki offsets: 1 MiB of map, a few MiB of temporaries
         for start in range(0, n, step):
             chunk = self.offsets[start : start + step]
             if chunk[0] < previous or np.any(chunk[1:] < chunk[:-1]):
@@ -157,13 +159,13 @@ class Container:
                     f"expected >= {low} (offsets must be non-decreasing from the header end)"
                 )
             previous = int(chunk[-1])
+            if n > step:
+                release_pages(self._mm, 12 + 4 * n + 8 * start, 12 + 4 * n + 8 * (start + step))
         if n and previous > self.file_size:
             raise FormatError(
                 f"{self.path!r}: record {n - 1} starts at offset {previous}, past the end "
                 f"of the file ({self.file_size} bytes)"
             )
-        if n > step:
-            release_pages(self._mm, 12, self.data_start)
 
     # -- records ---------------------------------------------------------------------
 

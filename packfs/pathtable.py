@@ -23,7 +23,7 @@ S_IFLNK = stat_module.S_IFLNK
 _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 _SLASH = ord("/")
 # Validation works on slices of this many entries so its temporaries stay small.
-_CHUNK = 1 << 20
+_CHUNK = 1 << 16
 
 
 class TableRow(NamedTuple):
@@ -244,10 +244,12 @@ class PathTable:
             length = offsets[their + 1] - offsets[their]
             if np.any(length != a["size"][start:end][has_data].astype(np.int64)):
                 self._fail("an entry's size differs from the length of its record")
+            if count > _CHUNK:
+                self._release_scanned_pages()
         if total_children != count - 1:
             self._fail(f"directories list {total_children} children for {count - 1} entries")
-        for start in range(0, len(names), _CHUNK * 16):
-            chunk = names[start : start + _CHUNK * 16]
+        for start in range(0, len(names), _CHUNK * 64):
+            chunk = names[start : start + _CHUNK * 64]
             if np.any((chunk == _SLASH) | (chunk == 0)):
                 self._fail("a name contains '/' or a NUL byte")
         path_entry, path_hash = a["path_entry"], a["path_hash"]
@@ -259,8 +261,13 @@ class PathTable:
             if np.any(hashes[1:] < hashes[:-1]):
                 self._fail("the path index is not sorted")
         if count > _CHUNK:
-            # Lookups touch only a few pages each; drop the ones validation faulted in.
-            release_pages(self._container.mmap, *self._table_span)
+            self._release_scanned_pages()
+
+    def _release_scanned_pages(self) -> None:
+        """Keep a large table's validation from accumulating in RSS: lookups later
+        fault in only the few pages they touch."""
+        release_pages(self._container.mmap, *self._table_span)
+        release_pages(self._container.mmap, 0, self._container.data_start)
 
     # -- access ----------------------------------------------------------------------
 
