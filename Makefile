@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse2
 
-.PHONY: setup system-packages test demo clean
+.PHONY: setup system-packages test demo bench clean
 
 setup: system-packages $(STAMP)
 
@@ -39,3 +39,6 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache
+
+bench: setup
+	$(PY) bench/core.py
