@@ -250,16 +250,24 @@ def pack_entries(
         return _pack_spooled(entries, out, force=force)
     started = time.perf_counter()
     out_path = os.fsdecode(out)
-    with ContainerWriter(out_path, record_count_for(count), force=force) as writer:
-        builder = _ArchiveBuilder(writer, count)
+    builder = _write_archive(entries, out_path, count, force)
+    return _stats(builder, 0, out_path, started)
+
+
+def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool) -> _ArchiveBuilder:
+    """Write ``entries`` and the table to ``out`` atomically; the one write path."""
+    with ContainerWriter(out, record_count_for(data_slots), force=force) as writer:
+        builder = _ArchiveBuilder(writer, data_slots)
         try:
             for entry in entries:
                 builder.add(entry)
         except OSError as error:
-            raise PackError(f"cannot read an entry's data: {error}") from None
+            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise PackError(f"cannot write {out!r}: {error.strerror}") from None
+            raise PackError(f"packing into {out!r} failed: {error}") from None
         builder.finish()
         writer.commit()
-    return _stats(builder, 0, out_path, started)
+    return builder
 
 
 def _stats(builder: _ArchiveBuilder, skipped: int, out: str, started: float) -> PackStats:
@@ -526,15 +534,5 @@ def pack_folder(
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    with ContainerWriter(out_text, record_count_for(data_slots), force=force) as writer:
-        builder = _ArchiveBuilder(writer, data_slots)
-        try:
-            for entry in entries():
-                builder.add(entry)
-        except OSError as error:
-            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise PackError(f"cannot write {out_text!r}: {error.strerror}") from None
-            raise PackError(f"packing {os.fsdecode(src_bytes)!r} failed: {error}") from None
-        builder.finish()
-        writer.commit()
+    builder = _write_archive(entries(), out_text, data_slots, force)
     return _stats(builder, skipped, out_text, started)
