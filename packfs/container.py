@@ -12,7 +12,7 @@ import stat as stat_module
 import sys
 from array import array
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable
 
 import numpy as np
 
@@ -389,11 +389,3 @@ class ContainerWriter:
         except FileNotFoundError:
             pass
 
-
-def iter_chunks(source: BinaryIO, chunk_size: int = _COPY_CHUNK) -> Iterator[bytes]:
-    """Read ``source`` to its end in chunks of at most ``chunk_size`` bytes."""
-    while True:
-        chunk = source.read(chunk_size)
-        if not chunk:
-            return
-        yield chunk

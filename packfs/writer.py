@@ -302,14 +302,14 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool) -> Pa
                     finally:
                         if callable(data):
                             source.close()
-                staged.append(_Spooled(entry, spool, start, spool.tell() - start))
+                staged.append(_spooled_entry(entry, spool, start, spool.tell() - start))
             else:
                 staged.append(entry)
         spool.flush()  # _Window reads with pread, below the file object's buffer
         return pack_entries(staged, out, force=force)
 
 
-def _Spooled(entry: Entry, spool: BinaryIO, start: int, length: int) -> Entry:
+def _spooled_entry(entry: Entry, spool: BinaryIO, start: int, length: int) -> Entry:
     def reopen() -> BinaryIO:
         return _Window(spool, start, length)
 
