@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import stat as stat_module
+import subprocess
 import sys
 import time
 from typing import Any
@@ -277,6 +278,100 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool) -> None
             f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}",
             err=True,
         )
+
+
+def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for value in values:
+        for item in value.split(","):
+            if item:
+                key, sep, setting = item.partition("=")
+                options[key] = setting if sep else True
+    return options
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.argument("mountpoint", type=click.Path())
+@click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground; log to stderr.")
+@click.option("-d", "--debug", "fuse_debug", is_flag=True, help="Show FUSE's own debug output (implies -f).")
+@click.option("-o", "options", multiple=True, metavar="OPTION[,OPTION...]",
+              help="FUSE mount options, e.g. -o uid=1000,gid=1000 to show files as yours.")
+@click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
+@click.option("--check-data/--no-check-data", default=True, show_default=True,
+              help="Check each file's CRC once, at its first open; a mismatch reads as EIO.")
+@click.option("--threads", default=0, type=click.IntRange(0), metavar="N",
+              help="1 serves requests one at a time; the default is multithreaded.")
+@click.option("--binding", type=click.Choice(["fusepy", "mfusepy"]), default="fusepy", show_default=True,
+              help="FUSE binding: fusepy (libfuse2) or mfusepy (libfuse3).")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="Where a background daemon logs (default: a file named in the output).")
+def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, options: tuple[str, ...],
+          allow_other: bool, check_data: bool, threads: int, binding: str, log_file: str | None) -> None:
+    """Serve ARCHIVE read-only at the directory MOUNTPOINT through FUSE.
+
+    Returns once the mount works; the daemon then runs in the background until
+    `packfs unmount MOUNTPOINT` (or SIGTERM/SIGINT to it).
+
+    \b
+    Example:
+      packfs mount data.ffr /mnt/data && ls /mnt/data
+    """
+    from . import mount as fuse_mount  # the only importer of a FUSE binding
+
+    extra = _parse_options(options)
+    # Everything that can be known up front fails here, before anything detaches.
+    fuse_mount.check_fuse(binding)
+    fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
+    PackedFolder(archive, check_data=check_data).close()
+    if foreground or fuse_debug:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s packfs: %(message)s"))
+        logging.getLogger("packfs.mount").addHandler(handler)
+        fuse_mount.mount(archive, mountpoint, foreground=True, debug=fuse_debug, threads=threads != 1,
+                         check_data=check_data, allow_other=allow_other, options=extra, binding=binding)
+        return
+    log_path = log_file or fuse_mount.state_file(mountpoint, ".log")
+    command = [sys.executable, "-m", "packfs", "mount", "-f", archive, mountpoint,
+               "--binding", binding, "--threads", str(threads),
+               "--check-data" if check_data else "--no-check-data"]
+    command += ["--allow-other"] if allow_other else []
+    for value in options:
+        command += ["-o", value]
+    with open(log_path, "ab") as log:
+        daemon = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                  start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not fuse_mount.is_mounted(mountpoint):
+        if daemon.poll() is not None:
+            lines = open(log_path, "rb").read().decode(errors="replace").strip().splitlines()
+            reason = lines[-1] if lines else f"exit status {daemon.returncode}"
+            raise click.ClickException(f"mounting {archive!r} at {mountpoint!r} failed: {reason.removeprefix('Error: ')}")
+        if time.monotonic() > deadline:
+            daemon.kill()
+            raise click.ClickException(f"mounting {archive!r} at {mountpoint!r} timed out (log: {log_path})")
+        time.sleep(0.01)
+    click.echo(f"mounted {archive!r} at {mountpoint!r} (daemon pid {daemon.pid}, log {log_path})", err=True)
+
+
+@main.command()
+@click.argument("mountpoint", type=click.Path())
+@click.option("-z", "--lazy", is_flag=True, help="Detach now even if busy; clean up when no longer used.")
+def unmount(mountpoint: str, lazy: bool) -> None:
+    """Unmount a packfs mount and wait for its daemon to exit.
+
+    Also clears a stale mount whose daemon died ("Transport endpoint is not connected").
+
+    \b
+    Example:
+      packfs unmount /mnt/data
+    """
+    from . import mount as fuse_mount
+
+    stale = fuse_mount.is_stale(mountpoint)
+    fuse_mount.unmount(mountpoint, lazy=lazy)
+    if stale:
+        click.echo(f"cleared stale mount {mountpoint!r} (its daemon had died)", err=True)
 
 
 if __name__ == "__main__":

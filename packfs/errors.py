@@ -17,6 +17,7 @@ __all__ = [
     "NotASymlinkError",
     "PackError",
     "UnpackError",
+    "MountError",
 ]
 
 
@@ -54,3 +55,7 @@ class PackError(PackfsError):
 
 class UnpackError(PackfsError):
     """Raised when extraction cannot write an entry safely inside the destination."""
+
+
+class MountError(PackfsError):
+    """Raised when FUSE is unavailable or a mount point cannot be mounted or unmounted."""
