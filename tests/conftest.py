@@ -72,3 +72,72 @@ def archive(tree: Path, tmp_path: Path) -> Path:
 def folder(archive: Path):
     with packfs.PackedFolder(archive) as opened:
         yield opened
+
+
+# -- FUSE ------------------------------------------------------------------------------
+
+import contextlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fuse_unavailable_reason(binding: str = "fusepy") -> str | None:
+    """Why FUSE cannot work here, or None (the same checks packfs mount makes)."""
+    from packfs.errors import MountError
+    from packfs.mount import check_fuse
+
+    try:
+        check_fuse(binding)
+    except MountError as error:
+        return str(error)
+    return None
+
+
+def require_fuse(binding: str = "fusepy") -> None:
+    reason = fuse_unavailable_reason(binding)
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"FUSE must work under CI: {reason}")
+    pytest.skip(reason)
+
+
+def packfs_cli(*args: object, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packfs", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=timeout, check=check)
+
+
+def force_unmount(mountpoint: Path) -> None:
+    from packfs.mount import is_mounted
+
+    if is_mounted(str(mountpoint)):
+        subprocess.run(["fusermount", "-u", "-z", str(mountpoint)], capture_output=True)
+
+
+@contextlib.contextmanager
+def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = "fusepy"):
+    """Mount in the background as a user would; always unmount, and on a failure show
+    the daemon's log and the mount table."""
+    require_fuse(binding)
+    from packfs.mount import is_mounted, state_file
+
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    result = packfs_cli("mount", archive, mountpoint, "--binding", binding, *options)
+    log = Path(state_file(str(mountpoint), ".log"))
+    if result.returncode != 0 or not is_mounted(str(mountpoint)):
+        table = Path("/proc/self/mounts").read_text()
+        force_unmount(mountpoint)
+        pytest.fail(f"mount failed: {result.stderr}\nlog: {log.read_text() if log.exists() else ''}"
+                    f"\nmounts:\n{table}")
+    try:
+        yield mountpoint
+    finally:
+        done = packfs_cli("unmount", mountpoint)
+        if done.returncode != 0:
+            force_unmount(mountpoint)
+            deadline = time.monotonic() + 10
+            while is_mounted(str(mountpoint)) and time.monotonic() < deadline:
+                time.sleep(0.05)

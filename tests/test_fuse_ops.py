@@ -1,0 +1,114 @@
+"""PackfsOperations called directly: the FUSE translation without /dev/fuse."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from packfs import PackedFolder
+from packfs.mount import PackfsOperations, _FuseError
+from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8
+
+
+@pytest.fixture
+def ops(folder: PackedFolder) -> PackfsOperations:
+    return PackfsOperations(folder)
+
+
+def _errno(call) -> int:
+    with pytest.raises(OSError) as caught:
+        call()
+    assert isinstance(caught.value.errno, int)  # fusepy needs a real errno
+    return caught.value.errno
+
+
+def test_getattr(ops: PackfsOperations, tree: Path) -> None:
+    attrs = ops.getattr("/a/b/c/deep.bin")
+    info = os.lstat(tree / "a/b/c/deep.bin")
+    assert attrs["st_mode"] == info.st_mode and attrs["st_size"] == 768
+    assert attrs["st_mtime"] == MTIME_NS and attrs["st_blocks"] == 2
+    assert attrs["st_nlink"] == 1
+    assert ops.getattr("/")["st_mode"] & stat.S_IFDIR and ops.getattr("/")["st_ino"] == 1
+    assert stat.S_ISLNK(ops.getattr("/link-to-hello")["st_mode"])
+    assert ops.getattr("/hardlink.txt")["st_nlink"] == 2
+    assert ops.getattr("/a")["st_nlink"] == 2 + 2  # a/b and a/empty_nested
+    assert ops.getattr("/" + NON_UTF8)["st_size"] == 3
+    # Inode numbers are stable and distinct.
+    assert ops.getattr("/hello.txt")["st_ino"] != ops.getattr("/Zeta.txt")["st_ino"]
+
+
+def test_errors_map_to_errno(ops: PackfsOperations) -> None:
+    assert _errno(lambda: ops.getattr("/missing")) == errno.ENOENT
+    assert _errno(lambda: ops.getattr("/hello.txt/x")) == errno.ENOENT
+    assert _errno(lambda: ops.readdir("/hello.txt", 0)) == errno.ENOTDIR
+    assert _errno(lambda: ops.open("/a", os.O_RDONLY)) == errno.EISDIR
+    assert _errno(lambda: ops.readlink("/hello.txt")) == errno.EINVAL
+    assert _errno(lambda: ops.read("/x", 10, 0, 10**9)) == errno.EBADF
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC):
+        assert _errno(lambda: ops.open("/hello.txt", flags)) == errno.EROFS
+    for call in (lambda: ops.write("/hello.txt", b"x", 0, 0), lambda: ops.unlink("/hello.txt"),
+                 lambda: ops.mkdir("/new", 0o755), lambda: ops.rename("/a", "/b"),
+                 lambda: ops.chmod("/hello.txt", 0o777), lambda: ops.create("/n", 0o644),
+                 lambda: ops.truncate("/hello.txt", 0), lambda: ops.symlink("/l", "t"),
+                 lambda: ops.access("/hello.txt", os.W_OK)):
+        assert _errno(call) == errno.EROFS
+
+
+def test_readdir_lists_everything_with_types(ops: PackfsOperations, folder: PackedFolder) -> None:
+    listing = ops.readdir("/", 0)
+    names = [name for name, _, _ in listing]
+    assert names[:2] == [".", ".."]
+    assert names[2:] == folder.list()
+    types = {name: attrs["st_mode"] & stat.S_IFMT(0o170000) for name, attrs, _ in listing[2:]}
+    assert types["a"] == stat.S_IFDIR and types["hello.txt"] == stat.S_IFREG
+    assert types["link-to-hello"] == stat.S_IFLNK
+
+
+def test_open_and_read(ops: PackfsOperations) -> None:
+    fh = ops.open("/big/large.bin", os.O_RDONLY)
+    data = BLUEPRINT["big/large.bin"]
+    assert ops.read("/big/large.bin", 4096, 0, fh) == data[:4096]
+    assert ops.read("/big/large.bin", 1 << 20, len(data) - 10, fh) == data[-10:]
+    assert ops.read("/big/large.bin", 100, len(data) + 5, fh) == b""
+    assert ops.readlink("/a/link-up") == "../hello.txt"
+    assert ops.access("/hello.txt", os.R_OK) is None
+
+
+def test_statfs(ops: PackfsOperations, archive: Path) -> None:
+    info = ops.statfs("/")
+    assert info["f_files"] == ops.folder.entry_count
+    assert info["f_blocks"] * info["f_bsize"] >= archive.stat().st_size
+
+
+def test_checksum_failure_is_eio_once_logged(archive: Path, tmp_path: Path, caplog) -> None:
+    with PackedFolder(archive) as folder:
+        record = folder._table.record(folder._table.lookup(b"Zeta.txt"))
+        start, _ = folder._container.record_span(record)
+    data = bytearray(archive.read_bytes())
+    data[start] ^= 0xFF
+    (tmp_path / "bad.ffr").write_bytes(bytes(data))
+    with PackedFolder(tmp_path / "bad.ffr") as folder:
+        ops = PackfsOperations(folder)
+        for _ in range(3):
+            assert _errno(lambda: ops.open("/Zeta.txt", os.O_RDONLY)) == errno.EIO
+        assert caplog.text.count("checksum mismatch") == 1
+        ops.open("/hello.txt", os.O_RDONLY)  # the others still open
+        assert PackfsOperations(folder, check_data=False).open("/Zeta.txt", os.O_RDONLY) >= 0
+
+
+def test_unexpected_errors_become_eio(ops: PackfsOperations, monkeypatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(ops.table, "lookup", broken)
+    assert _errno(lambda: ops.getattr("/hello.txt")) == errno.EIO
+
+
+def test_call_dispatch_for_fusepy(ops: PackfsOperations) -> None:
+    assert ops("getattr", "/hello.txt")["st_size"] == 12
+    assert _errno(lambda: ops("bmap", "/x")) == errno.ENOSYS
+    assert isinstance(_FuseError(errno.EIO), OSError)
