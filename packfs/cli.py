@@ -327,7 +327,9 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     if foreground or fuse_debug:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s packfs: %(message)s"))
-        logging.getLogger("packfs.mount").addHandler(handler)
+        mount_log = logging.getLogger("packfs.mount")
+        mount_log.addHandler(handler)
+        mount_log.propagate = False  # not also through the CLI's "Warning:" handler
         fuse_mount.mount(archive, mountpoint, foreground=True, debug=fuse_debug, threads=threads != 1,
                          check_data=check_data, allow_other=allow_other, options=extra, binding=binding)
         return

@@ -106,8 +106,12 @@ class Container:
                     f"needs at least {HEADER_PREFIX.size}"
                 )
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        # Kept open for pread(): readers that must not grow RSS (the FUSE daemon) read
+        # through it instead of the map.
+        self.fd = fd
         try:
             self._open_header()
         except BaseException:
@@ -213,8 +217,23 @@ class Container:
         self.check_crc(index, data, label)
         return data
 
-    def read_region(self, start: int, end: int) -> bytes:
-        return self._mm[start:end]
+    def pread(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) read with pread(): no page joins this process's RSS."""
+        data = os.pread(self.fd, end - start, start)
+        if len(data) != end - start:
+            raise FormatError(
+                f"{self.path!r}: the archive changed while open: {len(data)} bytes at offset "
+                f"{start}, expected {end - start}"
+            )
+        return data
+
+    def pread_crc_ok(self, index: int) -> bool:
+        """Check record ``index`` through pread() in 1 MiB pieces (see :meth:`pread`)."""
+        start, end = self.record_span(index)
+        value = 0
+        for position in range(start, end, _COPY_CHUNK):
+            value = crc32(os.pread(self.fd, min(_COPY_CHUNK, end - position), position), value)
+        return value == self._crc_items[index]
 
     @property
     def mmap(self) -> mmap.mmap:
@@ -227,6 +246,9 @@ class Container:
                 view.release()
         self.__dict__.pop("crcs", None)
         self.__dict__.pop("offsets", None)
+        fd = self.__dict__.pop("fd", None)
+        if fd is not None:
+            os.close(fd)
         mm = self.__dict__.pop("_mm", None)
         if mm is not None:
             try:

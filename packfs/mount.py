@@ -107,10 +107,10 @@ def _translated(method: Callback) -> Callback:
         except NotAFileError:
             raise _FuseError(errno.EISDIR) from None
         except PackfsError as error:
-            self._log_once(f"{method.__name__}{args[:1]}: {error}")
+            self._log_once(f"{method.__name__} {args[0] if args else ''}: {error}")
             raise _FuseError(errno.EIO) from None
         except Exception as error:  # a bug must not take the daemon down
-            log.exception("unexpected error in %s%s", method.__name__, args[:1])
+            log.exception("unexpected error in %s %s", method.__name__, args[0] if args else "")
             self._log_once(f"{method.__name__}: {error!r}")
             raise _FuseError(errno.EIO) from None
 
@@ -231,7 +231,7 @@ class PackfsOperations:
         record = self.table.record(entry)
         if self.check_data and not self._checked[record >> 3] & (1 << (record & 7)):
             # Checked once per mount, not on every read of a large file.
-            if not self.container.record_crc_ok(record):
+            if not self.container.pread_crc_ok(record):
                 raise ChecksumError(f"{self.folder.path!r}: {path!r}: checksum mismatch")
             self._checked[record >> 3] |= 1 << (record & 7)
         return record  # the file handle is the record index: nothing to track or leak
@@ -242,7 +242,9 @@ class PackfsOperations:
             raise _FuseError(errno.EBADF)
         start, end = self.container.record_span(fh)
         begin = start + offset
-        return self.container.read_region(begin, min(end, begin + size)) if begin < end else b""
+        # pread, not the map: served pages stay in the page cache, not in the daemon's
+        # RSS, which would otherwise grow to the size of everything ever read.
+        return self.container.pread(begin, min(end, begin + size)) if begin < end else b""
 
     @_translated
     def statfs(self, path: str) -> dict[str, int]:

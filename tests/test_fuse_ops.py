@@ -112,3 +112,13 @@ def test_call_dispatch_for_fusepy(ops: PackfsOperations) -> None:
     assert ops("getattr", "/hello.txt")["st_size"] == 12
     assert _errno(lambda: ops("bmap", "/x")) == errno.ENOSYS
     assert isinstance(_FuseError(errno.EIO), OSError)
+
+
+def test_archive_shrinking_under_the_daemon_is_eio(archive: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.ffr"
+    copy.write_bytes(archive.read_bytes())
+    with PackedFolder(copy) as folder:
+        ops = PackfsOperations(folder, check_data=False)
+        fh = ops.open("/big/large.bin", os.O_RDONLY)
+        os.truncate(copy, 100)  # pread, unlike the map, cannot raise SIGBUS
+        assert _errno(lambda: ops.read("/big/large.bin", 4096, 0, fh)) == errno.EIO
