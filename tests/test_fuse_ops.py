@@ -120,5 +120,7 @@ def test_archive_shrinking_under_the_daemon_is_eio(archive: Path, tmp_path: Path
     with PackedFolder(copy) as folder:
         ops = PackfsOperations(folder, check_data=False)
         fh = ops.open("/big/large.bin", os.O_RDONLY)
-        os.truncate(copy, 100)  # pread, unlike the map, cannot raise SIGBUS
+        start, _ = folder._container.record_span(folder._table.record(folder._table.lookup(b"big/large.bin")))
+        os.truncate(copy, start + 10)  # pread, unlike the map, cannot raise SIGBUS
         assert _errno(lambda: ops.read("/big/large.bin", 4096, 0, fh)) == errno.EIO
+        assert ops.read("/big/large.bin", 10, 0, fh) == BLUEPRINT["big/large.bin"][:10]
