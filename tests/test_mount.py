@@ -336,3 +336,13 @@ def test_daemon_memory_does_not_grow_with_files(tmp_path: Path) -> None:
             status = Path(f"/proc/{_daemon_pid(root)}/status").read_text()
             rss[count] = int(status.split("VmRSS:")[1].split()[0])
     assert rss[200_000] - rss[2000] < 8 * 1024, rss  # KiB
+
+
+@pytest.mark.parametrize("binding", ["fusepy", "mfusepy"])
+def test_both_bindings_serve_the_tree_and_uid_option(archive: Path, tmp_path: Path, binding: str) -> None:
+    with mounted(archive, tmp_path / "mnt", "-o", "uid=1234,gid=4321", binding=binding) as root:
+        assert (root / "a/b/c/deep.bin").read_bytes() == BLUEPRINT["a/b/c/deep.bin"]
+        info = os.stat(root / "hello.txt")
+        assert (info.st_uid, info.st_gid) == (1234, 4321)
+        statvfs = os.statvfs(root)
+        assert statvfs.f_files > 20
