@@ -38,9 +38,10 @@ __all__ = ["PackfsOperations", "mount", "unmount", "check_mountpoint", "check_fu
 log = logging.getLogger("packfs.mount")
 
 # fusepy (libfuse2) is the binding users asked for; mfusepy is its API-compatible,
-# maintained successor on libfuse3.  Both are measured in bench/.
+# maintained successor on libfuse3.  mfusepy is the default because libfuse3's no-open
+# support takes warm reads out of Python (bench/mount_compare.py; README, "Mounting").
 BINDINGS = {"fusepy": "fuse", "mfusepy": "mfusepy"}
-DEFAULT_BINDING = "fusepy"
+DEFAULT_BINDING = "mfusepy"
 
 # The archive never changes while mounted, so the kernel may cache everything for long.
 CACHE_SECONDS = 86400
@@ -131,12 +132,16 @@ class PackfsOperations:
         The open archive.
     check_data
         Check a file's CRC the first time it is opened; a mismatch is EIO.
+    no_open
+        Answer OPEN with ENOSYS (libfuse3 only): the kernel then opens files without
+        asking, and the CRC check moves to the first read.
     """
 
     use_ns = True  # st_*time as integer nanoseconds
 
-    def __init__(self, folder: PackedFolder, check_data: bool = True) -> None:
+    def __init__(self, folder: PackedFolder, check_data: bool = True, no_open: bool = False) -> None:
         self.folder = folder
+        self.no_open = no_open
         self.table = folder._table
         self.container = folder._container
         self.check_data = check_data
@@ -220,13 +225,9 @@ class PackfsOperations:
             self.container.check_crc(record, target, repr(path))
         return os.fsdecode(target)
 
-    @_translated
-    def open(self, path: str, flags: int) -> int:
-        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT):
-            raise _FuseError(errno.EROFS)
-        entry = self._entry(path)
-        kind = self.table.file_type(entry)
-        if kind == S_IFDIR:
+    def _checked_record(self, path: str, entry: int) -> int:
+        """The record of file ``entry``, its CRC checked once per mount (if asked)."""
+        if self.table.file_type(entry) == S_IFDIR:
             raise _FuseError(errno.EISDIR)
         record = self.table.record(entry)
         if self.check_data and not self._checked[record >> 3] & (1 << (record & 7)):
@@ -234,13 +235,30 @@ class PackfsOperations:
             if not self.container.pread_crc_ok(record):
                 raise ChecksumError(f"{self.folder.path!r}: {path!r}: checksum mismatch")
             self._checked[record >> 3] |= 1 << (record & 7)
-        return record  # the file handle is the record index: nothing to track or leak
+        return record
+
+    @_translated
+    def open(self, path: str, flags: int) -> int:
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT):
+            raise _FuseError(errno.EROFS)
+        entry = self._entry(path)
+        if self.no_open and self.table.file_type(entry) != S_IFDIR:
+            # libfuse3: ENOSYS tells the kernel to stop sending OPEN and RELEASE (and to
+            # keep pages cached), so a warm read never enters Python.  read() then
+            # resolves the path itself and does the CRC check.
+            raise _FuseError(errno.ENOSYS)
+        # The handle is record + 1 (0 means "no handle"): nothing to track or leak.
+        return self._checked_record(path, entry) + 1
 
     @_translated
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        if not 0 <= fh < self.folder.footer.data_records:
-            raise _FuseError(errno.EBADF)
-        start, end = self.container.record_span(fh)
+        if fh:
+            record = fh - 1
+            if record >= self.folder.footer.data_records:
+                raise _FuseError(errno.EBADF)
+        else:
+            record = self._checked_record(path, self._entry(path))
+        start, end = self.container.record_span(record)
         begin = start + offset
         # pread, not the map: served pages stay in the page cache, not in the daemon's
         # RSS, which would otherwise grow to the size of everything ever read.
@@ -365,7 +383,8 @@ def mount(
     extra = dict(options or {})
     path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     folder = PackedFolder(archive, check_data=check_data)
-    operations = PackfsOperations(folder, check_data=check_data)
+    # Only libfuse3 negotiates no-open support; under libfuse2 ENOSYS would fail open().
+    operations = PackfsOperations(folder, check_data=check_data, no_open=binding == "mfusepy")
     pidfile = state_file(path, ".pid")
     with open(pidfile, "w") as f:
         f.write(str(os.getpid()))

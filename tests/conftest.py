@@ -84,7 +84,7 @@ import time  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def fuse_unavailable_reason(binding: str = "fusepy") -> str | None:
+def fuse_unavailable_reason(binding: str = "mfusepy") -> str | None:
     """Why FUSE cannot work here, or None (the same checks packfs mount makes)."""
     from packfs.errors import MountError
     from packfs.mount import check_fuse
@@ -96,7 +96,7 @@ def fuse_unavailable_reason(binding: str = "fusepy") -> str | None:
     return None
 
 
-def require_fuse(binding: str = "fusepy") -> None:
+def require_fuse(binding: str = "mfusepy") -> None:
     reason = fuse_unavailable_reason(binding)
     if reason is None:
         return
@@ -118,7 +118,7 @@ def force_unmount(mountpoint: Path) -> None:
 
 
 @contextlib.contextmanager
-def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = "fusepy"):
+def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = "mfusepy"):
     """Mount in the background as a user would; always unmount, and on a failure show
     the daemon's log and the mount table."""
     require_fuse(binding)

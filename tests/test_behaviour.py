@@ -58,7 +58,7 @@ def source(tmp_path_factory) -> Path:
     return make_tree(tmp_path_factory.mktemp("behaviour") / "src")
 
 
-@pytest.fixture(scope="module", params=["PackedFolder", "mount"])
+@pytest.fixture(scope="module", params=["PackedFolder", "mfusepy", "fusepy"])
 def view(request, source: Path, tmp_path_factory):
     out = tmp_path_factory.mktemp("archive") / "tree.ffr"
     packfs.pack_folder(source, out)
@@ -66,7 +66,7 @@ def view(request, source: Path, tmp_path_factory):
         with packfs.PackedFolder(out) as folder:
             yield FolderView(folder)
     else:
-        with mounted(out, tmp_path_factory.mktemp("mnt")) as root:
+        with mounted(out, tmp_path_factory.mktemp("mnt"), binding=request.param) as root:
             yield MountView(root)
 
 

@@ -48,6 +48,7 @@ def test_errors_map_to_errno(ops: PackfsOperations) -> None:
     assert _errno(lambda: ops.open("/a", os.O_RDONLY)) == errno.EISDIR
     assert _errno(lambda: ops.readlink("/hello.txt")) == errno.EINVAL
     assert _errno(lambda: ops.read("/x", 10, 0, 10**9)) == errno.EBADF
+    assert _errno(lambda: ops.read("/missing", 10, 0, 0)) == errno.ENOENT
     for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC):
         assert _errno(lambda: ops.open("/hello.txt", flags)) == errno.EROFS
     for call in (lambda: ops.write("/hello.txt", b"x", 0, 0), lambda: ops.unlink("/hello.txt"),
@@ -76,6 +77,14 @@ def test_open_and_read(ops: PackfsOperations) -> None:
     assert ops.read("/big/large.bin", 100, len(data) + 5, fh) == b""
     assert ops.readlink("/a/link-up") == "../hello.txt"
     assert ops.access("/hello.txt", os.R_OK) is None
+
+
+def test_no_open_moves_the_work_to_read(folder: PackedFolder) -> None:
+    ops = PackfsOperations(folder, no_open=True)
+    assert _errno(lambda: ops.open("/hello.txt", os.O_RDONLY)) == errno.ENOSYS
+    assert _errno(lambda: ops.open("/hello.txt", os.O_WRONLY)) == errno.EROFS
+    assert ops.read("/hello.txt", 100, 0, 0) == b"hello world\n"  # no handle: by path
+    assert ops.read("/big/large.bin", 10, 5, 0) == BLUEPRINT["big/large.bin"][5:15]
 
 
 def test_statfs(ops: PackfsOperations, archive: Path) -> None:
