@@ -24,6 +24,9 @@ _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 _SLASH = ord("/")
 # Validation works on slices of this many entries so its temporaries stay small.
 _CHUNK = 1 << 16
+# Directory path -> entry, so a lookup checks one name instead of every component.  The
+# bound keeps memory independent of the archive's size.
+_DIRECTORY_CACHE_SIZE = 1 << 14
 
 
 class TableRow(NamedTuple):
@@ -123,6 +126,7 @@ class PathTable:
         self.data_records = footer.data_records
         self.arrays: dict[str, np.ndarray] = {}
         self._section_start: dict[str, int] = {}
+        self._directory_cache: dict[bytes, int] = {}
         mm = container.mmap
         for k, (name, dtype) in enumerate(SECTIONS):
             record = footer.data_records + 2 * k + 1
@@ -168,6 +172,7 @@ class PathTable:
         self._mm = mm
 
     def close(self) -> None:
+        self._directory_cache.clear()
         for item_view in self.__dict__.pop("_views", []):
             item_view.release()
         self.arrays.clear()
@@ -273,34 +278,38 @@ class PathTable:
 
     def lookup(self, key: bytes) -> int:
         """Entry index of full path ``key`` (no leading or trailing slash), or -1."""
+        if not key:
+            return 0
         hashes = self._path_hash
         digest = crc32(key)
         j = bisect_left(hashes, digest)
         count = self.entry_count
+        if j == count or hashes[j] != digest:
+            return -1
+        # A hash only nominates candidates: confirm the parent directory (cached) and
+        # the last name, which together identify the path.
+        slash = key.rfind(b"/")
+        if slash < 0:
+            parent, name = 0, key
+        else:
+            head = key[:slash]
+            parent = self._directory_cache.get(head, -1)
+            if parent < 0:
+                parent = self.lookup(head)
+                if parent < 0:
+                    return -1
+                if len(self._directory_cache) >= _DIRECTORY_CACHE_SIZE:
+                    self._directory_cache.clear()  # bounded; refills with what is in use
+                self._directory_cache[head] = parent
+            name = key[slash + 1 :]
+        parents, entries, name_end, mm = self._parent, self._path_entry, self._name_end, self._mm
+        base = self._names_start
         while j < count and hashes[j] == digest:
-            entry = self._path_entry[j]
-            if self._path_equals(entry, key):
+            entry = entries[j]
+            if parents[entry] == parent and entry and mm[base + name_end[entry - 1] : base + name_end[entry]] == name:
                 return entry
             j += 1
         return -1
-
-    def _path_equals(self, entry: int, key: bytes) -> bool:
-        if entry == 0:
-            return not key
-        name_end, parent, mm = self._name_end, self._parent, self._mm
-        base = self._names_start
-        end = len(key)
-        while True:
-            name_from, name_to = name_end[entry - 1], name_end[entry]
-            start = end - (name_to - name_from)
-            if start < 0 or not key.startswith(mm[base + name_from : base + name_to], start):
-                return False
-            entry = parent[entry]
-            if entry == 0:
-                return start == 0
-            if start == 0 or key[start - 1] != _SLASH:
-                return False
-            end = start - 1
 
     def name(self, entry: int) -> bytes:
         if entry == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import stat as stat_module
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, Union, overload
 
@@ -61,9 +62,13 @@ class VerifyReport:
         return not (self.bad_records or self.problems)
 
 
+_FS_ENCODING = sys.getfilesystemencoding()
+
+
 def _key(path: PathArg) -> bytes:
     """Table form of a user path: bytes without leading, trailing or doubled slashes."""
-    raw = os.fsencode(path)
+    # str.encode directly: os.fsencode's own type dispatch costs more than the lookup.
+    raw = path.encode(_FS_ENCODING, "surrogateescape") if type(path) is str else os.fsencode(path)
     key = raw.strip(b"/")
     if b"//" in key or b"." in key[:1] or b"/." in key:
         parts = []
@@ -262,9 +267,10 @@ class PackedFolder:
             ``check_data`` is on and the contents fail their CRC.
         """
         record = self._file_record(path)
-        data = self._container.record_bytes(record)
-        if self.check_data:
-            self._container.check_crc(record, data, repr(os.fsdecode(path)))
+        container = self._container
+        data = container.record_bytes(record)
+        if self.check_data and crc32(data) != container.stored_crc(record):
+            container.check_crc(record, data, repr(os.fsdecode(path)))  # raises, with details
         return data
 
     @overload
