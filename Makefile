@@ -7,13 +7,13 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse2
 
-.PHONY: setup system-packages test demo bench clean
+.PHONY: setup system-packages test demo bench bench-tools clean
 
 setup: system-packages $(STAMP)
 
-# FUSE's runtime pieces for `packfs mount` (fusermount3, libfuse.so.2).
-system-packages:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+# Installs the Debian packages in $(1) that are missing (as root; otherwise says how).
+define apt_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -24,6 +24,11 @@ system-packages:
 	    echo "missing system packages:$$missing (run as root, or: sudo apt-get install$$missing)"; exit 1; \
 	  fi; \
 	fi
+endef
+
+# FUSE's runtime pieces for `packfs mount` (fusermount3, libfuse3, libfuse.so.2).
+system-packages:
+	$(call apt_install,$(SYSTEM_PACKAGES))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,5 +45,16 @@ demo: setup
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache
 
-bench: setup
-	$(PY) bench/core.py
+# The alternatives the benchmark compares against: squashfs + squashfuse from Debian,
+# ratarmount from PyPI in a venv of its own (so its dependencies never meet ours).
+BENCH_PACKAGES := squashfs-tools squashfuse
+RATARMOUNT_VENV := bench/.ratarmount-venv
+
+bench-tools:
+	$(call apt_install,$(BENCH_PACKAGES))
+	@test -x $(RATARMOUNT_VENV)/bin/ratarmount || { \
+	  $(PYTHON) -m venv $(RATARMOUNT_VENV) && $(RATARMOUNT_VENV)/bin/pip install -q ratarmount; }
+
+bench: setup bench-tools
+	$(PY) bench/core.py $(CORE_ARGS)
+	$(PY) bench/compare.py $(BENCH_ARGS)
