@@ -53,12 +53,12 @@ def make_tree(root: Path, images: int, folders: int, large_mib: int, large_count
     if root.exists():
         shutil.rmtree(root)
     rng = np.random.default_rng(0)
-    base = rng.integers(0, 255, (320, 320, 3), dtype=np.uint8)
-    smooth = cv2.GaussianBlur(base, (0, 0), 2)
+    base = rng.integers(0, 255, (360, 360, 3), dtype=np.uint8)
+    smooth = cv2.GaussianBlur(base, (0, 0), 0.7)  # about 65 KB per JPEG, like ImageNet's
     for i in range(images):
         folder = root / "train" / f"n{i % folders:08d}"
         folder.mkdir(parents=True, exist_ok=True)
-        image = np.roll(smooth, (i * 7) % 320, axis=1)
+        image = np.roll(smooth, (i * 7) % 360, axis=1)
         cv2.imwrite(str(folder / f"n{i % folders:08d}_{i:06d}.JPEG"), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
     (root / "large").mkdir()
     for k in range(large_count):
