@@ -8,6 +8,7 @@ without it.
 from __future__ import annotations
 
 import codecs
+import ctypes.util
 import errno
 import functools
 import hashlib
@@ -70,6 +71,9 @@ def _load_binding(binding: str) -> ModuleType:
     """Import a FUSE binding; a missing package or libfuse is a MountError."""
     if binding not in BINDINGS:
         raise ValueError(f"binding must be one of {sorted(BINDINGS)}, got {binding!r}")
+    if binding == "mfusepy" and "FUSE_LIBRARY_NAME" not in os.environ and ctypes.util.find_library("fuse3"):
+        # mfusepy loads libfuse2 when both are installed; libfuse3 is the reason to use it.
+        os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -133,8 +137,9 @@ class PackfsOperations:
     check_data
         Check a file's CRC the first time it is opened; a mismatch is EIO.
     no_open
-        Answer OPEN with ENOSYS (libfuse3 only): the kernel then opens files without
-        asking, and the CRC check moves to the first read.
+        Answer OPEN with ENOSYS: the kernel (Linux >= 4.19 for libfuse2 and 3 alike)
+        then opens files without asking, keeps their pages cached, and sends no
+        RELEASE; the CRC check moves to the first read.
     """
 
     use_ns = True  # st_*time as integer nanoseconds
@@ -243,9 +248,9 @@ class PackfsOperations:
             raise _FuseError(errno.EROFS)
         entry = self._entry(path)
         if self.no_open and self.table.file_type(entry) != S_IFDIR:
-            # libfuse3: ENOSYS tells the kernel to stop sending OPEN and RELEASE (and to
-            # keep pages cached), so a warm read never enters Python.  read() then
-            # resolves the path itself and does the CRC check.
+            # ENOSYS tells the kernel to stop sending OPEN and RELEASE (and to keep pages
+            # cached), so a warm read never enters Python.  read() then resolves the path
+            # itself and does the CRC check.
             raise _FuseError(errno.ENOSYS)
         # The handle is record + 1 (0 means "no handle"): nothing to track or leak.
         return self._checked_record(path, entry) + 1
@@ -383,8 +388,7 @@ def mount(
     extra = dict(options or {})
     path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     folder = PackedFolder(archive, check_data=check_data)
-    # Only libfuse3 negotiates no-open support; under libfuse2 ENOSYS would fail open().
-    operations = PackfsOperations(folder, check_data=check_data, no_open=binding == "mfusepy")
+    operations = PackfsOperations(folder, check_data=check_data, no_open=True)
     pidfile = state_file(path, ".pid")
     with open(pidfile, "w") as f:
         f.write(str(os.getpid()))
