@@ -96,6 +96,32 @@ print(json.dumps({"open_s": opened, "rss_before": before, "rss_after_open": afte
 """
 
 
+def _mount_probe(archive: Path, mountpoint: Path) -> dict[str, float]:
+    """Mount time (command start to return), daemon RSS, and `find | wc -l` through it."""
+    from packfs.mount import state_file
+
+    mountpoint.mkdir(exist_ok=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "packfs", "mount", str(archive), str(mountpoint)],
+                   check=True, capture_output=True)
+    mount_s = time.perf_counter() - start
+    pid = int(Path(state_file(str(mountpoint), ".pid")).read_text())
+    try:
+        def rss_kib() -> int:
+            return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0])
+
+        rss_mounted = rss_kib()
+        start = time.perf_counter()
+        found = subprocess.run(f"find {mountpoint} | wc -l", shell=True, check=True,
+                               capture_output=True, text=True).stdout.strip()
+        find_s = time.perf_counter() - start
+        peak = int(Path(f"/proc/{pid}/status").read_text().split("VmHWM:")[1].split()[0])
+        return {"mount_s": mount_s, "daemon_rss_mounted_MiB": rss_mounted / 1024,
+                "find_wc_s": find_s, "find_count": int(found), "daemon_peak_rss_MiB": peak / 1024}
+    finally:
+        subprocess.run([sys.executable, "-m", "packfs", "unmount", str(mountpoint)], check=False)
+
+
 def bench_scale(work: Path, entries: int) -> dict[str, object]:
     results: dict[str, object] = {}
     for count in (1000, entries):
@@ -109,6 +135,7 @@ def bench_scale(work: Path, entries: int) -> dict[str, object]:
         packfs.pack_entries(generate(), out, count=count)
         pack_seconds = time.perf_counter() - start
         row: dict[str, object] = {"pack_s": pack_seconds, "archive_bytes": out.stat().st_size}
+        row["mount"] = _mount_probe(out, work / f"mnt-{count}")
         for check in ("1", "0"):
             probe = subprocess.run(
                 [sys.executable, "-c", _OPEN_PROBE, str(out), str(Path(__file__).resolve().parent.parent), check],
@@ -197,6 +224,12 @@ def main() -> int:
                 f"{(probe['peak_rss_open'] - probe['rss_before']) / 2**20:.1f} MiB | "
                 f"{(probe['rss_after_lookups'] - probe['rss_before']) / 2**20:+.1f} MiB | "
                 f"{probe['lookups_per_s']:,.0f} |")
+    lines += ["", "| entries | mount time | daemon RSS mounted | `find | wc -l` | daemon peak RSS after find |",
+              "|---|---|---|---|---|"]
+    for count, row in results["scale"].items():
+        m = row["mount"]
+        lines.append(f"| {int(count):,} | {m['mount_s']:.2f} s | {m['daemon_rss_mounted_MiB']:.1f} MiB | "
+                     f"{m['find_wc_s']:.2f} s ({m['find_count']:,} lines) | {m['daemon_peak_rss_MiB']:.1f} MiB |")
     lines.append("")
     for key in ("api_4KiB", "api_100KB"):
         lines += [f"| {key}: ratio to open().read() (higher is faster) | value |", "|---|---|"]
