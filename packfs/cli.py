@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import stat as stat_module
-import subprocess
 import sys
 import time
 from typing import Any
@@ -323,37 +322,20 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     # Everything that can be known up front fails here, before anything detaches.
     fuse_mount.check_fuse(binding)
     fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    PackedFolder(archive, check_data=check_data).close()
+    folder = PackedFolder(archive, check_data=check_data)
+    settings = dict(debug=fuse_debug, threads=threads != 1, check_data=check_data,
+                    allow_other=allow_other, options=extra, binding=binding)
     if foreground or fuse_debug:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s packfs: %(message)s"))
         mount_log = logging.getLogger("packfs.mount")
         mount_log.addHandler(handler)
         mount_log.propagate = False  # not also through the CLI's "Warning:" handler
-        fuse_mount.mount(archive, mountpoint, foreground=True, debug=fuse_debug, threads=threads != 1,
-                         check_data=check_data, allow_other=allow_other, options=extra, binding=binding)
+        fuse_mount.mount(folder, mountpoint, foreground=True, **settings)
         return
     log_path = log_file or fuse_mount.state_file(mountpoint, ".log")
-    command = [sys.executable, "-m", "packfs", "mount", "-f", archive, mountpoint,
-               "--binding", binding, "--threads", str(threads),
-               "--check-data" if check_data else "--no-check-data"]
-    command += ["--allow-other"] if allow_other else []
-    for value in options:
-        command += ["-o", value]
-    with open(log_path, "ab") as log:
-        daemon = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                  start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not fuse_mount.is_mounted(mountpoint):
-        if daemon.poll() is not None:
-            lines = open(log_path, "rb").read().decode(errors="replace").strip().splitlines()
-            reason = lines[-1] if lines else f"exit status {daemon.returncode}"
-            raise click.ClickException(f"mounting {archive!r} at {mountpoint!r} failed: {reason.removeprefix('Error: ')}")
-        if time.monotonic() > deadline:
-            daemon.kill()
-            raise click.ClickException(f"mounting {archive!r} at {mountpoint!r} timed out (log: {log_path})")
-        time.sleep(0.01)
-    click.echo(f"mounted {archive!r} at {mountpoint!r} (daemon pid {daemon.pid}, log {log_path})", err=True)
+    pid = fuse_mount.mount_in_background(folder, mountpoint, log_path, foreground=True, **settings)
+    click.echo(f"mounted {archive!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
 
 
 @main.command()

@@ -15,8 +15,10 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import stat as stat_module
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -34,7 +36,7 @@ from .errors import (
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .reader import PackedFolder
 
-__all__ = ["PackfsOperations", "mount", "unmount", "check_mountpoint", "check_fuse", "BINDINGS"]
+__all__ = ["PackfsOperations", "mount", "mount_in_background", "unmount", "check_mountpoint", "check_fuse", "BINDINGS"]
 
 log = logging.getLogger("packfs.mount")
 
@@ -362,7 +364,7 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
 
 
 def mount(
-    archive: str,
+    archive: str | PackedFolder,
     mountpoint: str,
     *,
     foreground: bool = True,
@@ -373,7 +375,8 @@ def mount(
     options: dict[str, Any] | None = None,
     binding: str = DEFAULT_BINDING,
 ) -> None:
-    """Serve ``archive`` at ``mountpoint`` until it is unmounted (blocks).
+    """Serve ``archive`` (a path, or an open PackedFolder that this takes over) at
+    ``mountpoint`` until it is unmounted (blocks).
 
     SIGINT and SIGTERM unmount cleanly (libfuse handles them).
 
@@ -387,7 +390,8 @@ def mount(
     fuse = check_fuse(binding)
     extra = dict(options or {})
     path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    folder = PackedFolder(archive, check_data=check_data)
+    folder = archive if isinstance(archive, PackedFolder) else PackedFolder(archive, check_data=check_data)
+    archive = folder.path
     operations = PackfsOperations(folder, check_data=check_data, no_open=True)
     pidfile = state_file(path, ".pid")
     with open(pidfile, "w") as f:
@@ -426,6 +430,54 @@ def _wait_for_exit(pid: int, deadline: float) -> None:
         except PermissionError:
             return  # not ours to watch
         time.sleep(0.02)
+
+
+def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,
+                        **settings: Any) -> int:
+    """Fork a daemon serving ``folder`` at ``mountpoint``; return its pid once the mount
+    works.  Forking, rather than starting a new interpreter, reuses the imports and the
+    already validated archive, so mounting costs no second start-up or open.
+
+    Raises
+    ------
+    MountError
+        The daemon exited or did not mount within ``timeout`` (its last log line says why).
+    """
+    path = os.path.abspath(mountpoint)
+    with open(log_path, "ab") as log_file:
+        pid = os.fork()
+        if pid == 0:  # the daemon
+            status = 1
+            try:
+                os.setsid()
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(log_file.fileno(), 1)
+                os.dup2(log_file.fileno(), 2)
+                handler = logging.StreamHandler()
+                handler.setFormatter(logging.Formatter("%(asctime)s packfs: %(message)s"))
+                daemon_log = logging.getLogger("packfs.mount")
+                daemon_log.addHandler(handler)
+                daemon_log.propagate = False
+                mount(folder, path, **settings)
+                status = 0
+            except BaseException as error:  # report, never return into the caller's code
+                print(f"Error: {error}", file=sys.stderr, flush=True)
+            finally:
+                os._exit(status)
+    folder.close()  # the daemon has its own reference to the map
+    deadline = time.monotonic() + timeout
+    while not is_mounted(path):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            lines = open(log_path, "rb").read().decode(errors="replace").strip().splitlines()
+            reason = lines[-1].removeprefix("Error: ") if lines else f"exit status {status}"
+            raise MountError(f"mounting {folder.path!r} at {mountpoint!r} failed: {reason}")
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise MountError(f"mounting {folder.path!r} at {mountpoint!r} timed out (log: {log_path})")
+        time.sleep(0.005)
+    return pid
 
 
 def unmount(mountpoint: str, lazy: bool = False, timeout: float = 10.0) -> None:
