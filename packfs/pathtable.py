@@ -4,8 +4,8 @@ from the memory map by the reader."""
 from __future__ import annotations
 
 import stat as stat_module
+from array import array
 from bisect import bisect_left
-from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from .container import Container, release_pages
 from .errors import ChecksumError, FormatError
 from .format import NO_RECORD, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
 
-__all__ = ["TableRow", "build_tables", "PathTable", "S_IFMT", "S_IFDIR", "S_IFREG", "S_IFLNK"]
+__all__ = ["TableRows", "build_tables", "PathTable", "S_IFMT", "S_IFDIR", "S_IFREG", "S_IFLNK"]
 
 S_IFMT = stat_module.S_IFMT(0o177777)
 S_IFDIR = stat_module.S_IFDIR
@@ -29,68 +29,102 @@ _CHUNK = 1 << 16
 _DIRECTORY_CACHE_SIZE = 1 << 14
 
 
-class TableRow(NamedTuple):
-    """One entry as the writer collects it; ``path`` is the full path in bytes."""
+class TableRows:
+    """The writer's entries as compact columns: one bytes path and a few integers each,
+    no object per entry (millions of entries are packed in bounded memory)."""
 
-    path: bytes
-    mode: int
-    uid: int
-    gid: int
-    mtime_ns: int
-    size: int
-    record: int  # NO_RECORD for directories
+    def __init__(self) -> None:
+        self.paths: list[bytes] = []
+        self.row_of: dict[bytes, int] = {}
+        self.mode = array("I")
+        self.uid = array("I")
+        self.gid = array("I")
+        self.mtime_ns = array("q")
+        self.size = array("Q")
+        self.record = array("Q")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __contains__(self, path: bytes) -> bool:
+        return path in self.row_of
+
+    def add(self, path: bytes, mode: int, uid: int, gid: int, mtime_ns: int, size: int, record: int) -> None:
+        """Append a row, or replace the row of ``path`` if it has one."""
+        values = (mode, uid, gid, mtime_ns, size, record)
+        columns = (self.mode, self.uid, self.gid, self.mtime_ns, self.size, self.record)
+        row = self.row_of.get(path)
+        if row is None:
+            self.row_of[path] = len(self.paths)
+            self.paths.append(path)
+            for column, value in zip(columns, values):
+                column.append(value)
+        else:
+            for column, value in zip(columns, values):
+                column[row] = value
+
+    def file_type(self, path: bytes) -> int:
+        return self.mode[self.row_of[path]] & S_IFMT
 
 
-def build_tables(rows: Iterable[TableRow]) -> dict[str, np.ndarray]:
+def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
     """Lay out the path table for ``rows``: one array per section, in section order.
 
     Every parent directory must be among the rows; the root is the row with path b"".
     """
-    by_path: dict[bytes, TableRow] = {}
-    children: dict[bytes, list[bytes]] = {}
-    for row in rows:
-        by_path[row.path] = row
-        if row.path:
-            children.setdefault(row.path.rpartition(b"/")[0], []).append(row.path)
+    count = len(rows)
+    # Breadth-first with siblings sorted bytewise is the order of (depth, components).
+    # Comparing paths with "/" replaced by NUL compares them component by component,
+    # because names contain no NUL; sorting each depth separately needs no key tuples.
+    by_depth: list[list[bytes]] = []
+    for path in rows.paths:
+        depth = path.count(b"/") + 1 if path else 0
+        while len(by_depth) <= depth:
+            by_depth.append([])
+        by_depth[depth].append(path)
+    order: list[bytes] = []
+    for level in by_depth:
+        level.sort(key=lambda path: path.replace(b"/", b"\0"))
+        order.extend(level)
+        level.clear()
+    del by_depth
 
-    # Breadth-first, so the children of every directory are one contiguous range.
-    order = [b""]
-    child_start = [0]
-    child_count = [0]
-    position = 0
-    while position < len(order):
-        kids = children.get(order[position])
-        if kids:
-            # Siblings share the parent's prefix, so sorting full paths sorts names bytewise.
-            kids.sort()
-            child_start[position] = len(order)
-            child_count[position] = len(kids)
-            order.extend(kids)
-            child_start.extend([0] * len(kids))
-            child_count.extend([0] * len(kids))
-        position += 1
-
-    count = len(order)
-    index_of = {path: i for i, path in enumerate(order)}
+    row_of = rows.row_of
+    permutation = np.fromiter((row_of[path] for path in order), np.int64, count)
+    position = np.empty(count, np.int64)
+    position[permutation] = np.arange(count)
     parent = np.zeros(count, "<u4")
-    columns = {name: np.zeros(count, dtype) for name, dtype in SECTIONS if name != "names"}
-    names: list[bytes] = []
+    names = bytearray()
+    name_end = np.zeros(count, "<u8")
+    hashes = np.zeros(count, np.uint32)
     for i, path in enumerate(order):
-        row = by_path[path]
         head, _, name = path.rpartition(b"/")
-        parent[i] = index_of[head] if i else 0
-        names.append(name)
-        columns["mode"][i] = row.mode
-        columns["uid"][i] = row.uid
-        columns["gid"][i] = row.gid
-        columns["mtime_ns"][i] = row.mtime_ns
-        columns["size"][i] = row.size
-        columns["record"][i] = row.record
-    columns["parent"] = parent
-    columns["child_start"] = np.asarray(child_start, "<u4")
-    columns["child_count"] = np.asarray(child_count, "<u4")
-    name_lengths = np.fromiter((len(n) for n in names), np.int64, count)
-    columns["name_end"] = np.cumsum(name_lengths).astype("<u8")
+        if i:
+            parent[i] = position[row_of[head]]
+        names += name
+        name_end[i] = len(names)
+        hashes[i] = crc32(path)
+    del order
+
+    columns: dict[str, np.ndarray] = {
+        "parent": parent,
+        "mode": np.frombuffer(rows.mode, np.uint32)[permutation].astype("<u4"),
+        "uid": np.frombuffer(rows.uid, np.uint32)[permutation].astype("<u4"),
+        "gid": np.frombuffer(rows.gid, np.uint32)[permutation].astype("<u4"),
+        "mtime_ns": np.frombuffer(rows.mtime_ns, np.int64)[permutation].astype("<i8"),
+        "size": np.frombuffer(rows.size, np.uint64)[permutation].astype("<u8"),
+        "record": np.frombuffer(rows.record, np.uint64)[permutation].astype("<u8"),
+        "name_end": name_end,
+        "reserved": np.zeros(count, "<u4"),
+        "names": np.frombuffer(bytes(names), np.uint8),
+    }
+    # Breadth-first order makes parent[1:] non-decreasing, so each directory's children
+    # are the run of entries naming it.
+    child_count = np.bincount(parent[1:], minlength=count).astype("<u4")
+    child_start = (np.searchsorted(parent[1:], np.arange(count), "left") + 1).astype("<u4")
+    child_start[child_count == 0] = 0
+    columns["child_start"] = child_start
+    columns["child_count"] = child_count
 
     file_type = columns["mode"] & S_IFMT
     nlink = np.ones(count, "<u4")
@@ -104,11 +138,9 @@ def build_tables(rows: Iterable[TableRow]) -> dict[str, np.ndarray]:
     nlink[is_dir] = 2 + subdirs[is_dir]
     columns["nlink"] = nlink
 
-    hashes = np.fromiter((crc32(p) for p in order), np.uint32, count)
     by_hash = np.argsort(hashes, kind="stable")  # ties keep entry order
     columns["path_hash"] = hashes[by_hash].astype("<u4")
     columns["path_entry"] = by_hash.astype("<u4")
-    columns["names"] = np.frombuffer(b"".join(names), np.uint8)
     return {name: columns[name] for name, _ in SECTIONS}
 
 

@@ -16,7 +16,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Se
 from .container import TEMP_MARKER, ContainerWriter
 from .errors import PackError
 from .format import NO_RECORD, SECTION_ALIGNMENT, crc32, pack_footer, record_count_for
-from .pathtable import S_IFDIR, S_IFLNK, S_IFREG, TableRow, build_tables
+from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, TableRows, build_tables
 
 __all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
 
@@ -105,7 +105,7 @@ class _ArchiveBuilder:
     def __init__(self, writer: ContainerWriter, data_slots: int) -> None:
         self.writer = writer
         self.data_slots = data_slots
-        self.rows: dict[bytes, TableRow] = {}
+        self.rows = TableRows()
         self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
         self.file_bytes = 0
         self._buffer = bytearray(_CHUNK)
@@ -142,19 +142,19 @@ class _ArchiveBuilder:
         elif kind == "hardlink":
             if entry.target is None:
                 raise PackError(f"hard link {label!r} has no target")
-            other = self.rows.get(archive_key(entry.target))
-            if other is None or other.mode & 0o170000 != S_IFREG:
+            other = self.rows.row_of.get(archive_key(entry.target))
+            if other is None or self.rows.mode[other] & S_IFMT != S_IFREG:
                 raise PackError(
                     f"hard link {label!r} points to {os.fsdecode(entry.target)!r}, "
                     f"which is not an earlier file entry"
                 )
-            record, size = other.record, other.size
-            mode = other.mode
+            record, size = self.rows.record[other], self.rows.size[other]
+            mode = self.rows.mode[other]
         else:
             record, size = self._write_file(entry, label)
             self.file_bytes += size
         self.counts[kind] += 1
-        self.rows[key] = TableRow(key, mode, entry.uid, entry.gid, entry.mtime_ns, size, record)
+        self.rows.add(key, mode, entry.uid, entry.gid, entry.mtime_ns, size, record)
 
     def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
         data = entry.data
@@ -188,18 +188,18 @@ class _ArchiveBuilder:
         """Add implicit directories, write the table and footer; return the entry count."""
         rows = self.rows
         if b"" not in rows:
-            rows[b""] = TableRow(b"", S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
-        for key in list(rows):
+            rows.add(b"", S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
+        for key in list(rows.paths):
             head = key.rpartition(b"/")[0]
             while key and head not in rows:
-                rows[head] = TableRow(head, S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
+                rows.add(head, S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
                 key, head = head, head.rpartition(b"/")[0]
-            if key and rows[head].mode & 0o170000 != S_IFDIR:
+            if key and rows.file_type(head) != S_IFDIR:
                 raise PackError(f"{os.fsdecode(key)!r} is inside {os.fsdecode(head)!r}, which is not a directory")
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
-        tables = build_tables(rows.values())
+        tables = build_tables(rows)
         for array in tables.values():
             padding = -writer.position % SECTION_ALIGNMENT
             writer.write_record(bytes(padding))
@@ -274,7 +274,7 @@ def _stats(builder: _ArchiveBuilder, skipped: int, out: str, started: float) -> 
     counts = builder.counts
     return PackStats(
         files=counts["file"] + counts["hardlink"],
-        dirs=sum(1 for row in builder.rows.values() if row.mode & 0o170000 == S_IFDIR),
+        dirs=sum(1 for mode in builder.rows.mode if mode & S_IFMT == S_IFDIR),
         symlinks=counts["symlink"],
         hardlinks=counts["hardlink"],
         skipped=skipped,
