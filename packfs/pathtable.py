@@ -24,6 +24,7 @@ _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 _SLASH = ord("/")
 # Validation works on slices of this many entries so its temporaries stay small.
 _CHUNK = 1 << 16
+_GATHER = 1 << 11
 # Directory path -> entry, so a lookup checks one name instead of every component.  The
 # bound keeps memory independent of the archive's size.
 _DIRECTORY_CACHE_SIZE = 1 << 14
@@ -278,9 +279,16 @@ class PathTable:
             if np.any(their >= data_records):
                 self._fail(f"an entry names a record outside the {data_records} data records")
             their = their.astype(np.int64)
-            length = offsets[their + 1] - offsets[their]
-            if np.any(length != a["size"][start:end][has_data].astype(np.int64)):
-                self._fail("an entry's size differs from the length of its record")
+            sizes = a["size"][start:end][has_data].astype(np.int64)
+            # Records need not follow entry order (pack_entries writes them as they
+            # come), so this gather can touch any page of the offset table: do it in
+            # small steps and drop those pages, or a large header would pile up in RSS.
+            for low in range(0, len(their), _GATHER):
+                part = their[low : low + _GATHER]
+                if np.any(offsets[part + 1] - offsets[part] != sizes[low : low + _GATHER]):
+                    self._fail("an entry's size differs from the length of its record")
+                if count > _CHUNK:
+                    release_pages(self._container.mmap, 0, self._container.data_start)
             if count > _CHUNK:
                 self._release_scanned_pages()
         if total_children != count - 1:
@@ -289,6 +297,8 @@ class PathTable:
             chunk = names[start : start + _CHUNK * 64]
             if np.any((chunk == _SLASH) | (chunk == 0)):
                 self._fail("a name contains '/' or a NUL byte")
+            if count > _CHUNK:
+                self._release_scanned_pages()
         path_entry, path_hash = a["path_entry"], a["path_hash"]
         for start in range(0, count, _CHUNK):
             end = min(count, start + _CHUNK)
@@ -297,6 +307,8 @@ class PathTable:
             hashes = path_hash[max(start - 1, 0) : end]
             if np.any(hashes[1:] < hashes[:-1]):
                 self._fail("the path index is not sorted")
+            if count > _CHUNK and start % (_CHUNK * 16) == 0:
+                self._release_scanned_pages()
         if count > _CHUNK:
             self._release_scanned_pages()
 
