@@ -195,3 +195,87 @@ def test_dot_names_are_refused(tmp_path: Path) -> None:
                    lambda a: a.__setitem__(slice(0, 2), ord(".")))
     with pytest.raises(FormatError, match="'.' or '..'"):
         PackedFolder(bad)
+
+
+# -- random damage: whatever happens, only PackfsError -----------------------------------
+
+
+def _exercise(path: Path) -> None:
+    """Every read path on a possibly damaged archive; anything but PackfsError fails."""
+    for check_data in (True, False):
+        try:
+            folder = PackedFolder(path, check_data=check_data)
+        except packfs.PackfsError:
+            continue
+        with folder:
+            for relative in folder.list(recursive=True):
+                try:
+                    # A damaged path index can make a listed name unfindable: that
+                    # must be a PackfsError too (verify reports it).
+                    folder.stat(relative)
+                    folder.exists(relative)
+                    if folder.is_file(relative):
+                        folder.read(relative)
+                        with folder.open(relative) as f:
+                            f.read()
+                    elif folder.is_symlink(relative):
+                        folder.readlink(relative)
+                except packfs.PackfsError:
+                    pass
+            folder.verify()
+            list(folder.walk())
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_damage_only_ever_raises_packfs_errors(archive: Path, tmp_path: Path, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    original = archive.read_bytes()
+    for case in range(5):
+        data = bytearray(original)
+        kind = rng.choice(["flip", "flips", "truncate", "extend", "zero", "garbage"])
+        if kind == "flip":
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        elif kind == "flips":
+            for _ in range(rng.randint(2, 20)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == "truncate":
+            del data[rng.randrange(len(data)):]
+        elif kind == "extend":
+            data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 100)))
+        elif kind == "zero":
+            start = rng.randrange(len(data))
+            data[start : start + rng.randint(1, 4096)] = bytes(min(4096, len(data) - start))
+        else:
+            start = rng.randrange(len(data))
+            data[start : start + 64] = bytes(rng.randrange(256) for _ in range(len(data[start : start + 64])))
+        damaged = tmp_path / f"damaged-{case}.ffr"
+        damaged.write_bytes(bytes(data))
+        _exercise(damaged)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_table_damage_with_valid_checksums(archive: Path, tmp_path: Path, seed: int) -> None:
+    """Hostile tables that pass every CRC must still end in PackfsError, never a crash."""
+    import random
+
+    rng = random.Random(1000 + seed)
+    n, _, data_records = _layout(archive)
+    reader = RecordReader(archive)
+    records = [reader.read_one(i) for i in range(n)]
+    reader.close()
+    for case in range(4):
+        damaged_records = list(records)
+        for _ in range(rng.randint(1, 4)):
+            index = rng.choice([data_records + 2 * k + 1 for k in range(len(SECTIONS))] + [n - 1])
+            raw = bytearray(damaged_records[index])
+            if raw:
+                position = rng.randrange(len(raw))
+                raw[position] = rng.choice([0, 1, 0xFF, raw[position] ^ (1 << rng.randrange(8)), rng.randrange(256)])
+            damaged_records[index] = bytes(raw)
+        damaged = tmp_path / f"hostile-{case}.ffr"
+        with RecordWriter(damaged, n) as writer:
+            for record in damaged_records:
+                writer.write_one(record)
+        _exercise(damaged)
