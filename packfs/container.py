@@ -262,6 +262,31 @@ class Container:
         return "_mm" not in self.__dict__
 
 
+def _remove_stale_temporaries(out: Path) -> None:
+    """Delete temporary files that a killed writer of ``out`` left behind (their pid is
+    in the name, and that process is gone); live writers' files are left alone."""
+    prefix = f".{out.name}{TEMP_MARKER}"
+    try:
+        names = os.listdir(out.parent)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].partition("-")[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(out.parent / name)
+            except OSError:
+                pass
+        except PermissionError:
+            pass  # alive, someone else's
+
+
 class ContainerWriter:
     """Writes a container with a known record count to a temporary file next to ``out``.
 
@@ -298,6 +323,7 @@ class ContainerWriter:
             raise PackError(f"{str(self.out)!r} already exists; use --force to replace it")
         if self.out.is_dir():
             raise PackError(f"{str(self.out)!r} is a directory, expected an archive file path")
+        _remove_stale_temporaries(self.out)
         self.temp_path = self.out.parent / (
             f".{self.out.name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
         )

@@ -194,6 +194,10 @@ def test_killed_pack_leaves_old_output_and_a_recognisable_temporary(tree: Path, 
     assert out.read_bytes() == b"old"
     leftovers = [name for name in os.listdir(tmp_path) if name != "x.ffr" and name != "src"]
     assert len(leftovers) == 1 and leftovers[0].startswith(".x.ffr.packfs-tmp-")
+    # The next pack of the same output removes the dead packer's temporary file.
+    pack_folder(tree, out, force=True)
+    assert sorted(os.listdir(tmp_path)) == ["src", "x.ffr"]
+    assert PackedFolder(out).read("hello.txt") == b"hello world\n"
 
 
 def test_file_changing_size_is_an_error(tree: Path, tmp_path: Path) -> None:
