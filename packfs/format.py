@@ -193,9 +193,9 @@ class Footer(NamedTuple):
     section_count: int
 
 
-def crc32(data: bytes | memoryview, value: int = 0) -> int:
-    """CRC-32 as zlib computes it, using zlib-ng's vectorised implementation."""
-    return zlib_ng.crc32(data, value)
+# CRC-32 as zlib computes it (crc32(data, value=0)), using zlib-ng's vectorised code.
+# Bound directly, not wrapped: it is on every lookup and checked read.
+crc32 = zlib_ng.crc32
 
 
 def header_size(record_count: int) -> int:

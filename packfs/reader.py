@@ -68,9 +68,10 @@ _FS_ENCODING = sys.getfilesystemencoding()
 def _key(path: PathArg) -> bytes:
     """Table form of a user path: bytes without leading, trailing or doubled slashes."""
     # str.encode directly: os.fsencode's own type dispatch costs more than the lookup.
-    raw = path.encode(_FS_ENCODING, "surrogateescape") if type(path) is str else os.fsencode(path)
-    key = raw.strip(b"/")
-    if b"//" in key or b"." in key[:1] or b"/." in key:
+    key = path.encode(_FS_ENCODING, "surrogateescape") if type(path) is str else os.fsencode(path)
+    if key[:1] == b"/" or key[-1:] == b"/":
+        key = key.strip(b"/")
+    if b"/." in key or b"//" in key or key[:1] == b".":
         parts = []
         for part in key.split(b"/"):
             if part in (b"", b"."):
@@ -252,9 +253,11 @@ class PackedFolder:
     def _file_record(self, path: PathArg) -> int:
         table = self._table
         entry = table.lookup(_key(path))
-        if entry < 0 or table.file_type(entry) != S_IFREG:
+        # The hot path reads the table's memoryviews directly; method calls cost more
+        # than the lookup itself for small files.
+        if entry < 0 or table._mode[entry] & S_IFMT != S_IFREG:
             entry = self._entry_of_kind(path, S_IFREG)
-        return table.record(entry)
+        return table._record[entry]
 
     def read_one(self, path: PathArg) -> bytes:
         """The contents of one file.
@@ -268,8 +271,11 @@ class PackedFolder:
         """
         record = self._file_record(path)
         container = self._container
-        data = container.record_bytes(record)
-        if self.check_data and crc32(data) != container.stored_crc(record):
+        offsets = container._offset_items
+        # A data record is never the last record (the table and footer follow), so
+        # record + 1 is always in range.
+        data = container._mm[offsets[record] : offsets[record + 1]]
+        if self.check_data and crc32(data) != container._crc_items[record]:
             container.check_crc(record, data, repr(os.fsdecode(path)))  # raises, with details
         return data
 
