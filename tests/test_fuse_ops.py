@@ -106,6 +106,12 @@ def test_checksum_failure_is_eio_once_logged(archive: Path, tmp_path: Path, capl
             assert _errno(lambda: ops.open("/Zeta.txt", os.O_RDONLY)) == errno.EIO
         assert caplog.text.count("checksum mismatch") == 1
         ops.open("/hello.txt", os.O_RDONLY)  # the others still open
+        no_open = PackfsOperations(folder, no_open=True)  # the check happens at read
+        for _ in range(2):
+            assert _errno(lambda: no_open.read("/Zeta.txt", 4096, 0, 0)) == errno.EIO
+            assert _errno(lambda: no_open.read("/Zeta.txt", 10, 5, 0)) == errno.EIO
+        assert no_open.read("/hello.txt", 4096, 0, 0) == b"hello world\n"
+        assert no_open.read("/hello.txt", 4096, 0, 0) == b"hello world\n"  # checked once
         assert PackfsOperations(folder, check_data=False).open("/Zeta.txt", os.O_RDONLY) >= 0
 
 
