@@ -10,7 +10,6 @@ and prints read rates for the plain directory, PackedFolder and the mount side b
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -228,22 +228,28 @@ class PackfsOperations:
         if self.table.file_type(entry) != S_IFLNK:
             raise _FuseError(errno.EINVAL)
         record = self.table.record(entry)
-        target = self.container.record_bytes(record)
         if self.check_data:
-            self.container.check_crc(record, target, repr(path))
-        return os.fsdecode(target)
+            return os.fsdecode(self.container.checked_record_bytes(record, repr(path)))
+        return os.fsdecode(self.container.record_bytes(record))
 
-    def _checked_record(self, path: str, entry: int) -> int:
-        """The record of file ``entry``, its CRC checked once per mount (if asked)."""
+    def _file_record(self, entry: int) -> int:
         if self.table.file_type(entry) == S_IFDIR:
             raise _FuseError(errno.EISDIR)
-        record = self.table.record(entry)
-        if self.check_data and not self._checked[record >> 3] & (1 << (record & 7)):
-            # Checked once per mount, not on every read of a large file.
-            if not self.container.pread_crc_ok(record):
-                raise ChecksumError(f"{self.folder.path!r}: {path!r}: checksum mismatch")
-            self._checked[record >> 3] |= 1 << (record & 7)
-        return record
+        return self.table.record(entry)
+
+    def _needs_check(self, record: int) -> bool:
+        # Checked once per mount, not on every read of a large file.
+        return self.check_data and not self._checked[record >> 3] & (1 << (record & 7))
+
+    def _check(self, path: str, record: int, data: bytes | None = None) -> None:
+        """Check record's CRC (over ``data`` if it is the whole record) and remember it."""
+        if data is None:
+            sound = self.container.pread_crc_ok(record)
+        else:
+            sound = crc32(data) == self.container.stored_crc(record)
+        if not sound:
+            raise ChecksumError(f"{self.folder.path!r}: {path!r}: checksum mismatch")
+        self._checked[record >> 3] |= 1 << (record & 7)
 
     @_translated
     def open(self, path: str, flags: int) -> int:
@@ -255,8 +261,11 @@ class PackfsOperations:
             # cached), so a warm read never enters Python.  read() then resolves the path
             # itself and does the CRC check.
             raise _FuseError(errno.ENOSYS)
+        record = self._file_record(entry)
+        if self._needs_check(record):
+            self._check(path, record)
         # The handle is record + 1 (0 means "no handle"): nothing to track or leak.
-        return self._checked_record(path, entry) + 1
+        return record + 1
 
     @_translated
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -264,22 +273,18 @@ class PackfsOperations:
             record = fh - 1
             if record >= self.folder.footer.data_records:
                 raise _FuseError(errno.EBADF)
-        else:
-            entry = self._entry(path)
-            record = self.table.record(entry)
             start, end = self.container.record_span(record)
-            if (self.check_data and end - start <= size and not offset
-                    and not self._checked[record >> 3] & (1 << (record & 7))
-                    and self.table.file_type(entry) != S_IFDIR):
-                # A small file's first read: one pread serves both the check and the
-                # reply, instead of reading the file twice.
-                data = self.container.pread(start, end)
-                if crc32(data) != self.container.stored_crc(record):
-                    raise ChecksumError(f"{self.folder.path!r}: {path!r}: checksum mismatch")
-                self._checked[record >> 3] |= 1 << (record & 7)
-                return data
-            record = self._checked_record(path, entry)
-        start, end = self.container.record_span(record)
+        else:
+            record = self._file_record(self._entry(path))
+            start, end = self.container.record_span(record)
+            if self._needs_check(record):
+                if end - start <= size and not offset:
+                    # A small file's first read: one pread serves both the check and
+                    # the reply, instead of reading the file twice.
+                    data = self.container.pread(start, end)
+                    self._check(path, record, data)
+                    return data
+                self._check(path, record)
         begin = start + offset
         # pread, not the map: served pages stay in the page cache, not in the daemon's
         # RSS, which would otherwise grow to the size of everything ever read.

@@ -15,7 +15,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Se
 
 from .container import TEMP_MARKER, ContainerWriter
 from .errors import PackError
-from .format import NO_RECORD, SECTION_ALIGNMENT, crc32, pack_footer, record_count_for
+from .format import NO_RECORD, SECTION_ALIGNMENT, pack_footer, record_count_for
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, TableRows, build_tables
 
 __all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -20,7 +21,7 @@ import pytest
 
 import packfs
 from packfs.mount import is_mounted, is_stale, state_file
-from tests.conftest import BLUEPRINT, force_unmount, make_tree, mounted, packfs_cli, require_fuse
+from tests.conftest import BLUEPRINT, force_unmount, mounted, packfs_cli, require_fuse
 
 pytestmark = pytest.mark.fuse
 
@@ -261,19 +262,26 @@ def test_unmount_errors(archive: Path, tmp_path: Path) -> None:
             handle.close()
 
 
-def test_lazy_unmount_while_busy(archive: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def daemon_mount(archive: Path, mountpoint: Path):
+    """A mount these tests end themselves (by signal, kill or lazy unmount); whatever
+    they leave is cleared afterwards."""
     require_fuse()
-    mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     assert packfs_cli("mount", archive, mountpoint).returncode == 0
     try:
+        yield mountpoint
+    finally:
+        force_unmount(mountpoint)
+
+
+def test_lazy_unmount_while_busy(archive: Path, tmp_path: Path) -> None:
+    with daemon_mount(archive, tmp_path / "mnt") as mountpoint:
         handle = open(mountpoint / "hello.txt", "rb")
         assert packfs_cli("unmount", "--lazy", mountpoint).returncode == 0
         assert not is_mounted(str(mountpoint))
         assert handle.read() == b"hello world\n"  # open files keep working until closed
         handle.close()
-    finally:
-        force_unmount(mountpoint)
 
 
 def _daemon_pid(mountpoint: Path) -> int:
@@ -291,26 +299,16 @@ def _wait(condition, seconds: float = 10) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_unmount_cleanly(archive: Path, tmp_path: Path, sig: int) -> None:
-    require_fuse()
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    assert packfs_cli("mount", archive, mountpoint).returncode == 0
-    try:
+    with daemon_mount(archive, tmp_path / "mnt") as mountpoint:
         pid = _daemon_pid(mountpoint)
         os.kill(pid, sig)
         assert _wait(lambda: not is_mounted(str(mountpoint)))
         assert _wait(lambda: not os.path.exists(f"/proc/{pid}") or
                      Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z")
-    finally:
-        force_unmount(mountpoint)
 
 
 def test_killed_daemon_leaves_a_stale_mount_that_unmount_clears(archive: Path, tmp_path: Path) -> None:
-    require_fuse()
-    mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    assert packfs_cli("mount", archive, mountpoint).returncode == 0
-    try:
+    with daemon_mount(archive, tmp_path / "mnt") as mountpoint:
         os.kill(_daemon_pid(mountpoint), signal.SIGKILL)
         assert _wait(lambda: is_stale(str(mountpoint)))
         with pytest.raises(OSError) as caught:
@@ -321,8 +319,6 @@ def test_killed_daemon_leaves_a_stale_mount_that_unmount_clears(archive: Path, t
         assert not is_mounted(str(mountpoint))
         with mounted(archive, mountpoint) as root:  # the same mount point works again
             assert (root / "hello.txt").read_bytes() == b"hello world\n"
-    finally:
-        force_unmount(mountpoint)
 
 
 def test_daemon_memory_does_not_grow_with_files(tmp_path: Path) -> None:
