@@ -387,5 +387,19 @@ class PathTable:
         start = self._child_start[entry]
         return range(start, start + self._child_count[entry])
 
+    def listing(self, entry: int) -> tuple[range, list[bytes], list[int]]:
+        """A directory's children, their names and their modes, read in three slices
+        rather than three lookups per child (a readdir of a large directory)."""
+        children = self.children(entry)
+        if not children:
+            return children, [], []
+        start, stop = children.start, children.stop
+        # Children are never the root, so the name before the first child's exists.
+        ends = self._name_end[start - 1 : stop].tolist()
+        first = ends[0]
+        blob = bytes(self._mm[self._names_start + first : self._names_start + ends[-1]])
+        names = [blob[a - first : b - first] for a, b in zip(ends, ends[1:])]
+        return children, names, self._mode[start:stop].tolist()
+
     def column(self, name: str) -> np.ndarray:
         return self.arrays[name]

@@ -336,6 +336,28 @@ def test_daemon_memory_does_not_grow_with_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("binding", ["fusepy", "mfusepy"])
+def test_listings_carry_file_types_and_inodes(tmp_path: Path, binding: str) -> None:
+    """readdir hands the kernel each entry's type and inode (so os.walk needs no stat),
+    also for a directory whose listing spans many reply buffers."""
+    count = 5000
+    entries = [packfs.Entry("big", kind="dir"), packfs.Entry("big/sub", kind="dir"),
+               packfs.Entry("big/link", kind="symlink", target="sub")]
+    entries += [packfs.Entry(f"big/file-{i:05d}-{'x' * (i % 40)}", b"%d" % i) for i in range(count)]
+    out = tmp_path / "big.ffr"
+    packfs.pack_entries(entries, out)
+    with mounted(out, tmp_path / "mnt", binding=binding) as root:
+        listed = list(os.scandir(root / "big"))
+        assert len(listed) == count + 2
+        assert sorted(e.name for e in listed) == sorted(["sub", "link"] + [e.path[4:] for e in entries[3:]])
+        for item in listed:
+            info = os.lstat(item.path)
+            assert item.inode() == info.st_ino
+            assert item.is_dir(follow_symlinks=False) == (item.name == "sub")
+            assert item.is_symlink() == (item.name == "link")
+        assert os.stat(root / "big").st_ino != os.stat(root / "big" / "sub").st_ino
+
+
+@pytest.mark.parametrize("binding", ["fusepy", "mfusepy"])
 def test_both_bindings_serve_the_tree_and_uid_option(archive: Path, tmp_path: Path, binding: str) -> None:
     with mounted(archive, tmp_path / "mnt", "-o", "uid=1234,gid=4321", binding=binding) as root:
         assert (root / "a/b/c/deep.bin").read_bytes() == BLUEPRINT["a/b/c/deep.bin"]

@@ -51,3 +51,21 @@ def test_rows_replace_an_existing_path() -> None:
     rows = _rows({b"": "dir"})
     rows.add(b"", S_IFDIR | 0o700, 1, 2, 3, 0, NO_RECORD)
     assert len(rows) == 1 and rows.mode[0] == S_IFDIR | 0o700 and rows.mtime_ns[0] == 3
+
+
+def test_listing_gives_children_names_and_modes_in_order(tmp_path) -> None:
+    import packfs
+
+    out = tmp_path / "t.ffr"
+    packfs.pack_entries([packfs.Entry("d/b", b"1"), packfs.Entry("d/a", b"22"),
+                         packfs.Entry("d/c/x", b"3"), packfs.Entry("e", kind="dir")], out)
+    with packfs.PackedFolder(out) as folder:
+        table = folder._table
+        children, names, modes = table.listing(table.lookup(b"d"))
+        assert names == [b"a", b"b", b"c"]
+        assert [table.name(child) for child in children] == names
+        assert [mode & 0o170000 for mode in modes] == [S_IFREG, S_IFREG, S_IFDIR]
+        assert table.listing(table.lookup(b"e")) == (range(table.children(table.lookup(b"e")).start,
+                                                            table.children(table.lookup(b"e")).start), [], [])
+        root_children, root_names, _ = table.listing(0)
+        assert root_names == [b"d", b"e"] and list(root_children) == [1, 2]
