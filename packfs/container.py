@@ -67,7 +67,11 @@ def crc32_of_range(
 
 
 class Container:
-    """A memory-mapped FFRecord container, validated at open.
+    """A memory-mapped FFRecord container.
+
+    Opening checks the header in O(1) (and its CRC when checking data); each record's
+    offsets are checked when the record is used, so opening costs the same for any
+    number of records.  ``check_offsets`` checks them all (``verify`` does).
 
     Parameters
     ----------
@@ -142,14 +146,14 @@ class Container:
                 )
         self.crcs = np.frombuffer(mm, dtype="<u4", count=n, offset=12)
         self.offsets = np.frombuffer(mm, dtype="<i8", count=n, offset=12 + 4 * n)
-        self._check_offsets()
         # memoryview item access is several times faster than numpy scalar indexing,
         # and the hot read path does a handful of them per call.
         self._view = memoryview(mm)
         self._crc_items = self._view[12 : 12 + 4 * n].cast("I")
         self._offset_items = self._view[12 + 4 * n : self.data_start].cast("q")
 
-    def _check_offsets(self) -> None:
+    def check_offsets(self) -> None:
+        """Check every offset at once (format section 1), in bounded memory."""
         n = self.record_count
         previous = self.data_start
         step = _SCAN_CHUNK // 64  # 128 Ki offsets: 1 MiB of map, a few MiB of temporaries
@@ -174,10 +178,21 @@ class Container:
     # -- records ---------------------------------------------------------------------
 
     def record_span(self, index: int) -> tuple[int, int]:
-        """(start, end) file offsets of record ``index`` (already range-checked)."""
+        """(start, end) file offsets of record ``index`` (``index`` already range-checked).
+
+        Raises FormatError if the offset table puts the record outside the data area
+        or ends it before it starts: each use checks the offsets it reads, so opening
+        need not check all of them.
+        """
         offsets = self._offset_items
         start = offsets[index]
         end = offsets[index + 1] if index + 1 < self.record_count else self.file_size
+        if not self.data_start <= start <= end <= self.file_size:
+            raise FormatError(
+                f"{self.path!r}: record {index} spans [{start}, {end}), expected a range "
+                f"within [{self.data_start}, {self.file_size}] (offsets must be "
+                f"non-decreasing from the header end)"
+            )
         return start, end
 
     def record_length(self, index: int) -> int:

@@ -186,7 +186,7 @@ class PackfsOperations:
 
     def _attributes(self, entry: int) -> dict[str, int]:
         arrays = self.table.arrays
-        mode = int(arrays["mode"][entry])
+        mode = self.table.mode(entry)
         size = int(arrays["size"][entry])
         mtime = int(arrays["mtime_ns"][entry])
         return {

@@ -148,8 +148,12 @@ def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
 class PathTable:
     """The path table of an open archive, as views into the memory map.
 
-    Opening validates every rule of format section 5, chunk by chunk, so later
-    lookups can index the arrays without further checks.
+    Opening checks the sections' geometry (and CRCs when checking data): O(1) work
+    apart from the CRCs, whatever the number of entries.  The tree rules of format
+    section 5 are checked where a value is used: every accessor below checks what it
+    reads before anything indexes with it, so a hostile table ends in FormatError,
+    never in IndexError, a loop or a path outside the tree.  ``validate`` checks
+    them all at once (``verify`` does).
     """
 
     def __init__(self, container: Container, footer: Footer) -> None:
@@ -188,7 +192,12 @@ class PathTable:
             container.record_span(footer.data_records + 2 * len(SECTIONS) - 1)[1],
         )
         self._names_start = self._section_start["names"]
-        self._validate()
+        self._names_size = end_of_names = len(self.arrays["names"])
+        mode, parent, name_end = self.arrays["mode"], self.arrays["parent"], self.arrays["name_end"]
+        if mode[0] & S_IFMT != S_IFDIR or parent[0] != 0 or name_end[0] != 0:
+            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
+        if name_end[-1] != end_of_names:
+            self._fail(f"names end at {int(name_end[-1])} but the names section has {end_of_names} bytes")
         # Item access through memoryviews is several times faster than numpy scalars.
         view = memoryview(mm)
         self._views = []
@@ -215,7 +224,9 @@ class PathTable:
     def _fail(self, message: str) -> None:
         raise FormatError(f"{self.path!r}: invalid path table: {message}")
 
-    def _validate(self) -> None:
+    def validate(self) -> None:
+        """Check every rule of format section 5 at once, chunk by chunk (O(N), bounded
+        memory); the first broken rule raises FormatError."""
         a = self.arrays
         count = self.entry_count
         names = a["names"]
@@ -350,42 +361,72 @@ class PathTable:
         base = self._names_start
         while j < count and hashes[j] == digest:
             entry = entries[j]
-            if parents[entry] == parent and entry and mm[base + name_end[entry - 1] : base + name_end[entry]] == name:
-                return entry
+            if entry >= count:
+                self._fail(f"path index slot {j} names entry {entry}, beyond the {count} entries")
+            if parents[entry] == parent and entry:
+                start, end = name_end[entry - 1], name_end[entry]
+                if mm[base + start : base + end] == name:
+                    if not start < end <= self._names_size:
+                        self.name(entry)  # raises, saying what is wrong
+                    return entry
             j += 1
         return -1
 
     def name(self, entry: int) -> bytes:
         if entry == 0:
             return b""
-        base = self._names_start
-        return self._mm[base + self._name_end[entry - 1] : base + self._name_end[entry]]
+        start, end = self._name_end[entry - 1], self._name_end[entry]
+        if not start < end <= self._names_size:
+            self._fail(f"entry {entry} has an empty name or one outside the names section")
+        name = self._mm[self._names_start + start : self._names_start + end]
+        if b"/" in name or b"\0" in name or name == b"." or name == b"..":
+            self._fail(f"entry {entry} has the name {name!r}: a name contains '/' or a NUL byte, or is '.' or '..'")
+        return name
 
     def full_path(self, entry: int) -> bytes:
         parts = []
         while entry:
             parts.append(self.name(entry))
-            entry = self._parent[entry]
+            entry = self.parent(entry)
         return b"/".join(reversed(parts))
 
     def file_type(self, entry: int) -> int:
-        return self._mode[entry] & S_IFMT
+        kind = self._mode[entry] & S_IFMT
+        if kind != S_IFREG and kind != S_IFDIR and kind != S_IFLNK:
+            self._fail(f"entry {entry} has file type {kind:#o}")
+        return kind
 
     def mode(self, entry: int) -> int:
+        self.file_type(entry)
         return self._mode[entry]
 
     def record(self, entry: int) -> int:
-        return self._record[entry]
+        """The data record of file or symlink ``entry``: one that exists and is as long
+        as the entry's size."""
+        record = self._record[entry]
+        if record >= self.data_records:
+            self._fail(f"entry {entry} names record {record}, outside the {self.data_records} data records")
+        start, end = self._container.record_span(record)
+        if end - start != self._size[entry]:
+            self._fail(f"entry {entry}'s size differs from the length of its record {record}")
+        return record
 
     def size(self, entry: int) -> int:
         return self._size[entry]
 
     def parent(self, entry: int) -> int:
-        return self._parent[entry]
+        parent = self._parent[entry]
+        if entry and parent >= entry:
+            self._fail(f"entry {entry}'s parent {parent} does not come before it")
+        return parent
 
     def children(self, entry: int) -> range:
-        start = self._child_start[entry]
-        return range(start, start + self._child_count[entry])
+        start, count = self._child_start[entry], self._child_count[entry]
+        # Children come after their directory: walks move forward and always end.
+        if count and not entry < start <= self.entry_count - count:
+            self._fail(f"directory entry {entry} has children [{start}, {start + count}), "
+                       f"expected a range within ({entry}, {self.entry_count})")
+        return range(start, start + count)
 
     def listing(self, entry: int) -> tuple[range, list[bytes], list[int]]:
         """A directory's children, their names and their modes, read in three slices
@@ -399,7 +440,14 @@ class PathTable:
         first = ends[0]
         blob = bytes(self._mm[self._names_start + first : self._names_start + ends[-1]])
         names = [blob[a - first : b - first] for a, b in zip(ends, ends[1:])]
-        return children, names, self._mode[start:stop].tolist()
+        modes = self._mode[start:stop].tolist()
+        # The per-entry rules of name() and file_type(), checked over the slice at once.
+        if (ends[-1] > self._names_size or any(a >= b for a, b in zip(ends, ends[1:]))
+                or b"/" in blob or b"\0" in blob or b"." in names or b".." in names
+                or any(mode & S_IFMT not in _VALID_TYPES for mode in modes)):
+            for child in children:
+                self.name(child), self.file_type(child)  # raises, naming the entry
+        return children, names, modes
 
     def column(self, name: str) -> np.ndarray:
         return self.arrays[name]

@@ -250,14 +250,25 @@ class PackedFolder:
 
     # -- reading ---------------------------------------------------------------------
 
-    def _file_record(self, path: PathArg) -> int:
+    def _file_span(self, path: PathArg) -> tuple[int, int, int]:
+        """(record, start, end) of file ``path``, its table values checked as they are used."""
         table = self._table
         entry = table.lookup(_key(path))
-        # The hot path reads the table's memoryviews directly; method calls cost more
-        # than the lookup itself for small files.
+        # The hot path reads the table's and the container's memoryviews directly;
+        # method calls cost more than the lookup itself for small files.
         if entry < 0 or table._mode[entry] & S_IFMT != S_IFREG:
             entry = self._entry_of_kind(path, S_IFREG)
-        return table._record[entry]
+        record = table._record[entry]
+        container = self._container
+        if record < table.data_records:
+            # A data record is never the last record (the table and footer follow), so
+            # record + 1 is in range.
+            offsets = container._offset_items
+            start, end = offsets[record], offsets[record + 1]
+            if end - start == table._size[entry] and container.data_start <= start and end <= container.file_size:
+                return record, start, end
+        table.record(entry)  # raises FormatError saying which rule the table breaks
+        raise FormatError(f"{self.path!r}: entry {entry} has an invalid record")  # unreachable
 
     def read_one(self, path: PathArg) -> bytes:
         """The contents of one file.
@@ -268,13 +279,12 @@ class PackedFolder:
             ``path`` is missing or is a directory.
         ChecksumError
             ``check_data`` is on and the contents fail their CRC.
+        FormatError
+            The table is inconsistent where this file is concerned.
         """
-        record = self._file_record(path)
+        record, start, end = self._file_span(path)
         container = self._container
-        offsets = container._offset_items
-        # A data record is never the last record (the table and footer follow), so
-        # record + 1 is always in range.
-        data = container._mm[offsets[record] : offsets[record + 1]]
+        data = container._mm[start:end]
         if self.check_data and crc32(data) != container._crc_items[record]:
             container.check_crc(record, data, repr(os.fsdecode(path)))  # raises, with details
         return data
@@ -294,8 +304,8 @@ class PackedFolder:
     def read_view(self, path: PathArg) -> memoryview:
         """A zero-copy, read-only view of a file's bytes in the map (checked if
         ``check_data``).  Release it (or let it go) before closing the folder."""
-        record = self._file_record(path)
-        view = self._container.record_view(record)
+        record, start, end = self._file_span(path)
+        view = self._container._view[start:end]
         if self.check_data:
             self._container.check_crc(record, view, repr(os.fsdecode(path)))
         return view
@@ -305,8 +315,8 @@ class PackedFolder:
 
         The CRC is checked once here, not on every read.
         """
-        record = self._file_record(path)
-        view = self._container.record_view(record)
+        record, start, end = self._file_span(path)
+        view = self._container._view[start:end]
         if self.check_data:
             self._container.check_crc(record, view, repr(os.fsdecode(path)))
         return PackedFile(view, os.fsdecode(path))
@@ -328,7 +338,7 @@ class PackedFolder:
 
     def _stat_entry(self, entry: int) -> FileStat:
         arrays = self._table.arrays
-        mode = int(arrays["mode"][entry])
+        mode = self._table.mode(entry)
         return FileStat(
             path=os.fsdecode(self._table.full_path(entry)),
             kind=_KIND[mode & S_IFMT],
@@ -514,13 +524,19 @@ class PackedFile(io.RawIOBase):
 def verify_container(
     container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None
 ) -> VerifyReport:
-    """Check every record's CRC (and the table's path hashes if ``table``)."""
+    """Check everything at once: the header CRC, every offset, every record's CRC and,
+    with ``table``, every rule of the path table and each path's stored hash."""
     bad_records = []
     checked_bytes = 0
     header_crc = container.mmap[:4]
     problems = []
     if crc32_of_range(container.mmap, 4, container.data_start) != int.from_bytes(header_crc, "little"):
         problems.append("header checksum mismatch")
+    try:
+        container.check_offsets()
+    except FormatError as error:  # without sound offsets no record can be found
+        problems.append(str(error))
+        return VerifyReport(0, 0, (), (), tuple(problems))
     for record in range(container.record_count):
         start, end = container.record_span(record)
         if not container.record_crc_ok(record, progress):
@@ -528,20 +544,25 @@ def verify_container(
         checked_bytes += end - start
     bad_paths: list[str] = []
     if table is not None:
-        bad = set(bad_records)
-        file_type = table.column("mode") & S_IFMT
-        records = table.column("record")
-        for entry in (file_type != S_IFDIR).nonzero()[0]:
-            if int(records[entry]) in bad:
-                bad_paths.append(os.fsdecode(table.full_path(int(entry))))
-        hashes = table.column("path_hash")
-        for j, entry in enumerate(table.column("path_entry")):
-            if crc32(table.full_path(int(entry))) != int(hashes[j]):
-                problems.append(f"path index slot {j} has a wrong hash for entry {int(entry)}")
-                break
         sections_bad = [r for r in bad_records if r >= table.data_records]
         if sections_bad:
             problems.append(f"path table records {sections_bad} fail their checksums")
+        try:
+            table.validate()
+        except FormatError as error:
+            problems.append(str(error))
+        else:  # the paths below can only be built from a sound table
+            bad = set(bad_records)
+            file_type = table.column("mode") & S_IFMT
+            records = table.column("record")
+            for entry in (file_type != S_IFDIR).nonzero()[0]:
+                if int(records[entry]) in bad:
+                    bad_paths.append(os.fsdecode(table.full_path(int(entry))))
+            hashes = table.column("path_hash")
+            for j, entry in enumerate(table.column("path_entry")):
+                if crc32(table.full_path(int(entry))) != int(hashes[j]):
+                    problems.append(f"path index slot {j} has a wrong hash for entry {int(entry)}")
+                    break
     return VerifyReport(
         records_checked=container.record_count,
         bytes_checked=checked_bytes,

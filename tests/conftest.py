@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import pytest
 
 import packfs
+from packfs import RecordReader, RecordWriter
+from packfs.format import SECTIONS
 
 VECTORS = Path(__file__).resolve().parent.parent.parent / "shared" / "vectors" / "ffrecord"
 
@@ -141,3 +146,32 @@ def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = "mfus
             deadline = time.monotonic() + 10
             while is_mounted(str(mountpoint)) and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+
+def archive_layout(archive: Path) -> tuple[int, list[int], int]:
+    """(n, offsets, data_records) of an archive."""
+    reader = RecordReader(archive)
+    container = reader._containers[0]
+    n = container.record_count
+    offsets = [int(x) for x in container.offsets]
+    footer = reader.read_one(n - 1)
+    data_records = struct.unpack_from("<Q", footer, 24)[0]
+    reader.close()
+    return n, offsets, data_records
+
+
+def rewrite_section(archive: Path, out: Path, section: str, mutate: Callable[[np.ndarray], None]) -> Path:
+    """Copy ``archive`` with one table section changed in place, all CRCs recomputed."""
+    n, _, data_records = archive_layout(archive)
+    index = data_records + 2 * [name for name, _ in SECTIONS].index(section) + 1
+    dtype = dict(SECTIONS)[section]
+    reader = RecordReader(archive)
+    with RecordWriter(out, n) as writer:
+        for record in range(n):
+            data = reader.read_one(record)
+            if record == index:
+                array = np.frombuffer(data, dtype).copy()
+                mutate(array)
+                data = array.tobytes()
+            writer.write_one(data)
+    return out

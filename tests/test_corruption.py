@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import struct
+import contextlib
+import re
+import tempfile
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import pytest
 
 import packfs
 from packfs import ChecksumError, FormatError, PackedFolder, RecordReader, RecordWriter
 from packfs.format import SECTIONS
-from tests.conftest import BLUEPRINT
+from tests.conftest import BLUEPRINT, archive_layout, rewrite_section
 
 
 def _flip(path: Path, offset: int, out: Path) -> Path:
@@ -20,18 +20,6 @@ def _flip(path: Path, offset: int, out: Path) -> Path:
     data[offset] ^= 0x01
     out.write_bytes(bytes(data))
     return out
-
-
-def _layout(archive: Path) -> tuple[int, list[int], int]:
-    """(n, offsets, data_records) of an archive."""
-    reader = RecordReader(archive)
-    container = reader._containers[0]
-    n = container.record_count
-    offsets = [int(x) for x in container.offsets]
-    footer = reader.read_one(n - 1)
-    data_records = struct.unpack_from("<Q", footer, 24)[0]
-    reader.close()
-    return n, offsets, data_records
 
 
 @pytest.mark.parametrize("offset", [0, 3, 4, 12, 40])
@@ -42,7 +30,7 @@ def test_header_damage_fails_at_open(archive: Path, tmp_path: Path, offset: int)
 
 
 def test_header_crc_damage_is_a_checksum_error(archive: Path, tmp_path: Path) -> None:
-    n, offsets, _ = _layout(archive)
+    n, offsets, _ = archive_layout(archive)
     bad = _flip(archive, 12 + 4 * n + 3, tmp_path / "bad.ffr")  # inside offsets[0]
     with pytest.raises(ChecksumError, match="header checksum mismatch"):
         PackedFolder(bad)
@@ -50,7 +38,7 @@ def test_header_crc_damage_is_a_checksum_error(archive: Path, tmp_path: Path) ->
 
 @pytest.mark.parametrize("section", range(len(SECTIONS)))
 def test_table_damage_fails_at_open(archive: Path, tmp_path: Path, section: int) -> None:
-    n, offsets, data_records = _layout(archive)
+    n, offsets, data_records = archive_layout(archive)
     record = data_records + 2 * section + 1
     bad = _flip(archive, offsets[record], tmp_path / "bad.ffr")
     with pytest.raises(ChecksumError, match=f"section '{SECTIONS[section][0]}'"):
@@ -58,7 +46,7 @@ def test_table_damage_fails_at_open(archive: Path, tmp_path: Path, section: int)
 
 
 def test_footer_damage_fails_at_open(archive: Path, tmp_path: Path) -> None:
-    n, offsets, _ = _layout(archive)
+    n, offsets, _ = archive_layout(archive)
     bad = _flip(archive, offsets[n - 1] + 20, tmp_path / "bad.ffr")
     with pytest.raises(ChecksumError, match="footer"):
         PackedFolder(bad)
@@ -138,23 +126,6 @@ def test_plain_container_is_not_a_packed_folder(tmp_path: Path) -> None:
 # -- structurally wrong tables with valid checksums ------------------------------------
 
 
-def _rewrite(archive: Path, out: Path, section: str, mutate: Callable[[np.ndarray], None]) -> Path:
-    """Copy ``archive`` with one table section changed in place, all CRCs recomputed."""
-    n, _, data_records = _layout(archive)
-    index = data_records + 2 * [name for name, _ in SECTIONS].index(section) + 1
-    dtype = dict(SECTIONS)[section]
-    reader = RecordReader(archive)
-    with RecordWriter(out, n) as writer:
-        for record in range(n):
-            data = reader.read_one(record)
-            if record == index:
-                array = np.frombuffer(data, dtype).copy()
-                mutate(array)
-                data = array.tobytes()
-            writer.write_one(data)
-    return out
-
-
 def _entry(archive: Path, path: str) -> int:
     with PackedFolder(archive) as folder:
         return folder._table.lookup(path.encode())
@@ -174,26 +145,52 @@ def _entry(archive: Path, path: str) -> int:
         ("names", lambda a: a.__setitem__(0, ord("/")), "'/' or a NUL"),
         ("names", lambda a: a.__setitem__(0, 0), "'/' or a NUL"),
         ("name_end", lambda a: a.__setitem__(1, 0), "empty name"),
-        ("path_entry", lambda a: a.__setitem__(0, 10**6), "path index names an entry"),
+        # Slot 0 holds the root (CRC-32 of b"" is 0), which lookups never consult.
+        ("path_entry", lambda a: a.__setitem__(1, 10**6), "path index names an entry"),
         ("path_hash", lambda a: a.__setitem__(0, 2**32 - 1), "not sorted"),
     ],
 )
-def test_inconsistent_tables_are_refused_at_open(
+def test_inconsistent_tables_are_refused_where_used_and_by_verify(
     archive: Path, tmp_path: Path, section: str, mutate, message: str
 ) -> None:
-    bad = _rewrite(archive, tmp_path / "bad.ffr", section, mutate)
-    with pytest.raises(FormatError, match=message):
-        PackedFolder(bad)
-    with pytest.raises(FormatError, match=message):
-        PackedFolder(bad, check_data=False)
+    """Open checks the table in O(1); each rule is checked where a value is used (so
+    using the broken part raises FormatError) and all of them by verify."""
+    bad = rewrite_section(archive, tmp_path / "bad.ffr", section, mutate)
+    for check_data in (True, False):
+        try:
+            folder = PackedFolder(bad, check_data=check_data)
+        except FormatError as error:  # the root's own entry is checked at open
+            assert re.search(message, str(error)), error
+            continue
+        with folder:
+            report = folder.verify()
+            assert not report.ok and any(re.search(message, problem) for problem in report.problems), report
+            with pytest.raises(packfs.PackfsError):
+                _use_everything(folder, tmp_path / f"unpacked-{check_data}")
+
+
+def _use_everything(folder: PackedFolder, dest: Path) -> None:
+    """Every path through the reader, raising the first error."""
+    for relative in folder.list(recursive=True):
+        folder.stat(relative)
+        if folder.is_file(relative):
+            folder.read(relative)
+        elif folder.is_symlink(relative):
+            folder.readlink(relative)
+    list(folder.walk())
+    packfs.unpack(folder, dest)
 
 
 def test_dot_names_are_refused(tmp_path: Path) -> None:
     packfs.pack_entries([packfs.Entry("ab", b"x")], tmp_path / "a.ffr")
-    bad = _rewrite(tmp_path / "a.ffr", tmp_path / "dots.ffr", "names",
+    bad = rewrite_section(tmp_path / "a.ffr", tmp_path / "dots.ffr", "names",
                    lambda a: a.__setitem__(slice(0, 2), ord(".")))
-    with pytest.raises(FormatError, match="'.' or '..'"):
-        PackedFolder(bad)
+    with PackedFolder(bad) as folder:
+        with pytest.raises(FormatError, match="'.' or '..'"):
+            folder.list()
+        with pytest.raises(FormatError, match="'.' or '..'"):
+            list(folder.walk())
+        assert any("'.' or '..'" in problem for problem in folder.verify().problems)
 
 
 # -- random damage: whatever happens, only PackfsError -----------------------------------
@@ -207,7 +204,11 @@ def _exercise(path: Path) -> None:
         except packfs.PackfsError:
             continue
         with folder:
-            for relative in folder.list(recursive=True):
+            try:
+                paths = folder.list(recursive=True)
+            except packfs.PackfsError:
+                paths = []
+            for relative in paths:
                 try:
                     # A damaged path index can make a listed name unfindable: that
                     # must be a PackfsError too (verify reports it).
@@ -222,7 +223,10 @@ def _exercise(path: Path) -> None:
                 except packfs.PackfsError:
                     pass
             folder.verify()
-            list(folder.walk())
+            with contextlib.suppress(packfs.PackfsError):
+                list(folder.walk())
+            with tempfile.TemporaryDirectory() as dest, contextlib.suppress(packfs.PackfsError):
+                packfs.unpack(folder, Path(dest) / "out")
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -260,7 +264,7 @@ def test_random_table_damage_with_valid_checksums(archive: Path, tmp_path: Path,
     import random
 
     rng = random.Random(1000 + seed)
-    n, _, data_records = _layout(archive)
+    n, _, data_records = archive_layout(archive)
     reader = RecordReader(archive)
     records = [reader.read_one(i) for i in range(n)]
     reader.close()

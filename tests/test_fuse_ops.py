@@ -11,7 +11,7 @@ import pytest
 
 from packfs import PackedFolder
 from packfs.mount import PackfsOperations, _FuseError
-from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8
+from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8, rewrite_section
 
 
 @pytest.fixture
@@ -113,6 +113,22 @@ def test_checksum_failure_is_eio_once_logged(archive: Path, tmp_path: Path, capl
         assert no_open.read("/hello.txt", 4096, 0, 0) == b"hello world\n"
         assert no_open.read("/hello.txt", 4096, 0, 0) == b"hello world\n"  # checked once
         assert PackfsOperations(folder, check_data=False).open("/Zeta.txt", os.O_RDONLY) >= 0
+
+
+def test_a_hostile_entry_is_eio_and_the_rest_is_served(archive: Path, tmp_path: Path) -> None:
+    """Open checks the table in O(1); an entry that breaks the format where it is used
+    (here a device node's file type, with every CRC valid) is EIO, never served."""
+    with PackedFolder(archive) as folder:
+        entry = folder._table.lookup(b"a/b/c/deep.bin")
+    bad = rewrite_section(archive, tmp_path / "bad.ffr", "mode",
+                          lambda mode: mode.__setitem__(entry, stat.S_IFCHR | 0o666))
+    with PackedFolder(bad) as folder:
+        ops = PackfsOperations(folder, no_open=True)
+        assert _errno(lambda: ops.getattr("/a/b/c/deep.bin")) == errno.EIO
+        assert _errno(lambda: ops.readdir("/a/b/c", 0)) == errno.EIO
+        assert ops.read("/hello.txt", 4096, 0, 0) == b"hello world\n"
+        assert stat.S_ISDIR(ops.getattr("/a/b")["st_mode"])
+        assert not folder.verify().ok
 
 
 def test_unexpected_errors_become_eio(ops: PackfsOperations, monkeypatch) -> None:
