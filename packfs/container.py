@@ -12,9 +12,10 @@ import stat as stat_module
 import sys
 from array import array
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from .errors import ChecksumError, FormatError, PackError
 from .format import HEADER_PREFIX, crc32, header_size
@@ -144,26 +145,41 @@ class Container:
                     f"{self.path!r}: header checksum mismatch: stored {checksum_meta:#010x}, "
                     f"computed {actual:#010x}"
                 )
-        self.crcs = np.frombuffer(mm, dtype="<u4", count=n, offset=12)
-        self.offsets = np.frombuffer(mm, dtype="<i8", count=n, offset=12 + 4 * n)
         # memoryview item access is several times faster than numpy scalar indexing,
         # and the hot read path does a handful of them per call.
         self._view = memoryview(mm)
         self._crc_items = self._view[12 : 12 + 4 * n].cast("I")
         self._offset_items = self._view[12 + 4 * n : self.data_start].cast("q")
 
+    @property
+    def crcs(self) -> np.ndarray:
+        """Every record's stored CRC, as a numpy view (numpy is imported on first use)."""
+        import numpy as np
+
+        return np.frombuffer(self._mm, dtype="<u4", count=self.record_count, offset=12)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Every record's start offset, as a numpy view."""
+        import numpy as np
+
+        return np.frombuffer(self._mm, dtype="<i8", count=self.record_count, offset=12 + 4 * self.record_count)
+
     def check_offsets(self) -> None:
         """Check every offset at once (format section 1), in bounded memory."""
+        import numpy as np
+
         n = self.record_count
+        offsets = self.offsets
         previous = self.data_start
         step = _SCAN_CHUNK // 64  # 128 Ki offsets: 1 MiB of map, a few MiB of temporaries
         for start in range(0, n, step):
-            chunk = self.offsets[start : start + step]
+            chunk = offsets[start : start + step]
             if chunk[0] < previous or np.any(chunk[1:] < chunk[:-1]):
                 bad = start + int(np.argmax(np.diff(chunk, prepend=previous) < 0))
-                low = previous if bad == start else int(self.offsets[bad - 1])
+                low = previous if bad == start else int(offsets[bad - 1])
                 raise FormatError(
-                    f"{self.path!r}: record {bad} starts at offset {int(self.offsets[bad])}, "
+                    f"{self.path!r}: record {bad} starts at offset {int(offsets[bad])}, "
                     f"expected >= {low} (offsets must be non-decreasing from the header end)"
                 )
             previous = int(chunk[-1])

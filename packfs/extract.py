@@ -51,11 +51,8 @@ class _Extractor:
         return UnpackError(f"cannot unpack {os.fsdecode(relative)!r} into {self.dest!r}: {what}")
 
     def _attributes(self, entry: int) -> tuple[int, int, int, int]:
-        arrays = self.table.arrays
-        return (
-            int(arrays["mode"][entry]) & 0o7777, int(arrays["uid"][entry]),
-            int(arrays["gid"][entry]), int(arrays["mtime_ns"][entry]),
-        )
+        mode, uid, gid, mtime_ns, _, _ = self.table.attributes(entry)
+        return mode & 0o7777, uid, gid, mtime_ns
 
     def open_dir(self, parent_fd: int, name: bytes, relative: bytes) -> int:
         try:

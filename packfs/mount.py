@@ -185,16 +185,13 @@ class PackfsOperations:
         return entry
 
     def _attributes(self, entry: int) -> dict[str, int]:
-        arrays = self.table.arrays
-        mode = self.table.mode(entry)
-        size = int(arrays["size"][entry])
-        mtime = int(arrays["mtime_ns"][entry])
+        mode, uid, gid, mtime, size, nlink = self.table.attributes(entry)
         return {
             "st_mode": mode,
             "st_ino": entry + 1,
-            "st_nlink": int(arrays["nlink"][entry]),
-            "st_uid": int(arrays["uid"][entry]),
-            "st_gid": int(arrays["gid"][entry]),
+            "st_nlink": nlink,
+            "st_uid": uid,
+            "st_gid": gid,
             "st_size": size,
             # 512-byte units, rounded up, as du expects of real files.
             "st_blocks": (size + 511) // 512 if mode & S_IFMT == S_IFREG else 0,

@@ -1,19 +1,24 @@
-"""The path table (format section 4): built from entries by the writer, read in place
-from the memory map by the reader."""
+"""The path table (format section 4), read in place from the memory map.
+
+Opening needs no numpy (it costs a tenth of a second of start-up, and ``packfs mount``
+or ``cat`` should not pay it): items are read through memoryviews, and numpy views of
+whole columns are made on first use, for validation and summaries.  The writer's side
+is ``tablebuild``."""
 
 from __future__ import annotations
 
 import stat as stat_module
-from array import array
 from bisect import bisect_left
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .container import Container, release_pages
 from .errors import ChecksumError, FormatError
 from .format import NO_RECORD, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
 
-__all__ = ["TableRows", "build_tables", "PathTable", "S_IFMT", "S_IFDIR", "S_IFREG", "S_IFLNK"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["PathTable", "S_IFMT", "S_IFDIR", "S_IFREG", "S_IFLNK"]
 
 S_IFMT = stat_module.S_IFMT(0o177777)
 S_IFDIR = stat_module.S_IFDIR
@@ -21,6 +26,10 @@ S_IFREG = stat_module.S_IFREG
 S_IFLNK = stat_module.S_IFLNK
 
 _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
+# The sections' numpy dtypes as memoryview item codes and sizes (the format is
+# little-endian, like every machine packfs runs on).
+_ITEM_CODE = {"<u4": "I", "<i8": "q", "<u8": "Q", "u1": "B"}
+_ITEM_SIZE = {"<u4": 4, "<i8": 8, "<u8": 8, "u1": 1}
 _SLASH = ord("/")
 # Validation works on slices of this many entries so its temporaries stay small.
 _CHUNK = 1 << 16
@@ -28,121 +37,13 @@ _GATHER = 1 << 11
 # Directory path -> entry, so a lookup checks one name instead of every component.  The
 # bound keeps memory independent of the archive's size.
 _DIRECTORY_CACHE_SIZE = 1 << 14
-
-
-class TableRows:
-    """The writer's entries as compact columns: one bytes path and a few integers each,
-    no object per entry (millions of entries are packed in bounded memory)."""
-
-    def __init__(self) -> None:
-        self.paths: list[bytes] = []
-        self.row_of: dict[bytes, int] = {}
-        self.mode = array("I")
-        self.uid = array("I")
-        self.gid = array("I")
-        self.mtime_ns = array("q")
-        self.size = array("Q")
-        self.record = array("Q")
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __contains__(self, path: bytes) -> bool:
-        return path in self.row_of
-
-    def add(self, path: bytes, mode: int, uid: int, gid: int, mtime_ns: int, size: int, record: int) -> None:
-        """Append a row, or replace the row of ``path`` if it has one."""
-        values = (mode, uid, gid, mtime_ns, size, record)
-        columns = (self.mode, self.uid, self.gid, self.mtime_ns, self.size, self.record)
-        row = self.row_of.get(path)
-        if row is None:
-            self.row_of[path] = len(self.paths)
-            self.paths.append(path)
-            for column, value in zip(columns, values):
-                column.append(value)
-        else:
-            for column, value in zip(columns, values):
-                column[row] = value
-
-    def file_type(self, path: bytes) -> int:
-        return self.mode[self.row_of[path]] & S_IFMT
-
-
-def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
-    """Lay out the path table for ``rows``: one array per section, in section order.
-
-    Every parent directory must be among the rows; the root is the row with path b"".
-    """
-    count = len(rows)
-    # Breadth-first with siblings sorted bytewise is the order of (depth, components).
-    # Comparing paths with "/" replaced by NUL compares them component by component,
-    # because names contain no NUL; sorting each depth separately needs no key tuples.
-    by_depth: list[list[bytes]] = []
-    for path in rows.paths:
-        depth = path.count(b"/") + 1 if path else 0
-        while len(by_depth) <= depth:
-            by_depth.append([])
-        by_depth[depth].append(path)
-    order: list[bytes] = []
-    for level in by_depth:
-        level.sort(key=lambda path: path.replace(b"/", b"\0"))
-        order.extend(level)
-        level.clear()
-    del by_depth
-
-    row_of = rows.row_of
-    permutation = np.fromiter((row_of[path] for path in order), np.int64, count)
-    position = np.empty(count, np.int64)
-    position[permutation] = np.arange(count)
-    parent = np.zeros(count, "<u4")
-    names = bytearray()
-    name_end = np.zeros(count, "<u8")
-    hashes = np.zeros(count, np.uint32)
-    for i, path in enumerate(order):
-        head, _, name = path.rpartition(b"/")
-        if i:
-            parent[i] = position[row_of[head]]
-        names += name
-        name_end[i] = len(names)
-        hashes[i] = crc32(path)
-    del order
-
-    columns: dict[str, np.ndarray] = {
-        "parent": parent,
-        "mode": np.frombuffer(rows.mode, np.uint32)[permutation].astype("<u4"),
-        "uid": np.frombuffer(rows.uid, np.uint32)[permutation].astype("<u4"),
-        "gid": np.frombuffer(rows.gid, np.uint32)[permutation].astype("<u4"),
-        "mtime_ns": np.frombuffer(rows.mtime_ns, np.int64)[permutation].astype("<i8"),
-        "size": np.frombuffer(rows.size, np.uint64)[permutation].astype("<u8"),
-        "record": np.frombuffer(rows.record, np.uint64)[permutation].astype("<u8"),
-        "name_end": name_end,
-        "reserved": np.zeros(count, "<u4"),
-        "names": np.frombuffer(bytes(names), np.uint8),
-    }
-    # Breadth-first order makes parent[1:] non-decreasing, so each directory's children
-    # are the run of entries naming it.
-    child_count = np.bincount(parent[1:], minlength=count).astype("<u4")
-    child_start = (np.searchsorted(parent[1:], np.arange(count), "left") + 1).astype("<u4")
-    child_start[child_count == 0] = 0
-    columns["child_start"] = child_start
-    columns["child_count"] = child_count
-
-    file_type = columns["mode"] & S_IFMT
-    nlink = np.ones(count, "<u4")
-    is_file = file_type == S_IFREG
-    if is_file.any():
-        records = columns["record"][is_file].astype(np.int64)
-        sharing = np.bincount(records)
-        nlink[is_file] = sharing[records]
-    is_dir = file_type == S_IFDIR
-    subdirs = np.bincount(parent[1:][is_dir[1:]], minlength=count)
-    nlink[is_dir] = 2 + subdirs[is_dir]
-    columns["nlink"] = nlink
-
-    by_hash = np.argsort(hashes, kind="stable")  # ties keep entry order
-    columns["path_hash"] = hashes[by_hash].astype("<u4")
-    columns["path_entry"] = by_hash.astype("<u4")
-    return {name: columns[name] for name, _ in SECTIONS}
+# Table pages that lookups and listings fault in stay mapped, and count in RSS, until
+# released: a find through a mount of 10M entries left 290 MiB of them in the daemon.
+# Releasing them after every so many entries used keeps that flat (24-36 MiB after the
+# same find, at the same speed); the pages stay in the page cache.  Random lookups are
+# another matter: a fault can map a whole large folio, so RSS approaches the size of
+# the columns a lookup reads (about 30 bytes per entry) whatever the release rate.
+_RELEASE_AFTER_ENTRIES = 1 << 13
 
 
 class PathTable:
@@ -161,9 +62,10 @@ class PathTable:
         self.path = container.path
         self.entry_count = footer.entry_count
         self.data_records = footer.data_records
-        self.arrays: dict[str, np.ndarray] = {}
-        self._section_start: dict[str, int] = {}
+        self._section_span: dict[str, tuple[int, int]] = {}
+        self._arrays: dict[str, np.ndarray] | None = None
         self._directory_cache: dict[bytes, int] = {}
+        self._entries_used = 0
         mm = container.mmap
         for k, (name, dtype) in enumerate(SECTIONS):
             record = footer.data_records + 2 * k + 1
@@ -173,8 +75,7 @@ class PathTable:
                     f"{self.path!r}: section {name!r} starts at offset {start}, expected a "
                     f"multiple of {SECTION_ALIGNMENT}"
                 )
-            itemsize = np.dtype(dtype).itemsize
-            expected = None if name == "names" else self.entry_count * itemsize
+            expected = None if name == "names" else self.entry_count * _ITEM_SIZE[dtype]
             if expected is not None and end - start != expected:
                 raise FormatError(
                     f"{self.path!r}: section {name!r} is {end - start} bytes, expected "
@@ -185,39 +86,44 @@ class PathTable:
                     f"{self.path!r}: path table section {name!r} (record {record}): "
                     f"checksum mismatch"
                 )
-            self.arrays[name] = np.frombuffer(mm, dtype, (end - start) // itemsize, start)
-            self._section_start[name] = start
-        self._table_span = (
-            self._section_start[SECTIONS[0][0]],
-            container.record_span(footer.data_records + 2 * len(SECTIONS) - 1)[1],
-        )
-        self._names_start = self._section_start["names"]
-        self._names_size = end_of_names = len(self.arrays["names"])
-        mode, parent, name_end = self.arrays["mode"], self.arrays["parent"], self.arrays["name_end"]
-        if mode[0] & S_IFMT != S_IFDIR or parent[0] != 0 or name_end[0] != 0:
-            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
-        if name_end[-1] != end_of_names:
-            self._fail(f"names end at {int(name_end[-1])} but the names section has {end_of_names} bytes")
+            self._section_span[name] = (start, end)
+        self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
         # Item access through memoryviews is several times faster than numpy scalars.
         view = memoryview(mm)
         self._views = []
-        for name, code in (
-            ("parent", "I"), ("mode", "I"), ("size", "Q"), ("record", "Q"),
-            ("child_start", "I"), ("child_count", "I"), ("name_end", "Q"),
-            ("path_hash", "I"), ("path_entry", "I"),
-        ):
-            start = self._section_start[name]
-            item_view = view[start : start + self.arrays[name].nbytes].cast(code)
+        for name, dtype in SECTIONS:
+            start, end = self._section_span[name]
+            item_view = view[start:end].cast(_ITEM_CODE[dtype])
             self._views.append(item_view)
             setattr(self, "_" + name, item_view)
         view.release()
         self._mm = mm
+        self._names_start, names_end = self._section_span["names"]
+        self._names_size = names_end - self._names_start
+        if self._mode[0] & S_IFMT != S_IFDIR or self._parent[0] != 0 or self._name_end[0] != 0:
+            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
+        last_end = self._name_end[self.entry_count - 1]
+        if last_end != self._names_size:
+            self._fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """numpy views of the whole sections, by name (numpy is imported on first use)."""
+        if self._arrays is None:
+            import numpy as np
+
+            self._arrays = {
+                name: np.frombuffer(self._mm, dtype, (end - start) // _ITEM_SIZE[dtype], start)
+                for name, dtype in SECTIONS
+                for start, end in [self._section_span[name]]
+            }
+        return self._arrays
 
     def close(self) -> None:
         self._directory_cache.clear()
         for item_view in self.__dict__.pop("_views", []):
             item_view.release()
-        self.arrays.clear()
+        self._arrays = None
 
     # -- validation ------------------------------------------------------------------
 
@@ -227,6 +133,8 @@ class PathTable:
     def validate(self) -> None:
         """Check every rule of format section 5 at once, chunk by chunk (O(N), bounded
         memory); the first broken rule raises FormatError."""
+        import numpy as np
+
         a = self.arrays
         count = self.entry_count
         names = a["names"]
@@ -301,7 +209,7 @@ class PathTable:
                 if count > _CHUNK:
                     release_pages(self._container.mmap, 0, self._container.data_start)
             if count > _CHUNK:
-                self._release_scanned_pages()
+                self.release_pages()
         if total_children != count - 1:
             self._fail(f"directories list {total_children} children for {count - 1} entries")
         for start in range(0, len(names), _CHUNK * 64):
@@ -309,7 +217,7 @@ class PathTable:
             if np.any((chunk == _SLASH) | (chunk == 0)):
                 self._fail("a name contains '/' or a NUL byte")
             if count > _CHUNK:
-                self._release_scanned_pages()
+                self.release_pages()
         path_entry, path_hash = a["path_entry"], a["path_hash"]
         for start in range(0, count, _CHUNK):
             end = min(count, start + _CHUNK)
@@ -319,13 +227,15 @@ class PathTable:
             if np.any(hashes[1:] < hashes[:-1]):
                 self._fail("the path index is not sorted")
             if count > _CHUNK and start % (_CHUNK * 16) == 0:
-                self._release_scanned_pages()
+                self.release_pages()
         if count > _CHUNK:
-            self._release_scanned_pages()
+            self.release_pages()
 
-    def _release_scanned_pages(self) -> None:
-        """Keep a large table's validation from accumulating in RSS: lookups later
-        fault in only the few pages they touch."""
+    def release_pages(self) -> None:
+        """Unmap the table's and the header's pages from this process (they stay in the
+        page cache): mapped pages count in RSS, so a full scan (validation, or a daemon
+        serving ``find``) would otherwise leave RSS at the table's size.  Later accesses
+        fault back in only what they touch."""
         release_pages(self._container.mmap, *self._table_span)
         release_pages(self._container.mmap, 0, self._container.data_start)
 
@@ -335,6 +245,10 @@ class PathTable:
         """Entry index of full path ``key`` (no leading or trailing slash), or -1."""
         if not key:
             return 0
+        self._entries_used += 1
+        if self._entries_used >= _RELEASE_AFTER_ENTRIES:
+            self._entries_used = 0
+            self.release_pages()
         hashes = self._path_hash
         digest = crc32(key)
         j = bisect_left(hashes, digest)
@@ -400,6 +314,11 @@ class PathTable:
         self.file_type(entry)
         return self._mode[entry]
 
+    def attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
+        """(mode, uid, gid, mtime_ns, size, nlink) of ``entry``, its file type checked."""
+        return (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
+                self._size[entry], self._nlink[entry])
+
     def record(self, entry: int) -> int:
         """The data record of file or symlink ``entry``: one that exists and is as long
         as the entry's size."""
@@ -435,6 +354,7 @@ class PathTable:
         if not children:
             return children, [], []
         start, stop = children.start, children.stop
+        self._entries_used += stop - start
         # Children are never the root, so the name before the first child's exists.
         ends = self._name_end[start - 1 : stop].tolist()
         first = ends[0]

@@ -337,17 +337,16 @@ class PackedFolder:
         return self._stat_entry(self._find(path, follow=follow_symlinks))
 
     def _stat_entry(self, entry: int) -> FileStat:
-        arrays = self._table.arrays
-        mode = self._table.mode(entry)
+        mode, uid, gid, mtime_ns, size, nlink = self._table.attributes(entry)
         return FileStat(
             path=os.fsdecode(self._table.full_path(entry)),
             kind=_KIND[mode & S_IFMT],
             mode=mode,
-            uid=int(arrays["uid"][entry]),
-            gid=int(arrays["gid"][entry]),
-            mtime_ns=int(arrays["mtime_ns"][entry]),
-            size=int(arrays["size"][entry]),
-            nlink=int(arrays["nlink"][entry]),
+            uid=uid,
+            gid=gid,
+            mtime_ns=mtime_ns,
+            size=size,
+            nlink=nlink,
             inode=entry + 1,
         )
 

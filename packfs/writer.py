@@ -16,7 +16,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Se
 from .container import TEMP_MARKER, ContainerWriter
 from .errors import PackError
 from .format import NO_RECORD, SECTION_ALIGNMENT, pack_footer, record_count_for
-from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, TableRows, build_tables
+from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 
 __all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
 
@@ -105,6 +105,9 @@ class _ArchiveBuilder:
     def __init__(self, writer: ContainerWriter, data_slots: int) -> None:
         self.writer = writer
         self.data_slots = data_slots
+        # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
+        from .tablebuild import TableRows
+
         self.rows = TableRows()
         self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
         self.file_bytes = 0
@@ -199,6 +202,8 @@ class _ArchiveBuilder:
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
+        from .tablebuild import build_tables
+
         tables = build_tables(rows)
         for array in tables.values():
             padding = -writer.position % SECTION_ALIGNMENT

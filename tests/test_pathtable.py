@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from packfs.format import NO_RECORD
-from packfs.pathtable import S_IFDIR, S_IFREG, TableRows, build_tables
+from packfs.pathtable import S_IFDIR, S_IFREG
+from packfs.tablebuild import TableRows, build_tables
 
 
 def _rows(paths: dict[bytes, str]) -> TableRows:

@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import pickle
 import random
+import subprocess
+import sys
 import threading
 import zipfile
 import zlib
@@ -268,3 +270,15 @@ def test_info(folder: PackedFolder) -> None:
 def test_verify_on_a_sound_archive(folder: PackedFolder) -> None:
     report = folder.verify()
     assert report.ok and report.bad_paths == () and report.records_checked > 30
+
+
+def test_reading_does_not_import_numpy(archive: Path) -> None:
+    """numpy costs a tenth of a second of start-up; opening, reading and stat-ing (what
+    ``packfs cat`` and the mount daemon do) must not need it."""
+    code = (
+        "import sys, packfs, packfs.cli, packfs.mount\n"
+        f"folder = packfs.PackedFolder({str(archive)!r})\n"
+        "folder.read('hello.txt'); folder.stat('a'); folder.list('a'); list(folder.walk())\n"
+        "assert 'numpy' not in sys.modules, 'numpy was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
