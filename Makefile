@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse2
 
-.PHONY: setup system-packages test demo bench bench-tools clean
+.PHONY: setup system-packages test demo bench bench-tools fuzz soak clean
 
 setup: system-packages $(STAMP)
 
@@ -41,6 +41,17 @@ test: setup
 
 demo: setup
 	$(PY) demo/demo.py
+
+# Long runs of what the tests run briefly: damaged and hostile archives (at least
+# 100,000 cases), and a mount under mixed hostile load for minutes.  Both print counts.
+FUZZ_CASES ?= 100000
+SOAK_SECONDS ?= 300
+
+fuzz: setup
+	$(PY) -m tests.fuzz --cases $(FUZZ_CASES)
+
+soak: setup
+	$(PY) -m tests.soak --seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache

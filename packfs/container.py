@@ -248,6 +248,20 @@ class Container:
         self.check_crc(index, data, label)
         return data
 
+    def check_size(self) -> None:
+        """Raise FormatError if the file is now shorter than when it was opened.
+
+        Touching a mapped page past a file's new end is SIGBUS, which kills the
+        process; readers call this (one lseek, about 0.3 us) before they use the map,
+        so an archive truncated under them is an error instead.
+        """
+        size = os.lseek(self.fd, 0, os.SEEK_END)
+        if size < self.file_size:
+            raise FormatError(
+                f"{self.path!r}: the archive shrank to {size} bytes while open (it had "
+                f"{self.file_size}): it was changed in place; reopen it"
+            )
+
     def pread(self, start: int, end: int) -> bytes:
         """Bytes [start, end) read with pread(): no page joins this process's RSS."""
         data = os.pread(self.fd, end - start, start)

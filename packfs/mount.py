@@ -217,8 +217,8 @@ class PackfsOperations:
         return (entry, *self.table.listing(entry))
 
     def readdir(self, path: str, fh: int) -> list[Any]:
-        """The listing in the bindings' generic form; mounts use the faster
-        ``_direct_readdir`` below, which hands the same entries to libfuse."""
+        """The listing in the bindings' generic form.  Mounts use the faster readdir of
+        ``_fuse_class``, which hands the same entries straight to libfuse."""
         entry, children, names, modes = self.listing(os.fsencode(path))
         listing: list[Any] = [(".", {"st_mode": S_IFDIR, "st_ino": entry + 1}, 0),
                               ("..", None, 0)]
@@ -320,9 +320,10 @@ def _fuse_class(binding: ModuleType) -> type:
 
     The bindings' own readdir turns every entry into a dict, fills a c_stat from it
     field by field and makes a type-checked ctypes call: py-spy put 60% of a warm
-    ``os.walk``'s time there, because libfuse before 3.16 cannot let the kernel cache
-    listings for a high-level file system.  Here an entry costs two field stores
-    and one unchecked call into libfuse's filler.
+    ``os.walk``'s time there.  It matters because every walk lists every directory
+    again: libfuse's high-level API (3.14 here) does not pass ``cache_readdir`` on, so
+    the kernel cannot keep listings.  Here an entry costs two field stores and one
+    unchecked call into libfuse's filler.
     """
     libfuse3 = getattr(binding, "fuse_version_major", 2) == 3
     zero_offset, no_flags = ctypes.c_int64(0), ctypes.c_int(0)
@@ -338,16 +339,10 @@ def _fuse_class(binding: ModuleType) -> type:
         add(buffer, b".", attributes_ref, *extra)
         add(buffer, b"..", None, *extra)
         # The mode gives readers d_type, so find and os.walk need no getattr per entry.
-        if libfuse3:
-            for inode, name, mode in zip(range(children.start + 1, children.stop + 1), names, modes):
-                attributes.st_mode, attributes.st_ino = mode, inode
-                if add(buffer, name, attributes_ref, zero_offset, no_flags):
-                    break
-        else:
-            for inode, name, mode in zip(range(children.start + 1, children.stop + 1), names, modes):
-                attributes.st_mode, attributes.st_ino = mode, inode
-                if add(buffer, name, attributes_ref, zero_offset):
-                    break
+        for inode, name, mode in zip(range(children.start + 1, children.stop + 1), names, modes):
+            attributes.st_mode, attributes.st_ino = mode, inode
+            if add(buffer, name, attributes_ref, *extra):
+                break
         return 0
 
     # mfusepy names the callback after the libfuse version; fusepy has one readdir.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import stat as stat_module
 from bisect import bisect_left
+from os import SEEK_END, lseek
 from typing import TYPE_CHECKING
 
 from .container import Container, release_pages
@@ -66,6 +67,7 @@ class PathTable:
         self._arrays: dict[str, np.ndarray] | None = None
         self._directory_cache: dict[bytes, int] = {}
         self._entries_used = 0
+        self._fd, self._file_size = container.fd, container.file_size
         mm = container.mmap
         for k, (name, dtype) in enumerate(SECTIONS):
             record = footer.data_records + 2 * k + 1
@@ -81,12 +83,15 @@ class PathTable:
                     f"{self.path!r}: section {name!r} is {end - start} bytes, expected "
                     f"{expected} for {self.entry_count} entries"
                 )
-            if container.check_data and not container.record_crc_ok(record):
-                raise ChecksumError(
-                    f"{self.path!r}: path table section {name!r} (record {record}): "
-                    f"checksum mismatch"
-                )
+            if container.check_data:
+                for checked, what in ((record - 1, f"the padding before path table section {name!r}"),
+                                      (record, f"path table section {name!r}")):
+                    if not container.record_crc_ok(checked):
+                        raise ChecksumError(f"{self.path!r}: {what} (record {checked}): checksum mismatch")
             self._section_span[name] = (start, end)
+        parity = footer.data_records + 2 * footer.section_count
+        if container.check_data and parity < container.record_count - 1 and not container.record_crc_ok(parity):
+            raise ChecksumError(f"{self.path!r}: the parity record (record {parity}): checksum mismatch")
         self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
         # Item access through memoryviews is several times faster than numpy scalars.
         view = memoryview(mm)
@@ -230,6 +235,37 @@ class PathTable:
                 self.release_pages()
         if count > _CHUNK:
             self.release_pages()
+        self._validate_paths()
+
+    def _validate_paths(self) -> None:
+        """Sibling names strictly increasing (sorted, so no two alike) and every stored
+        path hash right, one directory at a time.  Runs after the structural rules,
+        which make the accessors it uses safe."""
+        import numpy as np
+
+        count = self.entry_count
+        slot_of = np.full(count, -1, np.int64)
+        slot_of[self.arrays["path_entry"]] = np.arange(count)
+        if np.any(slot_of < 0):
+            self._fail("the path index lists an entry twice and misses another")
+        hashes = self.arrays["path_hash"]
+        if hashes[slot_of[0]] != crc32(b""):
+            self._fail("the root's path hash is wrong")
+        directories = np.flatnonzero((self.arrays["mode"] & S_IFMT) == S_IFDIR).tolist()
+        for directory in directories:
+            children, names, _ = self.listing(directory)
+            if not names:
+                continue
+            prefix = self.full_path(directory)
+            prefix = prefix + b"/" if prefix else b""
+            for left, right in zip(names, names[1:]):
+                if left >= right:
+                    self._fail(f"directory {prefix!r} lists {right!r} after {left!r}: "
+                               f"names must be unique and sorted")
+            stored = hashes[slot_of[children.start : children.stop]].tolist()
+            for name, expected in zip(names, stored):
+                if crc32(prefix + name) != expected:
+                    self._fail(f"{prefix + name!r} has a wrong hash in the path index")
 
     def release_pages(self) -> None:
         """Unmap the table's and the header's pages from this process (they stay in the
@@ -243,6 +279,8 @@ class PathTable:
 
     def lookup(self, key: bytes) -> int:
         """Entry index of full path ``key`` (no leading or trailing slash), or -1."""
+        if lseek(self._fd, 0, SEEK_END) < self._file_size:
+            self._container.check_size()  # raises instead of a SIGBUS on the map
         if not key:
             return 0
         self._entries_used += 1
@@ -340,6 +378,7 @@ class PathTable:
         return parent
 
     def children(self, entry: int) -> range:
+        self._container.check_size()  # a walk may outlive the lookup that began it
         start, count = self._child_start[entry], self._child_count[entry]
         # Children come after their directory: walks move forward and always end.
         if count and not entry < start <= self.entry_count - count:

@@ -87,3 +87,25 @@ def test_read_only_directories_are_filled_before_their_mode_is_set(tmp_path: Pat
         unpack(folder, tmp_path / "out")
     assert (tmp_path / "out/ro/f").read_bytes() == b"x"
     assert os.stat(tmp_path / "out/ro").st_mode & 0o777 == 0o555
+
+
+@pytest.mark.parametrize("symlink_first", [True, False])
+def test_a_hostile_archive_cannot_unpack_through_its_own_symlink(tmp_path: Path, symlink_first: bool) -> None:
+    """A table (every CRC valid) with a symlink "a" -> outside and a directory "a" holding
+    "x" in the same directory: unpack must neither follow the link it created nor write
+    outside DEST, whichever of the two comes first."""
+    from tests.conftest import rewrite_section
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link, directory = ("a", "b") if symlink_first else ("b", "a")
+    pack_entries([packfs.Entry(f"{directory}/x", b"payload"),
+                  packfs.Entry(link, kind="symlink", target=str(outside))], tmp_path / "ok.ffr")
+    # Root's children are named "a" and "b" (names section starts b"ab"); rename "b" to "a".
+    bad = rewrite_section(tmp_path / "ok.ffr", tmp_path / "bad.ffr", "names",
+                          lambda names: names.__setitem__(1, ord("a")))
+    with PackedFolder(bad) as folder:
+        with pytest.raises(UnpackError):
+            unpack(folder, tmp_path / "out")
+        assert not folder.verify().ok  # duplicate names, and a path hash that no longer matches
+    assert list(outside.iterdir()) == []

@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -304,3 +306,116 @@ def test_pack_entries_rejects(tmp_path: Path, entries, message: str) -> None:
     with pytest.raises(PackError, match=message):
         pack_entries(entries, tmp_path / "bad.ffr")
     assert os.listdir(tmp_path) == []
+
+
+# -- faults while packing: a clear error, and OUT untouched or absent ----------------------
+
+
+def _leftovers(directory: Path, keep: set[str]) -> list[str]:
+    return sorted(set(os.listdir(directory)) - keep)
+
+
+def test_unreadable_source_file_as_an_unprivileged_user(tmp_path: Path) -> None:
+    """A file the packer may not read is a PackError naming it (run as nobody when the
+    tests run as root, since root reads anything)."""
+    import importlib
+    import tempfile
+
+    importlib.import_module("packfs.tablebuild")  # the child, as nobody, may not be able to import it
+
+    work = Path(tempfile.mkdtemp(prefix="packfs-unreadable-"))
+    try:
+        os.chmod(work, 0o777)
+        src = work / "src"
+        (src / "d").mkdir(parents=True)
+        (src / "d" / "ok.txt").write_bytes(b"fine")
+        (src / "d" / "secret.bin").write_bytes(b"hidden")
+        os.chmod(src / "d" / "secret.bin", 0o000)
+        for directory in (src, src / "d"):
+            os.chmod(directory, 0o755)
+        out_dir = work / "out"
+        out_dir.mkdir(mode=0o777)
+        os.chmod(out_dir, 0o777)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child packs as an unprivileged user
+            status = 4
+            try:
+                os.close(read_end)
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                pack_folder(src, out_dir / "x.ffr")
+                status = 0
+            except PackError as error:
+                os.write(write_end, str(error).encode())
+                status = 3
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        message = os.read(read_end, 4096).decode()
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3, message
+        assert "secret.bin" in message and "Permission denied" in message, message
+        assert os.listdir(out_dir) == []  # no archive, no temporary file
+    finally:
+        os.chmod(work / "src" / "d" / "secret.bin", 0o600)
+        shutil.rmtree(work)
+
+
+def test_full_disk_is_a_clear_error_and_leaves_nothing(tree: Path, tmp_path: Path) -> None:
+    """ENOSPC on a 1 MiB tmpfs (mounting one needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a 1 MiB tmpfs")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        (small / "x.ffr").write_bytes(b"old")
+        with pytest.raises(PackError, match="No space left on device"):
+            pack_folder(tree, small / "x.ffr", force=True)  # the tree holds a 3 MiB file
+        assert os.listdir(small) == ["x.ffr"] and (small / "x.ffr").read_bytes() == b"old"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_file_size_limit_is_a_clear_error_and_leaves_nothing(tree: Path, tmp_path: Path) -> None:
+    """RLIMIT_FSIZE: the write fails with EFBIG (Python ignores SIGXFSZ), the CLI says so."""
+    import resource
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    result = subprocess.run([sys.executable, "-m", "packfs", "pack", str(tree), str(out_dir / "x.ffr")],
+                            capture_output=True, text=True, preexec_fn=limit, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("Error: ") and "File too large" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert os.listdir(out_dir) == []
+
+
+def test_sigint_during_pack_leaves_the_old_output(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of `packfs pack --force`: the old archive is untouched and
+    the temporary file is gone."""
+    src = tmp_path / "src"
+    for i in range(4000):
+        (src / f"d{i % 20}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 20}" / f"{i}.bin").write_bytes(os.urandom(30_000))
+    out = tmp_path / "x.ffr"
+    out.write_bytes(b"old")
+    process = subprocess.Popen([sys.executable, "-m", "packfs", "pack", "--force", str(src), str(out)],
+                               stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    deadline = time.monotonic() + 30
+    while not [n for n in os.listdir(tmp_path) if ".packfs-tmp-" in n] and time.monotonic() < deadline:
+        time.sleep(0.005)  # wait until it is writing
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] in ("Aborted!", "Error: interrupted"), stderr
+    assert out.read_bytes() == b"old"
+    assert _leftovers(tmp_path, {"src", "x.ffr"}) == []

@@ -1,0 +1,285 @@
+"""Mutation fuzzing: damaged and hostile archives end in PackfsError, never worse.
+
+    python -m tests.fuzz --cases 100000        # make fuzz; prints the counts
+    python -m tests.fuzz --cases 300 --seed 7  # what CI runs (tests/test_fuzz.py)
+
+Each case damages a small but complete archive (every kind of entry) one way — a
+flipped bit, several random bytes, a truncation, an extension, random garbage, a zeroed
+region, or a table section changed with every CRC recomputed (a hostile archive) — and
+then drives everything a user can: open with and without checks, list, stat, read,
+``open()``, ``read_view``, walk, verify, unpack, and the FUSE callbacks.
+
+What counts as a failure (any one stops the run with the case's seed):
+- crash: any exception other than a PackfsError (an OSError errno from the FUSE
+  callbacks), or a hang (the case's own timeout);
+- undetected: with checks on, the archive opens, every read succeeds and ``verify``
+  says it is sound, yet its bytes differ from the original in a way that changes what
+  a reader sees (every byte of an archive is covered by a CRC, so this must be 0);
+- wrong bytes: with checks on, a read returns contents other than the original's
+  without an error (a hostile table with valid CRCs may point a path at another
+  file's record; that is counted separately, as "hostile remaps", and ``verify``
+  must still flag the table when the remap breaks a rule);
+- escape: unpack writes anything outside its destination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import packfs  # noqa: E402
+from packfs import PackedFolder, RecordReader, RecordWriter  # noqa: E402
+from packfs.format import SECTIONS  # noqa: E402
+from packfs.mount import PackfsOperations  # noqa: E402
+
+# The errnos a FUSE callback may answer with on a damaged archive.
+_FUSE_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
+_KINDS = ("flip", "flips", "truncate", "extend", "garbage", "zero", "hostile")
+
+
+def build_seed(path: Path) -> dict[str, bytes]:
+    """A small archive with every kind of entry; returns path -> contents of its files."""
+    files = {
+        "empty.txt": b"",
+        "hello.txt": b"hello world\n",
+        "a/b/deep.bin": bytes(range(256)) * 20,
+        "a/b/c/tiny": b"x",
+        "names/\u00e9t\u00e9.txt": "\u00fcn\u00efc\u00f6d\u00e9".encode(),
+        os.fsdecode(b"names/bytes-\xff.bin"): b"\x00\x01\x02",
+        "big.bin": random.Random(1).randbytes(70_000),
+    }
+    entries = [packfs.Entry(p, c) for p, c in files.items()]
+    entries += [
+        packfs.Entry("empty_dir", kind="dir"),
+        packfs.Entry("link", kind="symlink", target="hello.txt"),
+        packfs.Entry("a/up", kind="symlink", target="../hello.txt"),
+        packfs.Entry("a/absolute", kind="symlink", target="/etc/passwd"),
+        packfs.Entry("a/hard", kind="hardlink", target="hello.txt"),
+    ]
+    packfs.pack_entries(entries, path)
+    files["a/hard"] = files["hello.txt"]
+    return files
+
+
+def _records(archive: Path) -> tuple[list[bytes], int]:
+    reader = RecordReader(archive)
+    records = [reader.read_one(i) for i in range(reader.n)]
+    reader.close()
+    data_records = int.from_bytes(records[-1][24:32], "little")
+    return records, data_records
+
+
+def mutate(original: bytes, records: list[bytes], data_records: int, rng: random.Random,
+           kind: str) -> bytes:
+    data = bytearray(original)
+    if kind == "flip":
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    elif kind == "flips":
+        for _ in range(rng.randint(2, 20)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+    elif kind == "truncate":
+        del data[rng.randrange(len(data)):]
+    elif kind == "extend":
+        data += rng.randbytes(rng.randint(1, 200))
+    elif kind == "garbage":
+        start = rng.randrange(len(data))
+        data[start : start + 64] = rng.randbytes(len(data[start : start + 64]))
+    elif kind == "zero":
+        start = rng.randrange(len(data))
+        end = min(len(data), start + rng.randint(1, 4096))
+        data[start:end] = bytes(end - start)
+    else:  # hostile: a table section (or the footer) changed, every CRC recomputed
+        changed = list(records)
+        for _ in range(rng.randint(1, 3)):
+            index = rng.choice([data_records + 2 * k + 1 for k in range(len(SECTIONS))] + [len(records) - 1])
+            raw = bytearray(changed[index])
+            if raw:
+                position = rng.randrange(len(raw))
+                raw[position] = rng.choice([0, 1, 0xFF, raw[position] ^ (1 << rng.randrange(8)),
+                                            rng.randrange(256)])
+            changed[index] = bytes(raw)
+        return _rewrite_records(changed)
+    return bytes(data)
+
+
+def _rewrite_records(records: list[bytes]) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "hostile.ffr"
+        with RecordWriter(out, len(records)) as writer:
+            for record in records:
+                writer.write_one(record)
+        return out.read_bytes()
+
+
+@dataclass
+class Counts:
+    cases: int = 0
+    unchanged: int = 0
+    refused_at_open: int = 0
+    detected_at_use: int = 0
+    detected_by_verify_only: int = 0
+    benign: int = 0  # hostile changes that break no rule (an mtime, a uid): not damage
+    hostile_remaps: int = 0
+    undetected: int = 0
+    wrong_bytes: int = 0
+    crashes: int = 0
+    escapes: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    def failures(self) -> int:
+        return self.undetected + self.wrong_bytes + self.crashes + self.escapes
+
+
+class Failure(Exception):
+    pass
+
+
+def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path) -> tuple[int, int]:
+    """Drive every reader path; returns (PackfsErrors raised, wrong reads)."""
+    errors = wrong = 0
+
+    def attempt(function, *args):
+        nonlocal errors
+        try:
+            return function(*args)
+        except packfs.PackfsError:
+            errors += 1
+            return None
+
+    listed = attempt(folder.list, "", True) or []
+    for relative in listed:
+        attempt(folder.stat, relative)
+        attempt(folder.exists, relative)
+    for relative, contents in files.items():
+        for reader in (folder.read, lambda p: bytes(folder.read_view(p))):
+            data = attempt(reader, relative)
+            if data is not None and data != contents:
+                wrong += 1
+        with contextlib.suppress(packfs.PackfsError):
+            with folder.open(relative) as f:
+                f.seek(1)
+                f.read()
+    for link in ("link", "a/up", "a/absolute"):
+        attempt(folder.readlink, link)
+    attempt(lambda: list(folder.walk()))
+    dest = sandbox / "dest"
+    attempt(packfs.unpack, folder, dest)
+    if sorted(os.listdir(sandbox)) != ["dest"]:
+        raise Failure(f"unpack wrote outside its destination: {sorted(os.listdir(sandbox))}")
+    shutil.rmtree(dest, ignore_errors=True)
+    operations = PackfsOperations(folder, check_data=folder.check_data, no_open=True)
+    for path in ["/" + p for p in list(files) + ["", "a", "a/b", "empty_dir", "link", "missing"]]:
+        for call in (lambda: operations.getattr(path), lambda: operations.readdir(path, 0),
+                     lambda: operations.read(path, 1 << 20, 0, 0), lambda: operations.readlink(path),
+                     lambda: operations.open(path, os.O_RDONLY)):
+            try:
+                call()
+            except OSError as error:
+                if error.errno not in _FUSE_ERRNOS:
+                    raise Failure(f"FUSE callback answered errno {error.errno}") from error
+    return errors, wrong
+
+
+def run_case(damaged: bytes, original: bytes, files: dict[str, bytes], kind: str, work: Path,
+             counts: Counts) -> None:
+    counts.cases += 1
+    counts.by_kind[kind] = counts.by_kind.get(kind, 0) + 1
+    if damaged == original:
+        counts.unchanged += 1
+        return
+    path = work / "case.ffr"
+    path.write_bytes(damaged)
+    sandbox = work / "sandbox"
+    sandbox.mkdir(exist_ok=True)
+    outcome = None
+    for check_data in (True, False):
+        try:
+            folder = PackedFolder(path, check_data=check_data)
+        except packfs.PackfsError:
+            if check_data:
+                outcome = "refused_at_open"
+            continue
+        with folder:
+            errors, wrong = _use_everything(folder, files, sandbox)
+            report = folder.verify()
+        if not check_data:
+            continue
+        if kind == "hostile" and wrong:
+            counts.hostile_remaps += 1  # valid CRCs: a table may legally point elsewhere
+        elif wrong:
+            counts.wrong_bytes += 1
+            raise Failure("a checked read returned wrong bytes without an error")
+        if errors:
+            outcome = "detected_at_use"
+        elif not report.ok:
+            outcome = "detected_by_verify_only"
+        elif kind == "hostile":
+            outcome = "benign"
+        else:
+            counts.undetected += 1
+            raise Failure("damage passed open, every read and verify")
+    setattr(counts, outcome, getattr(counts, outcome) + 1)
+
+
+def fuzz(cases: int, seed: int, work: Path, progress: bool = False) -> Counts:
+    seed_archive = work / "seed.ffr"
+    files = build_seed(seed_archive)
+    original = seed_archive.read_bytes()
+    records, data_records = _records(seed_archive)
+    counts = Counts()
+    started = time.monotonic()
+    for case in range(cases):
+        rng = random.Random(seed * 1_000_003 + case)
+        kind = _KINDS[case % len(_KINDS)]
+        damaged = mutate(original, records, data_records, rng, kind)
+        signal.alarm(30)  # a hang is a failure too
+        try:
+            run_case(damaged, original, files, kind, work, counts)
+        except Failure as failure:
+            raise Failure(f"case {case} (seed {seed}, {kind}): {failure}") from failure
+        except Exception as error:
+            counts.crashes += 1
+            raise Failure(f"case {case} (seed {seed}, {kind}): {type(error).__name__}: {error}") from error
+        finally:
+            signal.alarm(0)
+        if progress and case % 1000 == 999:
+            rate = (case + 1) / (time.monotonic() - started)
+            print(f"  {case + 1:,} cases, {rate:.0f}/s", file=sys.stderr, flush=True)
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    args = parser.parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            counts = fuzz(args.cases, args.seed, Path(tmp), progress=True)
+        except Failure as failure:
+            print(f"FAILED: {failure}", file=sys.stderr)
+            return 1
+    seconds = time.monotonic() - started
+    print(f"fuzz: {counts.cases:,} cases (seed {args.seed}) in {seconds:.0f} s")
+    for name in ("unchanged", "refused_at_open", "detected_at_use", "detected_by_verify_only", "benign",
+                 "hostile_remaps", "undetected", "wrong_bytes", "crashes", "escapes"):
+        print(f"  {name.replace('_', ' ')}: {getattr(counts, name):,}")
+    print("  by kind: " + ", ".join(f"{k} {v:,}" for k, v in counts.by_kind.items()))
+    return 0 if counts.failures() == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
