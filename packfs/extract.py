@@ -92,7 +92,7 @@ class _Extractor:
         record = table.record(entry)
         try:
             if kind == S_IFLNK:
-                target = self.container.checked_record_bytes(record, repr(os.fsdecode(relative)))
+                target = self.folder._link_target(entry, repr(os.fsdecode(relative)), check=True)
                 os.symlink(target, name, dir_fd=parent_fd)
                 if self.as_root:
                     os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)

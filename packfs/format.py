@@ -116,6 +116,7 @@ table; ``verify`` checks every rule at once):
   contains no ``/`` and no NUL byte;
 - the file type is a directory, a regular file or a symlink;
 - files and symlinks name a record below D whose length equals their size;
+- a symlink's target (its record) is non-empty and has no NUL byte;
 - ``path_entry`` values are below N.
 
 By ``verify``, the rules that make lookups and listings agree but that no single

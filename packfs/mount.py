@@ -232,10 +232,7 @@ class PackfsOperations:
         entry = self._entry(path)
         if self.table.file_type(entry) != S_IFLNK:
             raise _FuseError(errno.EINVAL)
-        record = self.table.record(entry)
-        if self.check_data:
-            return os.fsdecode(self.container.checked_record_bytes(record, repr(path)))
-        return os.fsdecode(self.container.record_bytes(record))
+        return os.fsdecode(self.folder._link_target(entry, repr(path), self.check_data))
 
     def _file_record(self, entry: int) -> int:
         if self.table.file_type(entry) == S_IFDIR:

@@ -203,7 +203,7 @@ class PackedFolder:
                 hops += 1
                 if hops > _MAX_SYMLINK_HOPS:
                     raise PathNotFoundError(f"{os.fsdecode(original)!r}: too many levels of symbolic links")
-                target = self._container.record_bytes(table.record(candidate))
+                target = self._link_target(candidate, repr(os.fsdecode(original)))
                 if target.startswith(b"/"):
                     raise PathNotFoundError(
                         f"{os.fsdecode(original)!r}: symlink to {os.fsdecode(target)!r} "
@@ -334,12 +334,19 @@ class PackedFolder:
         entry = self._find(path, follow=False)
         if self._table.file_type(entry) != S_IFLNK:
             raise NotASymlinkError(f"{os.fsdecode(path)!r} is not a symlink")
+        return os.fsdecode(self._link_target(entry, repr(os.fsdecode(path))))
+
+    def _link_target(self, entry: int, label: str, check: bool | None = None) -> bytes:
+        """Symlink ``entry``'s target, CRC-checked if ``check`` (default: ``check_data``),
+        and one a symlink can hold: non-empty, without a NUL byte (format section 5)."""
         record = self._table.record(entry)
-        if self.check_data:
-            target = self._container.checked_record_bytes(record, repr(os.fsdecode(path)))
+        if self.check_data if check is None else check:
+            target = self._container.checked_record_bytes(record, label)
         else:
             target = self._container.record_bytes(record)
-        return os.fsdecode(target)
+        if not target or b"\0" in target:
+            raise FormatError(f"{self.path!r}: {label}: symlink target {target!r} is empty or contains a NUL byte")
+        return target
 
     def stat(self, path: PathArg, follow_symlinks: bool = False) -> FileStat:
         """Attributes of ``path`` (of the link itself unless ``follow_symlinks``)."""
@@ -573,6 +580,10 @@ def verify_container(
             for entry in (file_type != S_IFDIR).nonzero()[0]:
                 if int(records[entry]) in bad:
                     bad_paths.append(os.fsdecode(table.full_path(int(entry))))
+            for entry in (file_type == S_IFLNK).nonzero()[0].tolist():
+                target = container.record_bytes(int(records[entry]))
+                if not target or b"\0" in target:
+                    problems.append(f"symlink {os.fsdecode(table.full_path(entry))!r} has the target {target!r}")
     return VerifyReport(
         records_checked=container.record_count,
         bytes_checked=checked_bytes,

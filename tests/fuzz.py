@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import logging
 import os
 import random
 import shutil
@@ -234,6 +235,17 @@ def run_case(damaged: bytes, original: bytes, files: dict[str, bytes], kind: str
 
 
 def fuzz(cases: int, seed: int, work: Path, progress: bool = False) -> Counts:
+    # The FUSE callbacks log each damaged file once; here that is thousands of lines.
+    mount_log = logging.getLogger("packfs.mount")
+    level = mount_log.level
+    mount_log.setLevel(logging.CRITICAL)
+    try:
+        return _fuzz(cases, seed, work, progress)
+    finally:
+        mount_log.setLevel(level)
+
+
+def _fuzz(cases: int, seed: int, work: Path, progress: bool) -> Counts:
     seed_archive = work / "seed.ffr"
     files = build_seed(seed_archive)
     original = seed_archive.read_bytes()

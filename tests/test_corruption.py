@@ -235,3 +235,61 @@ def test_an_archive_truncated_under_an_open_folder_is_an_error_not_sigbus(
                             capture_output=True, text=True)
     assert result.returncode == 0, (result.returncode, result.stderr)
     assert result.stdout.strip() == "survived []", result.stdout
+
+
+@pytest.mark.parametrize("field, value, message", [
+    (16, 2**60, "section 'parent' is"),  # entry_count: sections would need exabytes
+    (24, 2**60, "data records"),  # data_records
+    (32, 2**31, "records, but the footer"),  # section_count
+])
+def test_absurd_footer_counts_with_valid_checksums_are_refused_at_open(
+    archive: Path, tmp_path: Path, field: int, value: int, message: str
+) -> None:
+    import struct
+
+    from packfs import RecordReader, RecordWriter
+
+    reader = RecordReader(archive)
+    records = [reader.read_one(i) for i in range(reader.n)]
+    reader.close()
+    footer = bytearray(records[-1])
+    struct.pack_into("<Q" if field != 32 else "<I", footer, field, value)
+    records[-1] = bytes(footer)
+    bad = tmp_path / "absurd.ffr"
+    with RecordWriter(bad, len(records)) as writer:
+        for record in records:
+            writer.write_one(record)
+    with pytest.raises(FormatError, match=message):
+        PackedFolder(bad)
+
+
+def test_a_symlink_target_with_a_nul_byte_is_refused_everywhere(tmp_path: Path) -> None:
+    """Found by the fuzzer: a target no symlink can hold (valid CRCs) reached os.symlink
+    as a ValueError.  Every reader now refuses it with a FormatError (EIO when mounted)."""
+    import errno
+
+    from packfs import RecordReader, RecordWriter
+    from packfs.mount import PackfsOperations
+
+    packfs.pack_entries([packfs.Entry("l", kind="symlink", target="aXb"), packfs.Entry("f", b"data")],
+                        tmp_path / "ok.ffr")
+    reader = RecordReader(tmp_path / "ok.ffr")
+    records = [reader.read_one(i) for i in range(reader.n)]
+    reader.close()
+    records[records.index(b"aXb")] = b"a\0b"
+    bad = tmp_path / "bad.ffr"
+    with RecordWriter(bad, len(records)) as writer:
+        for record in records:
+            writer.write_one(record)
+    for check_data in (True, False):
+        with PackedFolder(bad, check_data=check_data) as folder:
+            with pytest.raises(FormatError, match="NUL"):
+                folder.readlink("l")
+            with pytest.raises(FormatError, match="NUL"):
+                folder.read("l/x")
+            with pytest.raises(FormatError, match="NUL"):
+                packfs.unpack(folder, tmp_path / f"out-{check_data}")
+            with pytest.raises(OSError) as caught:
+                PackfsOperations(folder, check_data=check_data).readlink("/l")
+            assert caught.value.errno == errno.EIO
+            assert any("NUL" in problem or "\\x00" in problem for problem in folder.verify().problems)
