@@ -293,3 +293,25 @@ def test_a_symlink_target_with_a_nul_byte_is_refused_everywhere(tmp_path: Path) 
                 PackfsOperations(folder, check_data=check_data).readlink("/l")
             assert caught.value.errno == errno.EIO
             assert any("NUL" in problem or "\\x00" in problem for problem in folder.verify().problems)
+
+
+def test_an_archive_overwritten_in_place_or_deleted_while_open(archive: Path, tmp_path: Path) -> None:
+    """Overwritten with other bytes of the same size: the map shows them at once, and
+    every read ends in a PackfsError (CRCs and the checks where values are used).
+    Deleted: the open file lives on, and reads go on working."""
+    copy = tmp_path / "copy.ffr"
+    copy.write_bytes(archive.read_bytes())
+    with PackedFolder(copy) as folder:
+        assert folder.read("hello.txt") == b"hello world\n"
+        with open(copy, "r+b") as f:
+            f.write(bytes(copy.stat().st_size))  # zeros over everything, same size
+        for call in (lambda: folder.read("hello.txt"), lambda: folder.read("a/b/c/deep.bin"),
+                     lambda: folder.list("", recursive=True), lambda: folder.stat("hello.txt")):
+            with pytest.raises(packfs.PackfsError):
+                call()
+        assert not folder.verify().ok
+    copy.write_bytes(archive.read_bytes())
+    with PackedFolder(copy) as folder:
+        copy.unlink()
+        assert folder.read("a/b/c/deep.bin") == BLUEPRINT["a/b/c/deep.bin"]
+        assert folder.verify().ok
