@@ -21,6 +21,7 @@ from .errors import (
     PathNotFoundError,
     UnpackError,
 )
+from .convert import convert
 from .extract import UnpackStats, unpack
 from .reader import FileStat, PackedFile, PackedFolder, VerifyReport
 from .records import RecordReader, RecordWriter
@@ -35,6 +36,7 @@ __all__ = [
     "VerifyReport",
     "pack_folder",
     "pack_entries",
+    "convert",
     "Entry",
     "PackStats",
     "unpack",

@@ -143,6 +143,29 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         )
 
 
+@main.command()
+@click.argument("legacy", type=EXISTING_FILE)
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("-q", "--quiet", is_flag=True, help="No summary.")
+def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
+    """Rewrite LEGACY, an archive made by FFRecord's pack_folder, as a packfs archive OUT.
+
+    Every packfs command already reads LEGACY as it is; OUT opens in O(1) instead of
+    building the path table in memory at each open, and carries packfs' checks.
+
+    \b
+    Example:
+      packfs convert old_dataset.ffr dataset.ffr && packfs verify dataset.ffr
+    """
+    from .convert import convert as convert_archive
+
+    stats = convert_archive(legacy, out, force=force)
+    if not quiet:
+        click.echo(f"converted {stats.files} files, {stats.dirs} dirs ({human_size(stats.file_bytes)}) "
+                   f"into {out!r} in {stats.seconds:.2f} s", err=True)
+
+
 def _echo_path_line(line: str) -> None:
     """Print a line holding archive names as their exact bytes (they need not be UTF-8)."""
     click.echo(os.fsencode(line))

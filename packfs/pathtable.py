@@ -58,7 +58,10 @@ class PathTable:
     them all at once (``verify`` does).
     """
 
-    def __init__(self, container: Container, footer: Footer) -> None:
+    def __init__(self, container: Container, footer: Footer,
+                 image: tuple[bytes | bytearray, dict[str, tuple[int, int]]] | None = None) -> None:
+        """``image``, for a table that is not in the archive (an FFRecord packed folder's,
+        built at open): the sections laid out in memory, and each one's span there."""
         self._container = container
         self.path = container.path
         self.entry_count = footer.entry_count
@@ -68,7 +71,32 @@ class PathTable:
         self._directory_cache: dict[bytes, int] = {}
         self._entries_used = 0
         self._fd, self._file_size = container.fd, container.file_size
-        mm = container.mmap
+        self._in_memory = image is not None
+        if image is not None:
+            mm, self._section_span = image[0], dict(image[1])
+        else:
+            mm = container.mmap
+            self._find_sections(container, footer)
+        self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
+        # Item access through memoryviews is several times faster than numpy scalars.
+        view = memoryview(mm)
+        self._views = []
+        for name, dtype in SECTIONS:
+            start, end = self._section_span[name]
+            item_view = view[start:end].cast(_ITEM_CODE[dtype])
+            self._views.append(item_view)
+            setattr(self, "_" + name, item_view)
+        view.release()
+        self._mm = mm
+        self._names_start, names_end = self._section_span["names"]
+        self._names_size = names_end - self._names_start
+        if self._mode[0] & S_IFMT != S_IFDIR or self._parent[0] != 0 or self._name_end[0] != 0:
+            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
+        last_end = self._name_end[self.entry_count - 1]
+        if last_end != self._names_size:
+            self._fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
+
+    def _find_sections(self, container: Container, footer: Footer) -> None:
         for k, (name, dtype) in enumerate(SECTIONS):
             record = footer.data_records + 2 * k + 1
             start, end = container.record_span(record)
@@ -92,24 +120,6 @@ class PathTable:
         parity = footer.data_records + 2 * footer.section_count
         if container.check_data and parity < container.record_count - 1 and not container.record_crc_ok(parity):
             raise ChecksumError(f"{self.path!r}: the parity record (record {parity}): checksum mismatch")
-        self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
-        # Item access through memoryviews is several times faster than numpy scalars.
-        view = memoryview(mm)
-        self._views = []
-        for name, dtype in SECTIONS:
-            start, end = self._section_span[name]
-            item_view = view[start:end].cast(_ITEM_CODE[dtype])
-            self._views.append(item_view)
-            setattr(self, "_" + name, item_view)
-        view.release()
-        self._mm = mm
-        self._names_start, names_end = self._section_span["names"]
-        self._names_size = names_end - self._names_start
-        if self._mode[0] & S_IFMT != S_IFDIR or self._parent[0] != 0 or self._name_end[0] != 0:
-            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
-        last_end = self._name_end[self.entry_count - 1]
-        if last_end != self._names_size:
-            self._fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
@@ -272,6 +282,8 @@ class PathTable:
         page cache): mapped pages count in RSS, so a full scan (validation, or a daemon
         serving ``find``) would otherwise leave RSS at the table's size.  Later accesses
         fault back in only what they touch."""
+        if self._in_memory:
+            return
         release_pages(self._container.mmap, *self._table_span)
         release_pages(self._container.mmap, 0, self._container.data_start)
 

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, Union, overload
 
+from . import legacy
 from .container import Container, crc32_of_range
 from .errors import (
     FormatError,
@@ -113,6 +114,7 @@ class PackedFolder:
     def __init__(self, path: PathArg, check_data: bool = True) -> None:
         self.path = os.fsdecode(path)
         self.check_data = check_data
+        self.legacy = False  # an FFRecord pack_folder archive (packfs.legacy)
         self._container = Container(self.path, check_data=check_data)
         try:
             self._open_table()
@@ -125,7 +127,14 @@ class PackedFolder:
         n = container.record_count
         if n == 0:
             raise FormatError(f"{self.path!r}: not a packfs archive (an empty FFRecord container)")
+        self._file_count = -1
         footer_data = container.record_bytes(n - 1)
+        if legacy.is_legacy(footer_data):
+            if self.check_data:
+                container.check_crc(n - 1, footer_data, "FFRecord packed-folder metadata")
+            self.footer, self._table = legacy.legacy_table(container, footer_data, repr(self.path))
+            self.legacy = True
+            return
         if len(footer_data) == FOOTER_SIZE and self.check_data:
             container.check_crc(n - 1, footer_data, "footer")
         footer = unpack_footer(footer_data, repr(self.path))
@@ -137,7 +146,6 @@ class PackedFolder:
             )
         self.footer = footer
         self._table = PathTable(container, footer)
-        self._file_count = -1
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -6,10 +6,10 @@ from array import array
 
 import numpy as np
 
-from .format import SECTIONS, crc32
+from .format import SECTION_ALIGNMENT, SECTIONS, crc32
 from .pathtable import S_IFDIR, S_IFMT, S_IFREG
 
-__all__ = ["TableRows", "build_tables"]
+__all__ = ["TableRows", "build_tables", "table_image"]
 
 
 class TableRows:
@@ -125,3 +125,16 @@ def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
     columns["path_hash"] = hashes[by_hash].astype("<u4")
     columns["path_entry"] = by_hash.astype("<u4")
     return {name: columns[name] for name, _ in SECTIONS}
+
+
+def table_image(tables: dict[str, np.ndarray]) -> tuple[bytearray, dict[str, tuple[int, int]]]:
+    """The sections laid out in memory as an archive lays them out in the file (each
+    64-byte aligned), and each one's span: a table a reader can use without a file."""
+    image = bytearray()
+    spans: dict[str, tuple[int, int]] = {}
+    for name, _ in SECTIONS:
+        image += bytes(-len(image) % SECTION_ALIGNMENT)
+        start = len(image)
+        image += memoryview(tables[name]).cast("B")
+        spans[name] = (start, len(image))
+    return image, spans

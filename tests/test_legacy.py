@@ -1,0 +1,210 @@
+"""FFRecord's own pack_folder archives (../shared/vectors/ffrecord), opened safely."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import stat
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+
+import packfs
+from packfs import FormatError, PackedFolder, RecordWriter
+from packfs.legacy import MAGIC
+from tests.conftest import VECTORS, mounted
+
+LEGACY = ["packed_folder", "packed_folder_py37"]  # pickle protocols 4 and 3
+
+
+def _expected(name: str) -> dict:
+    return json.loads((VECTORS / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_packed_folders_read_as_ffrecord_says(name: str) -> None:
+    expected = _expected(name)
+    api = expected["ffrecord_PackedFolder_api"]
+    with PackedFolder(VECTORS / f"{name}.ffr") as folder:
+        assert folder.legacy
+        assert folder.num_files() == api["num_files()"]
+        assert folder.list() == api["list()"]["value"]
+        assert folder.list(recursive=True) == api["list(recursive=True)"]["value"]
+        assert folder.list(list_dir=False, recursive=True) == api["list(list_dir=False, recursive=True)"]["value"]
+        assert folder.list(list_file=False, recursive=True) == api["list(list_file=False, recursive=True)"]["value"]
+        for probe in ("sub", "empty_dir", "données"):
+            assert folder.list(probe) == api[f"list({probe!r})"]["value"]
+        for probe in ("001.txt", "nope"):
+            with pytest.raises(packfs.PackfsError):
+                folder.list(probe)
+        # On purpose, packfs reads "/001.txt" and "sub/../001.txt" as a file system does
+        # (FFRecord looks ".." up literally and fails on a leading "/"), and answers
+        # False where FFRecord raises TypeError ("001.txt/x").
+        differs = {"/001.txt", "sub/../001.txt"}
+        for method in ("exists", "is_file", "is_dir"):
+            for path, outcome in api[method].items():
+                if outcome["ok"] and path not in differs:
+                    assert getattr(folder, method)(path) == outcome["value"], (method, path)
+            assert getattr(folder, method)("001.txt/x") is False
+        assert folder.read("/001.txt") == folder.read("sub/../001.txt") == folder.read("001.txt")
+        for path, outcome in api["read_one"].items():
+            if path in differs:
+                continue
+            if outcome["ok"]:
+                assert hashlib.sha256(folder.read_one(path)).hexdigest() == outcome["sha256"], path
+            else:
+                with pytest.raises(packfs.PackfsError):
+                    folder.read_one(path)
+        batch = api["read(sorted files)"]
+        assert [hashlib.sha256(d).hexdigest() for d in folder.read(batch["paths"])] == batch["sha256"]
+        for path, info in expected["source_tree"]["files"].items():
+            assert hashlib.sha256(folder.read(path)).hexdigest() == info["sha256"]
+        # No modes or times in a legacy archive: read-only files and directories.
+        assert folder.stat("001.txt").mode == stat.S_IFREG | 0o444
+        assert folder.stat("sub").mode == stat.S_IFDIR | 0o555
+        assert folder.stat("sub").mtime_ns == os.stat(VECTORS / f"{name}.ffr").st_mtime_ns
+        assert folder.verify().ok
+
+
+def test_packed_empty_folder() -> None:
+    with PackedFolder(VECTORS / "packed_empty_folder.ffr") as folder:
+        assert folder.legacy and folder.list() == [] and folder.num_files() == 0 and folder.verify().ok
+
+
+@pytest.mark.fuse
+def test_a_legacy_archive_mounts_like_a_native_one(tmp_path: Path) -> None:
+    expected = _expected("packed_folder")["source_tree"]["files"]
+    with mounted(VECTORS / "packed_folder.ffr", tmp_path / "mnt") as root:
+        for path, info in expected.items():
+            assert hashlib.sha256((root / path).read_bytes()).hexdigest() == info["sha256"]
+        assert stat.S_IMODE(os.stat(root / "sub").st_mode) == 0o555
+        assert stat.S_IMODE(os.stat(root / "001.txt").st_mode) == 0o444
+        assert sorted(os.listdir(root / "empty_dir")) == []
+
+
+# -- hostile metadata: refused, and nothing runs ------------------------------------------
+
+
+def _legacy_archive(path: Path, metadata: bytes, files: int = 1) -> Path:
+    with RecordWriter(path, files + 1) as writer:
+        for i in range(files):
+            writer.write_one(b"file %d" % i)
+        writer.write_one(MAGIC + metadata)
+    return path
+
+
+class _Runs:
+    """Unpickling this runs os.system: what a hostile FFRecord file can carry."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _deep(depth: int) -> OrderedDict:
+    tree: OrderedDict = OrderedDict(f=0)
+    for _ in range(depth):
+        tree = OrderedDict(d=tree)
+    return tree
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_pickles_as_pack_folder_writes_them_are_accepted(tmp_path: Path, protocol: int) -> None:
+    tree = OrderedDict([("b", OrderedDict([("x", 1)])), ("a", 0), ("e", OrderedDict())])
+    archive = _legacy_archive(tmp_path / "ok.ffr", pickle.dumps(tree, protocol=protocol), files=2)
+    with PackedFolder(archive) as folder:
+        assert folder.list(recursive=True) == ["a", "b", "b/x", "e"]
+        assert folder.read("b/x") == b"file 1"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda marker: pickle.dumps(OrderedDict(a=_Runs(marker)), protocol=4), "global"),
+    (lambda marker: pickle.dumps(_Runs(marker), protocol=2), "global"),
+    (lambda marker: b"\x80\x03cos\nsystem\nq\x00X\x05\x00\x00\x00touchq\x01\x85R.", "global"),
+    (lambda marker: pickle.dumps({"a": 0}, protocol=4), "OrderedDict"),  # an EMPTY_DICT root is fine...
+    (lambda marker: pickle.dumps(OrderedDict(a=[0]), protocol=4), "opcode"),
+    (lambda marker: pickle.dumps(OrderedDict(a=0.5), protocol=4), "opcode"),
+    (lambda marker: pickle.dumps(OrderedDict(a=b"x"), protocol=4), "opcode"),
+    (lambda marker: pickle.dumps(OrderedDict(a=5), protocol=4), "record 5"),
+    (lambda marker: pickle.dumps(OrderedDict(a=0, b=0), protocol=4), "two paths"),
+    (lambda marker: pickle.dumps(OrderedDict([("../up", 0)]), protocol=4), "not a valid file name"),
+    (lambda marker: pickle.dumps(OrderedDict([("", 0)]), protocol=4), "not a valid file name"),
+    (lambda marker: pickle.dumps(OrderedDict([("a\0b", 0)]), protocol=4), "not a valid file name"),
+    (lambda marker: pickle.dumps(_deep(300), protocol=4), "deeper than"),
+    (lambda marker: pickle.dumps(OrderedDict(a=0), protocol=4)[:-3], "truncated|opcode"),
+    (lambda marker: pickle.dumps(OrderedDict(a=0), protocol=4) + b"junk", "after the pickle"),
+    (lambda marker: pickle.dumps(OrderedDict(a=0), protocol=1), "PROTO"),
+])
+def test_hostile_metadata_is_refused_and_runs_nothing(tmp_path: Path, make, message: str) -> None:
+    marker = tmp_path / "ran"
+    data = make(marker)
+    if message == "OrderedDict":  # a plain dict is what EMPTY_DICT builds: accepted
+        with PackedFolder(_legacy_archive(tmp_path / "dict.ffr", data)) as folder:
+            assert folder.list() == ["a"]
+        return
+    with pytest.raises(FormatError, match=message):
+        PackedFolder(_legacy_archive(tmp_path / "bad.ffr", data))
+    assert not marker.exists()
+
+
+def test_a_directory_placed_twice_is_refused(tmp_path: Path) -> None:
+    """A pickle can name one memoised dict from two places (a DAG, or a bomb when
+    repeated); pack_folder never does."""
+    shared: OrderedDict = OrderedDict(f=0)
+    data = pickle.dumps(OrderedDict(a=shared, b=shared), protocol=4)  # pickle memoises `shared`
+    with pytest.raises(FormatError, match="twice"):
+        PackedFolder(_legacy_archive(tmp_path / "dag.ffr", data))
+
+
+# -- packfs convert, and the CLI on legacy archives -----------------------------------------
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_convert_then_verify(tmp_path: Path, name: str) -> None:
+    from tests.conftest import packfs_cli
+
+    out = tmp_path / "native.ffr"
+    result = packfs_cli("convert", VECTORS / f"{name}.ffr", out)
+    assert result.returncode == 0, result.stderr
+    assert packfs_cli("verify", out).returncode == 0
+    with PackedFolder(out) as native, PackedFolder(VECTORS / f"{name}.ffr") as legacy:
+        assert not native.legacy
+        assert native.list(recursive=True) == legacy.list(recursive=True)
+        for path in legacy.list(recursive=True, list_dir=False):
+            assert native.read(path) == legacy.read(path)
+            assert native.stat(path).mode == legacy.stat(path).mode == stat.S_IFREG | 0o444
+    again = packfs_cli("convert", out, tmp_path / "again.ffr")
+    assert again.returncode == 1 and again.stderr.startswith("Error: ") and "already a packfs archive" in again.stderr
+    assert not (tmp_path / "again.ffr").exists()
+
+
+def test_convert_of_a_damaged_legacy_archive_leaves_nothing(tmp_path: Path) -> None:
+    data = bytearray((VECTORS / "packed_folder.ffr").read_bytes())
+    with PackedFolder(VECTORS / "packed_folder.ffr") as folder:
+        start, _ = folder._container.record_span(folder._table.record(folder._table.lookup(b"sub/deeper/004.bin")))
+    data[start] ^= 1
+    bad = tmp_path / "bad.ffr"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(packfs.ChecksumError, match="004.bin"):
+        packfs.convert(bad, tmp_path / "out.ffr")
+    assert sorted(os.listdir(tmp_path)) == ["bad.ffr"]
+
+
+def test_cli_reads_legacy_archives(tmp_path: Path) -> None:
+    from tests.conftest import packfs_cli
+
+    archive = VECTORS / "packed_folder.ffr"
+    with PackedFolder(archive) as folder:
+        assert packfs_cli("cat", archive, "sub/003.txt").stdout == folder.read("sub/003.txt").decode()
+    assert "sub/deeper/004.bin" in packfs_cli("ls", "-R", archive).stdout
+    assert packfs_cli("verify", archive).returncode == 0
+    assert packfs_cli("unpack", archive, tmp_path / "out").returncode == 0
+    expected = _expected("packed_folder")["source_tree"]["files"]
+    for path, info in expected.items():
+        assert hashlib.sha256((tmp_path / "out" / path).read_bytes()).hexdigest() == info["sha256"]
+    assert (tmp_path / "out" / "empty_dir").is_dir()
