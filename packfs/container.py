@@ -89,9 +89,11 @@ class Container:
         The header CRC does not match.
     """
 
-    def __init__(self, path: str | os.PathLike[str], check_data: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], check_data: bool = True,
+                 allow_legacy_header: bool = False) -> None:
         self.path = os.fspath(path)
         self.check_data = check_data
+        self.allow_legacy_header = allow_legacy_header
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -134,13 +136,14 @@ class Container:
         self.record_count = n
         self.data_start = header_size(n)
         if self.check_data:
-            if checksum_meta == 0:
+            if checksum_meta == 0 and not self.allow_legacy_header:
                 raise FormatError(
                     f"{self.path!r}: metadata checksum is 0 (an FFRecord legacy or aborted "
-                    f"file); expected a CRC-32 of the header"
+                    f"file); expected a CRC-32 of the header (allow_legacy_header=True "
+                    f"reads it with only the per-record checks, as FFRecord does)"
                 )
             actual = crc32_of_range(mm, 4, self.data_start)
-            if actual != checksum_meta:
+            if checksum_meta and actual != checksum_meta:
                 raise ChecksumError(
                     f"{self.path!r}: header checksum mismatch: stored {checksum_meta:#010x}, "
                     f"computed {actual:#010x}"

@@ -96,6 +96,9 @@ class RecordReader:
     check_data
         Check the header CRC at open and each record's CRC when read.  Every
         offset is checked at open either way.
+    allow_legacy_header
+        Accept FFRecord's "legacy" files, whose header CRC is 0 (also what an aborted
+        FFRecord writer leaves): their header goes unchecked, their records do not.
 
     Raises
     ------
@@ -103,7 +106,8 @@ class RecordReader:
         A file is missing or malformed; ChecksumError for a header CRC mismatch.
     """
 
-    def __init__(self, paths: PathArg | Sequence[PathArg], check_data: bool = True) -> None:
+    def __init__(self, paths: PathArg | Sequence[PathArg], check_data: bool = True,
+                 allow_legacy_header: bool = False) -> None:
         self.paths = _expand(paths)
         if not self.paths:
             raise ValueError(f"no record files match {paths!r}")
@@ -111,7 +115,8 @@ class RecordReader:
         self._containers: list[Container] = []
         try:
             for path in self.paths:
-                self._containers.append(Container(path, check_data=check_data))
+                self._containers.append(Container(path, check_data=check_data,
+                                                  allow_legacy_header=allow_legacy_header))
                 # A record sequence is read by index, often all of it: check every
                 # offset once here (a fast pass), as FFRecord's FileReader should.
                 self._containers[-1].check_offsets()
