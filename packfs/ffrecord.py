@@ -75,6 +75,16 @@ class FileReader:
     def read(self, indices: Sequence[int]) -> list[np.ndarray]:
         return [_array(data) for data in self._reader.read(indices)]
 
+    def get_offsets(self, file_index: int = 0) -> np.ndarray:
+        """File ``file_index``'s record offsets, plus its size as a last offset (FFRecord
+        keeps n + 1 offsets so that every record's length is a difference)."""
+        container = self._reader._containers[file_index]
+        return np.append(container.offsets, np.int64(container.file_size))
+
+    def get_checksums(self, file_index: int = 0) -> np.ndarray:
+        """File ``file_index``'s stored record CRCs."""
+        return self._reader._containers[file_index].crcs.copy()
+
     def close(self) -> None:
         self._reader.close()
 

@@ -453,7 +453,9 @@ class PackedFolder:
         is_file = file_type == S_IFREG
         return {
             "path": self.path,
-            "format_version": f"{self.footer.version_major}.{self.footer.version_minor}",
+            # A legacy archive has no packfs footer: say what it is instead of a version.
+            "format_version": ("FFRecord pack_folder (legacy; packfs convert makes it native)" if self.legacy
+                               else f"{self.footer.version_major}.{self.footer.version_minor}"),
             "files": int(is_file.sum()),
             "dirs": int((file_type == S_IFDIR).sum()),
             "symlinks": int((file_type == S_IFLNK).sum()),

@@ -85,3 +85,18 @@ def test_packed_folder_and_pack_folder(tmp_path: Path) -> None:
         assert folder.read_one("d/x.bin").tobytes() == b"xyz" and folder.list() == ["d"]
     with FileReader(tmp_path / "p.ffr") as reader:  # FFRecord's FileReader reads the records
         assert reader.read_one(0).tobytes() == b"xyz"
+
+
+def test_offsets_and_checksums_as_ffrecord_reports_them() -> None:
+    view = json.loads((VECTORS / "records.json").read_text())["ffrecord_reader_view"]
+    with FileReader(VECTORS / "records.ffr") as reader:
+        assert reader.get_offsets(0).tolist() == view["get_offsets(0)"]
+        assert reader.get_checksums(0).tolist() == view["get_checksums(0)"]
+        assert str(reader.read_one(0).dtype) == view["read_one_dtype"]
+
+
+def test_info_names_a_legacy_archive() -> None:
+    from tests.conftest import packfs_cli
+
+    result = packfs_cli("info", VECTORS / "packed_folder.ffr")
+    assert result.returncode == 0 and "FFRecord pack_folder (legacy" in result.stdout
