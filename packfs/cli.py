@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import fnmatch
 import logging
 import os
 import stat as stat_module
@@ -171,35 +172,66 @@ def _echo_path_line(line: str) -> None:
     click.echo(os.fsencode(line))
 
 
-def _ls_line(name: str, info: Any, folder: PackedFolder, path: str) -> str:
+def _ls_line(name: str, info: Any, folder: PackedFolder, path: str, human: bool = False) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.mtime_ns / 1e9))
+    size = f"{human_size(info.size):>10}" if human else f"{info.size:12d}"
     line = (f"{stat_module.filemode(info.mode)} {info.nlink:3d} {info.uid:5d} {info.gid:5d} "
-            f"{info.size:12d} {when} {name}")
+            f"{size} {when} {name}")
     if info.kind == "symlink":
         line += " -> " + folder.readlink(path)
     return line
 
 
-@main.command()
+@main.command(context_settings={"help_option_names": ["--help"]})  # -h is --human-readable, as in ls
 @click.argument("archive", type=EXISTING_FILE)
 @click.argument("path", default="")
 @click.option("-l", "long", is_flag=True, help="Long listing: mode, links, owner, size, mtime.")
+@click.option("-h", "--human-readable", "human", is_flag=True, help="With -l, sizes as 1.5 KiB, 3.2 MiB.")
 @click.option("-R", "recursive", is_flag=True, help="List sub-directories recursively.")
-def ls(archive: str, path: str, long: bool, recursive: bool) -> None:
+def ls(archive: str, path: str, long: bool, human: bool, recursive: bool) -> None:
     """List directory PATH (default: the root) of ARCHIVE.
 
     \b
     Example:
-      packfs ls -l data.ffr train/cat
+      packfs ls -lh data.ffr train/cat
     """
     with PackedFolder(archive) as folder:
         if not folder.is_dir(path):
             info = folder.stat(path)
-            _echo_path_line(_ls_line(path, info, folder, path) if long else path)
+            _echo_path_line(_ls_line(path, info, folder, path, human) if long else path)
             return
         for name in folder.list(path, recursive=recursive):
             full = f"{path.strip('/')}/{name}" if path.strip("/") else name
-            _echo_path_line(_ls_line(name, folder.stat(full), folder, full) if long else name)
+            _echo_path_line(_ls_line(name, folder.stat(full), folder, full, human) if long else name)
+
+
+_FIND_TYPES = {"f": "file", "d": "dir", "l": "symlink"}
+
+
+@main.command()
+@click.argument("archive", type=EXISTING_FILE)
+@click.argument("path", default="")
+@click.option("--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
+@click.option("--type", "kind", type=click.Choice(sorted(_FIND_TYPES)), help="Only files, directories or symlinks.")
+def find(archive: str, path: str, pattern: str | None, kind: str | None) -> None:
+    """Print the paths under PATH (default: everything) in ARCHIVE, depth first.
+
+    \b
+    Example:
+      packfs find data.ffr train --name '*.jpg' --type f | wc -l
+    """
+    wanted = _FIND_TYPES.get(kind or "")
+    top = path.strip("/")
+    with PackedFolder(archive) as folder:
+        info = folder.stat(top)
+        candidates = [""] + (folder.list(top, recursive=True) if info.kind == "dir" else [])
+        for relative in candidates:
+            full = "/".join(part for part in (top, relative) if part)
+            if pattern is not None and not fnmatch.fnmatchcase(full.rpartition("/")[2], pattern):
+                continue
+            if wanted is not None and folder.stat(full).kind != wanted:
+                continue
+            _echo_path_line(full or ".")
 
 
 @main.command()

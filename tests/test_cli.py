@@ -151,3 +151,42 @@ def test_python_dash_m(tmp_path: Path, archive: Path) -> None:
                             capture_output=True, cwd=Path(__file__).parent.parent)
     assert result.returncode == 0 and b"hello.txt" in result.stdout
     assert b"bytes-\xff\xfe.bin\n" in result.stdout  # names printed as their exact bytes
+
+
+def test_find_by_name_and_type(run, archive: Path) -> None:
+    everything = run("find", archive)
+    assert everything.exit_code == 0
+    lines = everything.stdout.splitlines()
+    assert lines[0] == "." and "a/b/c/deep.bin" in lines and "a/empty_nested" in lines
+    assert run("find", archive, "a", "--type", "d").stdout.splitlines() == ["a", "a/b", "a/b/c", "a/empty_nested"]
+    # Names are printed as their exact bytes, whatever their encoding.
+    assert run("find", archive, "--name", "*.bin", "--type", "f").stdout_bytes.splitlines() == [
+        b"a/b/c/deep.bin", b"big/large.bin", b"bytes-\xff\xfe.bin"]
+    links = run("find", archive, "--type", "l").stdout.splitlines()
+    assert set(links) == {"absolute", "dangling", "link-to-hello", "a/dirlink", "a/link-up"}
+    assert run("find", archive, "hello.txt").stdout == "hello.txt\n"
+    _one_line_error(run("find", archive, "missing"), "missing")
+
+
+def test_ls_human_readable_sizes(run, archive: Path) -> None:
+    result = run("ls", "-lh", archive, "big")
+    assert result.exit_code == 0 and "3.0 MiB" in result.stdout and "large.bin" in result.stdout
+    assert run("ls", "--help", archive).exit_code == 0
+
+
+def test_version_and_shell_completion(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    version = subprocess.run([sys.executable, "-m", "packfs", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert version.returncode == 0 and version.stdout.startswith("packfs, version ")
+    for shell in ("bash", "zsh", "fish"):  # click's own completion, as the README shows
+        script = subprocess.run([sys.executable, "-m", "packfs"], capture_output=True, text=True, cwd=REPO,
+                                env={**os.environ, "_PACKFS_COMPLETE": f"{shell}_source"})
+        assert script.returncode == 0 and "_PACKFS_COMPLETE" in script.stdout, shell
+    words = subprocess.run([sys.executable, "-m", "packfs"], capture_output=True, text=True, cwd=REPO,
+                           env={**os.environ, "_PACKFS_COMPLETE": "bash_complete", "COMP_WORDS": "packfs fi",
+                                "COMP_CWORD": "1"})
+    assert "find" in words.stdout
