@@ -111,7 +111,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 @main.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("src", type=click.Path(exists=True, allow_dash=True))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
@@ -120,18 +120,28 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
          quiet: bool) -> None:
-    """Pack the directory SRC into the archive OUT.
+    """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
+    .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
+    streamed in, never extracted to disk.
 
     \b
     Example:
       packfs pack dataset/ data.ffr --exclude '*.tmp'
+      packfs pack ILSVRC2012_img_val.tar val.ffr
     """
-    progress = _TerminalProgress("packing", quiet)
-    try:
-        stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
-                            force=force, progress=progress)
-    finally:
-        progress.close()
+    if src == "-" or not os.path.isdir(src):
+        if follow_symlinks or exclude:
+            raise click.UsageError("-L and --exclude apply to a directory SRC only")
+        from .archives import pack_archive
+
+        stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer)
+    else:
+        progress = _TerminalProgress("packing", quiet)
+        try:
+            stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
+                                force=force, progress=progress)
+        finally:
+            progress.close()
     if not quiet:
         rate = stats.file_bytes / stats.seconds if stats.seconds else 0
         click.echo(

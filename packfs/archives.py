@@ -1,0 +1,180 @@
+"""Packing from tar and zip archives without extracting them.
+
+Members stream straight into the packfs archive: nothing is written to disk but the
+output (and, for a stream whose length is unknown, the writer's own spool file), and a
+member of many GiB is copied in chunks.  Modes, owners, mtimes, symlinks and hard links
+are kept.  Unsafe member names are never followed out of the tree: a leading ``/`` is
+dropped and a name with a ``..`` component is skipped, each with a warning; devices,
+FIFOs and other special members are skipped with a warning, as ``pack`` does for a
+directory.
+
+From a seekable, uncompressed tar the entries are written in the order ``pack`` uses
+for a directory (depth-first, names sorted bytewise), so the archive is byte for byte
+what packing the extracted tree gives.  Compressed tars, zips and ``-`` (a tar on
+stdin) are written in member order: the same contents and attributes, other record
+positions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat as stat_module
+import tarfile
+import zipfile
+from typing import BinaryIO, Iterator
+
+from .errors import PackError
+from .writer import Entry, PackStats, PathLike, pack_entries
+
+__all__ = ["archive_kind", "pack_archive"]
+
+log = logging.getLogger("packfs")
+
+
+def archive_kind(path: str) -> str | None:
+    """"tar" or "zip" by content (not by name), or None for anything else."""
+    if path == "-":
+        return "tar"
+    if not os.path.isfile(path):
+        return None
+    if zipfile.is_zipfile(path):
+        return "zip"
+    try:
+        if tarfile.is_tarfile(path):
+            return "tar"
+    except (OSError, tarfile.TarError):
+        return None
+    return None
+
+
+def _normalized(name: str) -> str | None:
+    """A member name as an archive path, or None if it would leave the tree."""
+    parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
+    return None if ".." in parts else "/".join(parts)
+
+
+def _safe_name(name: str, source: str) -> str | None:
+    normal = _normalized(name)
+    if normal is None:
+        log.warning("%s: skipped %r: a name with '..' would leave the tree", source, name)
+    elif name.startswith("/"):
+        log.warning("%s: stored %r as %r, without the leading '/'", source, name, normal)
+    return normal
+
+
+def _depth_first_key(name: str) -> bytes:
+    # pack's order: each directory's names sorted bytewise, subtrees in place.
+    return os.fsencode(name).replace(b"/", b"\0")
+
+
+def _attributes(member: tarfile.TarInfo) -> dict[str, int]:
+    return {"mode": member.mode & 0o7777, "uid": member.uid, "gid": member.gid,
+            "mtime_ns": int(round(member.mtime * 1e9))}
+
+
+def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], source: str) -> Iterator[Entry]:
+    for member in members:
+        name = _safe_name(member.name, source)
+        if name is None:
+            continue
+        if member.isdir():
+            yield Entry(name, kind="dir", **_attributes(member))
+        elif member.isreg():
+            yield Entry(name, tar.extractfile(member), size=member.size, **_attributes(member))
+        elif member.issym():
+            yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member))
+        elif member.islnk():
+            target = _safe_name(member.linkname, source)
+            if target is not None:
+                yield Entry(name, kind="hardlink", target=target, **_attributes(member))
+        else:
+            log.warning("%s: skipped %r: a device, FIFO or other special member", source, member.name)
+
+
+def _tar_entries_in_pack_order(tar: tarfile.TarFile, source: str) -> tuple[Iterator[Entry], int]:
+    """The members in pack's order, reading each file by seeking; a hard-link group's
+    data goes to its first path in that order, as pack stores an extracted tree."""
+    members = {}
+    for member in tar.getmembers():
+        name = _safe_name(member.name, source)
+        if name is not None:
+            members[name] = member
+    groups: dict[str, list[str]] = {}  # a linked file's path -> every path of its data
+    for name, member in members.items():
+        if member.islnk():
+            target = _normalized(member.linkname)
+            if target in members and members[target].isreg():
+                groups.setdefault(target, [target]).append(name)
+    leader: dict[str, str] = {}  # any path in a group -> the group's first path in pack's order
+    regular: dict[str, tarfile.TarInfo] = {}  # any path in a group -> the member with the data
+    for target, names in groups.items():
+        first = min(names, key=_depth_first_key)
+        for name in names:
+            leader[name], regular[name] = first, members[target]
+    order = sorted(members, key=_depth_first_key)
+
+    def entries() -> Iterator[Entry]:
+        for name in order:
+            member = members[name]
+            if name in leader:
+                original = regular[name]
+                if name == leader[name]:
+                    yield Entry(name, tar.extractfile(original), size=original.size, **_attributes(original))
+                else:
+                    yield Entry(name, kind="hardlink", target=leader[name], **_attributes(original))
+            elif member.islnk():
+                log.warning("%s: skipped %r: a hard link to %r, which is not a file in the archive",
+                            source, member.name, member.linkname)
+            else:
+                yield from _tar_entries(tar, iter([member]), source)
+
+    count = sum(1 for m in members.values() if m.isreg() or m.issym())  # hard links take no record
+    return entries(), count
+
+
+def _compressed(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return head[:2] == b"\x1f\x8b" or head[:3] == b"BZh" or head == b"\xfd7zXZ\x00"
+
+
+def _zip_entries(archive: zipfile.ZipFile, source: str) -> Iterator[Entry]:
+    for info in archive.infolist():
+        name = _safe_name(info.filename, source)
+        if name is None:
+            continue
+        unix_mode = info.external_attr >> 16
+        mtime_ns = int(__import__("time").mktime(info.date_time + (0, 0, -1)) * 1e9)
+        kind = stat_module.S_IFMT(unix_mode)
+        if info.is_dir():
+            yield Entry(name, kind="dir", mode=(unix_mode & 0o7777) or 0o755, mtime_ns=mtime_ns)
+        elif kind == stat_module.S_IFLNK:
+            yield Entry(name, kind="symlink", target=archive.read(info), mtime_ns=mtime_ns)
+        elif kind in (0, stat_module.S_IFREG):
+            yield Entry(name, lambda info=info: archive.open(info), size=info.file_size,
+                        mode=(unix_mode & 0o7777) or 0o644, mtime_ns=mtime_ns)
+        else:
+            log.warning("%s: skipped %r: a device, FIFO or other special member", source, info.filename)
+
+
+def pack_archive(source: str, out: PathLike, *, force: bool = False,
+                 stdin: BinaryIO | None = None) -> PackStats:
+    """Pack the tar or zip ``source`` (``"-"``: a tar read from ``stdin``) into ``out``."""
+    kind = archive_kind(source)
+    try:
+        if kind == "zip":
+            with zipfile.ZipFile(source) as archive:
+                return pack_entries(_zip_entries(archive, source), out, force=force)
+        if kind != "tar":
+            raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
+        if source == "-":
+            with tarfile.open(fileobj=stdin, mode="r|*") as tar:  # a stream: member order
+                return pack_entries(_tar_entries(tar, iter(tar), "<stdin>"), out, force=force)
+        with tarfile.open(source, mode="r:*") as tar:
+            if _compressed(source):  # reading a compressed tar out of order would be slow
+                return pack_entries(_tar_entries(tar, iter(tar), source), out, force=force)
+            entries, count = _tar_entries_in_pack_order(tar, source)
+            return pack_entries(entries, out, count=count, force=force)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
+        raise PackError(f"cannot read {source!r}: {error}") from None
