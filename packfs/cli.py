@@ -278,10 +278,15 @@ def info(archive: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return
+    largest = details.pop("largest_files")
     for key, value in details.items():
         if key.endswith("_bytes"):
             value = f"{human_size(value)} ({value} bytes)"  # type: ignore[arg-type]
         click.echo(f"{key.replace('_', ' '):<16}{value}")
+    if largest:
+        click.echo("largest files")
+        for item in largest:  # type: ignore[attr-defined]
+            _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
 
 
 @main.command()

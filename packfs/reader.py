@@ -462,7 +462,16 @@ class PackedFolder:
             "file_bytes": int(self._table.column("size")[is_file].sum()),
             "archive_bytes": self._container.file_size,
             "records": self._container.record_count,
+            "largest_files": self._largest_files(5),
         }
+
+    def _largest_files(self, count: int) -> list[dict[str, object]]:
+        import numpy as np
+
+        sizes = np.where((self._table.column("mode") & S_IFMT) == S_IFREG, self._table.column("size"), 0)
+        top = np.argsort(sizes, kind="stable")[::-1][:count]  # O(n log n) once, for a summary
+        return [{"path": os.fsdecode(self._table.full_path(int(entry))), "size": int(sizes[entry])}
+                for entry in top if sizes[entry]]
 
     # -- verification ----------------------------------------------------------------
 
