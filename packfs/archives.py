@@ -21,6 +21,7 @@ import logging
 import os
 import stat as stat_module
 import tarfile
+import time
 import zipfile
 from typing import BinaryIO, Iterator
 
@@ -145,7 +146,7 @@ def _zip_entries(archive: zipfile.ZipFile, source: str) -> Iterator[Entry]:
         if name is None:
             continue
         unix_mode = info.external_attr >> 16
-        mtime_ns = int(__import__("time").mktime(info.date_time + (0, 0, -1)) * 1e9)
+        mtime_ns = int(time.mktime(info.date_time + (0, 0, -1)) * 1e9)
         kind = stat_module.S_IFMT(unix_mode)
         if info.is_dir():
             yield Entry(name, kind="dir", mode=(unix_mode & 0o7777) or 0o755, mtime_ns=mtime_ns)

@@ -160,18 +160,27 @@ def archive_layout(archive: Path) -> tuple[int, list[int], int]:
     return n, offsets, data_records
 
 
+def read_records(archive: Path) -> list[bytes]:
+    """Every record of a container, in order."""
+    with RecordReader(archive) as reader:
+        return reader[:]
+
+
+def write_records(out: Path, records: list[bytes]) -> Path:
+    """A container of ``records`` with every CRC computed: how tests build hostile
+    archives that pass every checksum."""
+    with RecordWriter(out, len(records)) as writer:
+        for record in records:
+            writer.write_one(record)
+    return out
+
+
 def rewrite_section(archive: Path, out: Path, section: str, mutate: Callable[[np.ndarray], None]) -> Path:
     """Copy ``archive`` with one table section changed in place, all CRCs recomputed."""
-    n, _, data_records = archive_layout(archive)
+    _, _, data_records = archive_layout(archive)
     index = data_records + 2 * [name for name, _ in SECTIONS].index(section) + 1
-    dtype = dict(SECTIONS)[section]
-    reader = RecordReader(archive)
-    with RecordWriter(out, n) as writer:
-        for record in range(n):
-            data = reader.read_one(record)
-            if record == index:
-                array = np.frombuffer(data, dtype).copy()
-                mutate(array)
-                data = array.tobytes()
-            writer.write_one(data)
-    return out
+    records = read_records(archive)
+    array = np.frombuffer(records[index], dict(SECTIONS)[section]).copy()
+    mutate(array)
+    records[index] = array.tobytes()
+    return write_records(out, records)

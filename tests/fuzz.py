@@ -41,9 +41,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import packfs  # noqa: E402
-from packfs import PackedFolder, RecordReader, RecordWriter  # noqa: E402
+from packfs import PackedFolder  # noqa: E402
 from packfs.format import SECTIONS  # noqa: E402
 from packfs.mount import PackfsOperations  # noqa: E402
+from tests.conftest import read_records, write_records  # noqa: E402
 
 # The errnos a FUSE callback may answer with on a damaged archive.
 _FUSE_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
@@ -75,9 +76,7 @@ def build_seed(path: Path) -> dict[str, bytes]:
 
 
 def _records(archive: Path) -> tuple[list[bytes], int]:
-    reader = RecordReader(archive)
-    records = [reader.read_one(i) for i in range(reader.n)]
-    reader.close()
+    records = read_records(archive)
     data_records = int.from_bytes(records[-1][24:32], "little")
     return records, data_records
 
@@ -117,11 +116,7 @@ def mutate(original: bytes, records: list[bytes], data_records: int, rng: random
 
 def _rewrite_records(records: list[bytes]) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "hostile.ffr"
-        with RecordWriter(out, len(records)) as writer:
-            for record in records:
-                writer.write_one(record)
-        return out.read_bytes()
+        return write_records(Path(tmp) / "hostile.ffr", records).read_bytes()
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 import packfs
 from packfs import ChecksumError, FormatError, PackedFolder
 from packfs.format import SECTIONS
-from tests.conftest import BLUEPRINT, archive_layout, rewrite_section
+from tests.conftest import BLUEPRINT, archive_layout, read_records, rewrite_section, write_records
 
 
 def _flip(path: Path, offset: int, out: Path) -> Path:
@@ -247,18 +247,11 @@ def test_absurd_footer_counts_with_valid_checksums_are_refused_at_open(
 ) -> None:
     import struct
 
-    from packfs import RecordReader, RecordWriter
-
-    reader = RecordReader(archive)
-    records = [reader.read_one(i) for i in range(reader.n)]
-    reader.close()
+    records = read_records(archive)
     footer = bytearray(records[-1])
     struct.pack_into("<Q" if field != 32 else "<I", footer, field, value)
     records[-1] = bytes(footer)
-    bad = tmp_path / "absurd.ffr"
-    with RecordWriter(bad, len(records)) as writer:
-        for record in records:
-            writer.write_one(record)
+    bad = write_records(tmp_path / "absurd.ffr", records)
     with pytest.raises(FormatError, match=message):
         PackedFolder(bad)
 
@@ -268,19 +261,13 @@ def test_a_symlink_target_with_a_nul_byte_is_refused_everywhere(tmp_path: Path) 
     as a ValueError.  Every reader now refuses it with a FormatError (EIO when mounted)."""
     import errno
 
-    from packfs import RecordReader, RecordWriter
     from packfs.mount import PackfsOperations
 
     packfs.pack_entries([packfs.Entry("l", kind="symlink", target="aXb"), packfs.Entry("f", b"data")],
                         tmp_path / "ok.ffr")
-    reader = RecordReader(tmp_path / "ok.ffr")
-    records = [reader.read_one(i) for i in range(reader.n)]
-    reader.close()
+    records = read_records(tmp_path / "ok.ffr")
     records[records.index(b"aXb")] = b"a\0b"
-    bad = tmp_path / "bad.ffr"
-    with RecordWriter(bad, len(records)) as writer:
-        for record in records:
-            writer.write_one(record)
+    bad = write_records(tmp_path / "bad.ffr", records)
     for check_data in (True, False):
         with PackedFolder(bad, check_data=check_data) as folder:
             with pytest.raises(FormatError, match="NUL"):

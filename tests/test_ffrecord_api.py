@@ -30,7 +30,6 @@ def test_file_reader_returns_uint8_arrays_as_ffrecord_does() -> None:
 
 
 def test_file_writer_writes_ffrecords_bytes_exactly(tmp_path: Path) -> None:
-    payloads = []
     with FileReader(VECTORS / "records.ffr") as reader:
         payloads = [reader.read_one(i).tobytes() for i in range(reader.n)]
     out = tmp_path / "records.ffr"

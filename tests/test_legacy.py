@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import packfs
-from packfs import FormatError, PackedFolder, RecordWriter
+from packfs import FormatError, PackedFolder
 from packfs.legacy import MAGIC
-from tests.conftest import VECTORS, mounted
+from tests.conftest import VECTORS, mounted, write_records
 
 LEGACY = ["packed_folder", "packed_folder_py37"]  # pickle protocols 4 and 3
 
@@ -89,11 +89,7 @@ def test_a_legacy_archive_mounts_like_a_native_one(tmp_path: Path) -> None:
 
 
 def _legacy_archive(path: Path, metadata: bytes, files: int = 1) -> Path:
-    with RecordWriter(path, files + 1) as writer:
-        for i in range(files):
-            writer.write_one(b"file %d" % i)
-        writer.write_one(MAGIC + metadata)
-    return path
+    return write_records(path, [b"file %d" % i for i in range(files)] + [MAGIC + metadata])
 
 
 class _Runs:
