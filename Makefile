@@ -30,9 +30,15 @@ endef
 system-packages:
 	$(call apt_install,$(SYSTEM_PACKAGES))
 
+# torch first, pinned to the CPU build these machines carry (pip's find-links): asked
+# for unpinned, pip would fetch the newest build with gigabytes of CUDA packages.
+# Elsewhere: make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test,demo]"
 	touch $(STAMP)
 

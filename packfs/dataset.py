@@ -1,0 +1,280 @@
+"""An archive's files by number, for training loops: the torch-free core of
+:mod:`packfs.torch`.
+
+A training loop asks several worker processes for file number i, millions of times.
+What that needs, and how it is met here:
+
+* **A selection that costs 8 bytes a file and is shared by forked workers.**  The files
+  matching a glob, in sorted order, are one numpy array of entry indices.  A list of
+  path strings is one Python object per file, and forked DataLoader workers copy such
+  a list page by page as they touch its reference counts (pytorch/pytorch#13246); an
+  array's buffer is never written, so its pages stay shared.
+* **Small pickles.**  A selection pickles as the archive's path, that array and the
+  archive's size and mtime, never the map or any data, and re-opens the archive in
+  each process that reads (after a fork too, so no file offset is shared).  A worker
+  that finds the archive changed since the selection was made refuses to read.
+* **Flat RSS.**  Files are read with ``pread``, not copied out of the memory map:
+  pages read through a map stay mapped and count in the reader's RSS, which would grow
+  to the size of everything read in an epoch.  The table pages reads touch are
+  released every few thousand reads, as the FUSE daemon does.
+* **No path resolution per read.**  Reading by entry skips the lookup that is most of
+  the cost of ``PackedFolder.read`` for a small file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .errors import FormatError, NotADirectoryPathError, PathNotFoundError
+from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from .reader import PackedFolder, PathArg
+
+__all__ = ["PackedFiles", "glob_regex", "select_files", "files_by_directory"]
+
+# Table and header pages that reads fault in are unmapped again after this many reads
+# (they stay in the page cache), so a worker's RSS does not grow with the epoch.
+_RELEASE_AFTER_READS = 1 << 13
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A compiled regular expression that full paths (no leading ``/``) match.
+
+    ``*`` and ``?`` match within one name, ``[...]`` is a character class, and ``**``
+    as a whole component matches any number of directories (``**/*.jpg``: every JPEG,
+    at any depth; a trailing ``**``: everything below).  As in ``fnmatch`` (and unlike
+    the shell), ``*`` also matches names that start with a dot.
+    """
+    parts = [part for part in pattern.split("/") if part not in ("", ".")]
+    if not parts:
+        raise ValueError(f"the pattern {pattern!r} matches no file path")
+    regex = []
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        if part == "**":
+            regex.append(".*" if last else "(?:[^/]*/)*")
+        else:
+            regex.append(_name_regex(part) + ("" if last else "/"))
+    return re.compile("".join(regex) + r"\Z", re.DOTALL)
+
+
+def _name_regex(part: str) -> str:
+    out, i, n = [], 0, len(part)
+    while i < n:
+        char = part[i]
+        i += 1
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            j = i + (i < n and part[i] in "!^")
+            j += j < n and part[j] == "]"
+            while j < n and part[j] != "]":
+                j += 1
+            if j >= n:  # no closing bracket: a literal '['
+                out.append(r"\[")
+                continue
+            body = part[i:j].replace("\\", "\\\\")
+            i = j + 1
+            if body[0] in "!^":
+                body = "^" + body[1:]
+            out.append("(?!/)[" + body + "]")
+        else:
+            out.append(re.escape(char))
+    return "".join(out)
+
+
+def _literal_top(pattern: str) -> str:
+    """The leading directories of ``pattern`` that contain no wildcard: where a walk
+    for it can start instead of at the root."""
+    parts = [part for part in pattern.split("/") if part not in ("", ".")]
+    literal = []
+    for part in parts[:-1]:
+        if any(char in part for char in "*?["):
+            break
+        literal.append(part)
+    return "/".join(literal)
+
+
+def _children_in_path_order(folder: PackedFolder, entry: int, prefix: str) -> list[tuple[str, int, int]]:
+    """(path, entry, file type) of a directory's children, ordered so that a depth-first
+    walk yields paths in ``sorted()`` order: names compare as stored, except that a
+    directory's name compares as if followed by its '/' (``a.b`` before ``a/x``)."""
+    children, names, modes = folder._table.listing(entry)
+    rows = [(prefix + os.fsdecode(name), child, mode & S_IFMT)
+            for child, name, mode in zip(children, names, modes)]
+    rows.sort(key=lambda row: row[0] + "/" if row[2] == S_IFDIR else row[0])
+    return rows
+
+
+def _file_entry(folder: PackedFolder, path: str, kind: int, child: int) -> int:
+    """The regular-file entry ``child`` stands for: itself, or what a symlink resolves
+    to inside the archive; -1 for anything else (a directory, a broken link)."""
+    if kind == S_IFREG:
+        return child
+    if kind != S_IFLNK:
+        return -1
+    try:
+        target = folder._find(path)
+    except (PathNotFoundError, NotADirectoryPathError):
+        return -1
+    return target if folder._table.file_type(target) == S_IFREG else -1
+
+
+def select_files(folder: PackedFolder, pattern: str = "**/*") -> np.ndarray:
+    """Entries of the files whose paths match ``pattern`` (see :func:`glob_regex`), in
+    the order of their sorted paths.  A symlink to a file in the archive counts as that
+    file; directories reached through symlinks are not walked."""
+    regex = glob_regex(pattern)
+    match_all = pattern.strip("/") in ("**", "**/*")
+    top = _literal_top(pattern)
+    if top and not folder.is_dir(top):
+        return np.zeros(0, np.int64)
+    start = folder._find(top)
+    selected: list[int] = []
+    stack = [iter(_children_in_path_order(folder, start, top + "/" if top else ""))]
+    while stack:
+        for path, child, kind in stack[-1]:
+            if kind == S_IFDIR:
+                stack.append(iter(_children_in_path_order(folder, child, path + "/")))
+                break
+            if match_all or regex.match(path):
+                entry = _file_entry(folder, path, kind, child)
+                if entry >= 0:
+                    selected.append(entry)
+        else:
+            stack.pop()
+    return np.array(selected, dtype=np.int64)
+
+
+def files_by_directory(
+    folder: PackedFolder, top: str, accept: Callable[[str], bool]
+) -> Iterator[tuple[str, int]]:
+    """(path, file entry) below directory ``top``, in the order torchvision's
+    ``make_dataset`` lists a class folder: directories in sorted order of their paths
+    (``sorted(os.walk(top))``), each one's files sorted by name; only paths that
+    ``accept`` takes."""
+    directories = []
+    stack = [(folder._find(top), top)]
+    while stack:
+        entry, path = stack.pop()
+        directories.append((path, entry))
+        for child_path, child, kind in _children_in_path_order(folder, entry, path + "/" if path else ""):
+            if kind == S_IFDIR:
+                stack.append((child, child_path))
+    directories.sort()
+    for path, entry in directories:
+        for path, child, kind in sorted(_children_in_path_order(folder, entry, path + "/" if path else "")):
+            if kind != S_IFDIR and accept(path):
+                file_entry = _file_entry(folder, path, kind, child)
+                if file_entry >= 0:
+                    yield path, file_entry
+
+
+class PackedFiles(Sequence):
+    """Files of an archive by number: ``files[i]`` is the contents of the i-th file.
+
+    Parameters
+    ----------
+    archive
+        The archive's path, or an open :class:`PackedFolder` to select from.
+    pattern
+        Which files (see :func:`glob_regex`), listed in sorted order of their paths.
+    check_data
+        Check each file's CRC as it is read.
+    entries
+        The selection itself, as entry indices (instead of ``pattern``).
+
+    Raises
+    ------
+    PathNotFoundError
+        No file matches.
+    """
+
+    def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*", check_data: bool = True,
+                 entries: Sequence[int] | np.ndarray | None = None) -> None:
+        if isinstance(archive, PackedFolder):
+            self._folder: PackedFolder | None = archive
+            self.archive, check_data = archive.path, archive.check_data
+        else:
+            self.archive = os.fsdecode(archive)
+            self._folder = PackedFolder(self.archive, check_data=check_data)
+        self._pid = os.getpid()
+        self.pattern = pattern
+        self.check_data = check_data
+        self._identity = _identity(self.archive)
+        self._reads = 0
+        if entries is None:
+            entries = select_files(self._folder, pattern)
+            if not len(entries):
+                raise PathNotFoundError(f"{self.archive!r}: no file matches {pattern!r}")
+        self.entries = np.ascontiguousarray(entries, dtype=np.int64)
+        self.entries.setflags(write=False)
+
+    @property
+    def folder(self) -> PackedFolder:
+        """The open archive, re-opened in a process that did not open it (a worker)."""
+        if self._folder is None or self._pid != os.getpid():
+            identity = _identity(self.archive)
+            if identity != self._identity:
+                raise FormatError(
+                    f"{self.archive!r} changed since these files were selected from it "
+                    f"(size and mtime {identity}, expected {self._identity}): select them again"
+                )
+            # A forked worker drops its copy of the parent's folder rather than sharing
+            # its file offset.
+            self._folder = PackedFolder(self.archive, check_data=self.check_data)
+            self._pid = os.getpid()
+        return self._folder
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_folder"] = None  # re-opened where it is used
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> bytes:  # type: ignore[override]
+        entry = int(self.entries[index])
+        folder = self.folder
+        self._count_reads(1)
+        return folder._pread_entry(entry)
+
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The contents of several files, read in archive order with one ``pread`` for
+        each run of adjacent files, returned in the order asked."""
+        entries = self.entries[np.asarray(indices, dtype=np.int64)]
+        folder = self.folder
+        self._count_reads(len(entries))
+        return folder._pread_entries(entries)
+
+    def path(self, index: int) -> str:
+        """The archive path of file ``index``."""
+        return os.fsdecode(self.folder._table.full_path(int(self.entries[index])))
+
+    def _count_reads(self, count: int) -> None:
+        self._reads += count
+        if self._reads >= _RELEASE_AFTER_READS:
+            self._reads = 0
+            self._folder._table.release_pages()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self._folder is not None and self._pid == os.getpid():
+            self._folder.close()
+        self._folder = None
+
+    def __repr__(self) -> str:
+        return f"PackedFiles({self.archive!r}, {self.pattern!r}: {len(self)} files)"
+
+
+def _identity(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns

@@ -1,0 +1,243 @@
+"""PyTorch datasets over a packfs archive (``pip install packfs[torch]``).
+
+::
+
+    from packfs.torch import PackedDataset, PackedImageFolder
+    train = PackedImageFolder("imagenet.ffr", root="train", transform=preprocess)
+    loader = DataLoader(train, batch_size=256, shuffle=True, num_workers=8)
+
+Both are map-style datasets that work with ``DataLoader(num_workers=N)`` under fork
+and spawn: they pickle as the archive's path and an array of entry indices (8 bytes a
+file), re-open the archive in each worker, read with ``pread`` (a worker's RSS does
+not grow with what it has read) and share the path table's pages between workers.
+``DataLoader`` hands a batch's indices to ``__getitems__``, which reads the batch in
+archive order, one ``pread`` per run of adjacent files.  See :mod:`packfs.dataset`.
+
+packfs itself never imports torch; only this module does.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from .dataset import PackedFiles, files_by_directory
+from .errors import PathNotFoundError
+from .pathtable import S_IFDIR
+from .reader import PackedFolder, PathArg
+
+__all__ = ["PackedDataset", "PackedImageFolder", "IMG_EXTENSIONS", "decode_pil", "decode_cv2"]
+
+# torchvision's list, so the same files count as images.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class PackedDataset(Dataset):
+    """The files of an archive that match ``pattern``, in sorted order of their paths.
+
+    ``dataset[i]`` is the i-th file's bytes, or ``transform(bytes)``;
+    ``dataset[[i, j, ...]]`` (FFRecord's batch convention) and ``__getitems__`` (what
+    ``DataLoader`` calls for a batch) return a list.
+
+    Parameters
+    ----------
+    archive
+        The archive's path (or an open :class:`~packfs.PackedFolder`).
+    pattern
+        A glob over paths in the archive: ``*`` within a name, ``**`` across
+        directories (``"train/**/*.jpg"``).  Symlinks to files count as those files.
+    transform
+        Applied to each file's bytes.
+    check_data
+        Check each file's CRC as it is read.
+
+    Raises
+    ------
+    PathNotFoundError
+        No file matches ``pattern``.
+    """
+
+    def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*",
+                 transform: Callable[[bytes], Any] | None = None, check_data: bool = True) -> None:
+        self.files = PackedFiles(archive, pattern, check_data)
+        self.transform = transform
+
+    @property
+    def archive(self) -> str:
+        return self.files.archive
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def path(self, index: int) -> str:
+        """The archive path of sample ``index``."""
+        return self.files.path(index)
+
+    def _sample(self, index: int, data: bytes) -> Any:
+        return data if self.transform is None else self.transform(data)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, (Sequence, np.ndarray)):
+            return self.__getitems__(index)
+        return self._sample(index, self.files[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self._sample(index, data) for index, data in zip(indices, self.files.read_batch(indices))]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.archive!r}, {self.files.pattern!r}: {len(self)} files)"
+
+
+def decode_pil(data: bytes) -> Any:
+    """An RGB PIL image, as torchvision's default loader gives."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
+def decode_cv2(data: bytes) -> np.ndarray:
+    """An RGB uint8 array of shape (height, width, 3), decoded by OpenCV."""
+    import cv2
+
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"OpenCV cannot decode these {len(data)} bytes as an image")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+_LOADERS = {"pil": decode_pil, "cv2": decode_cv2}
+
+
+class PackedImageFolder(PackedDataset):
+    """torchvision's ``ImageFolder`` over directory ``root`` of an archive.
+
+    The same semantics: the classes are the sorted names of ``root``'s
+    sub-directories, ``class_to_idx`` maps them to 0, 1, ...; ``samples`` lists
+    (path, class index) in the order ``ImageFolder`` gives (each class's directories
+    in sorted order, files sorted by name), ``targets`` the class indices;
+    ``dataset[i]`` is ``(transform(image), target_transform(class index))``.  Paths
+    are archive paths (``"train/cat/1.jpg"``).  Unlike torchvision, symlinked
+    directories are not followed and a broken symlink is left out.
+
+    Parameters
+    ----------
+    archive
+        The archive's path (or an open :class:`~packfs.PackedFolder`).
+    root
+        The directory in the archive holding one sub-directory per class.
+    transform, target_transform
+        Applied to each decoded image, and to each class index.
+    loader
+        ``"pil"`` (an RGB PIL image, torchvision's default), ``"cv2"`` (an RGB uint8
+        array from OpenCV), or a function of the file's bytes.
+    extensions, is_valid_file
+        Which files count as samples: by (case-insensitive) extension, default
+        :data:`IMG_EXTENSIONS`, or by a function of the path; not both.
+    allow_empty
+        Allow classes with no sample instead of raising.
+    check_data
+        Check each file's CRC as it is read.
+
+    Raises
+    ------
+    PathNotFoundError (a FileNotFoundError)
+        ``root`` is missing or has no class directory, or a class has no sample.
+    """
+
+    def __init__(self, archive: PathArg | PackedFolder, root: str = "train",
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
+                 loader: str | Callable[[bytes], Any] = "pil",
+                 extensions: tuple[str, ...] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False, check_data: bool = True) -> None:
+        if extensions is not None and is_valid_file is not None:
+            raise ValueError("give extensions or is_valid_file, not both")
+        if isinstance(loader, str):
+            if loader not in _LOADERS:
+                raise ValueError(f"loader must be 'pil', 'cv2' or a function of the bytes, not {loader!r}")
+            loader = _LOADERS[loader]
+        folder = archive if isinstance(archive, PackedFolder) else PackedFolder(archive, check_data)
+        self.root = root.strip("/")
+        self.classes, self.class_to_idx = self.find_classes(folder, self.root)
+        by_extension = is_valid_file is None
+        if is_valid_file is None:
+            suffixes = tuple(extension.lower() for extension in (extensions or IMG_EXTENSIONS))
+            is_valid_file = lambda path: path.lower().endswith(suffixes)  # noqa: E731
+        entries: list[int] = []
+        targets: list[int] = []
+        empty = []
+        for index, name in enumerate(self.classes):
+            found = len(entries)
+            for _, entry in files_by_directory(folder, f"{self.root}/{name}" if self.root else name, is_valid_file):
+                entries.append(entry)
+                targets.append(index)
+            if len(entries) == found:
+                empty.append(name)
+        if empty and not allow_empty:
+            raise PathNotFoundError(
+                f"{folder.path!r}: no valid file for the classes {', '.join(empty)} in {self.root!r}"
+                + (f" (extensions: {', '.join(extensions or IMG_EXTENSIONS)})" if by_extension else "")
+            )
+        self.files = PackedFiles(folder, f"{self.root}/*/**" if self.root else "*/**", check_data,
+                                 entries=np.array(entries, dtype=np.int64))
+        self._targets = np.array(targets, dtype=np.int64)
+        self._targets.setflags(write=False)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.loader = loader
+
+    @staticmethod
+    def find_classes(folder: PackedFolder, root: str) -> tuple[list[str], dict[str, int]]:
+        """(sorted class names, class name -> index): the directories in ``root``."""
+        classes = sorted(stat.path.rpartition("/")[2] for _, stat in folder.scandir(root)
+                         if stat.mode & 0o170000 == S_IFDIR)
+        if not classes:
+            raise PathNotFoundError(f"{folder.path!r}: no class directory in {root!r}")
+        return classes, {name: index for index, name in enumerate(classes)}
+
+    @property
+    def targets(self) -> list[int]:
+        """The class index of every sample (a list, as torchvision's)."""
+        return self._targets.tolist()
+
+    @property
+    def samples(self) -> _Samples:
+        """(archive path, class index) of every sample; built on access, one at a time."""
+        return _Samples(self)
+
+    imgs = samples
+
+    def _sample(self, index: int, data: bytes) -> tuple[Any, Any]:
+        try:
+            image = self.loader(data)
+        except Exception as error:
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(f"while decoding {self.path(index)!r} in {self.archive!r}")
+            raise
+        target: Any = int(self._targets[index])
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+
+class _Samples(Sequence):
+    """``samples`` without a tuple per file held in memory."""
+
+    def __init__(self, dataset: PackedImageFolder) -> None:
+        self._dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self._dataset.path(index), int(self._dataset._targets[index])
