@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 from pathlib import Path
@@ -108,6 +109,14 @@ def require_fuse(binding: str = "mfusepy") -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"FUSE must work under CI: {reason}")
     pytest.skip(reason)
+
+
+def require_extra(module: str, extra: str):
+    """Import ``module`` from an optional extra: a skip naming the extra where it is not
+    installed, a failure under CI (where ``make test`` installs every extra)."""
+    if os.environ.get("CI") == "true":
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"the {extra} extra is not installed (pip install packfs[{extra}])")
 
 
 def packfs_cli(*args: object, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 import packfs
+from tests.conftest import require_extra
 
-fsspec = pytest.importorskip("fsspec", reason="the fsspec extra is not installed (pip install packfs[fsspec])")
+fsspec = require_extra("fsspec", "fsspec")
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def test_urls_and_the_file_system_api(dataset: Path) -> None:
 
 
 def test_pandas_reads_a_csv_inside_an_archive(dataset: Path) -> None:
-    pandas = pytest.importorskip("pandas", reason="pandas is not installed")
+    pandas = require_extra("pandas", "test")
     frame = pandas.read_csv("packfs://labels.csv", storage_options={"fo": str(dataset)})
     assert list(frame.columns) == ["path", "label"] and frame.iloc[0]["label"] == "cat"
 

@@ -13,11 +13,9 @@ import pytest
 
 import packfs
 from packfs.dataset import PackedFiles, glob_regex
+from tests.conftest import require_extra
 
-if os.environ.get("CI") == "true":
-    import torch  # under CI the torch extra is installed: a missing torch fails
-else:
-    torch = pytest.importorskip("torch", reason="the torch extra is not installed (pip install packfs[torch])")
+torch = require_extra("torch", "torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packfs.torch import PackedDataset, PackedImageFolder  # noqa: E402
