@@ -99,6 +99,53 @@ def epoch(loader: DataLoader) -> float:
     return count / (time.perf_counter() - start)
 
 
+def read_rates(src: Path, archive: Path, images: list[str], repeat: int, batch_size: int) -> list[dict]:
+    """One process, no DataLoader: files/s of each way to read the same files, shuffled
+    and in order, as the median of ``repeat`` rounds (each way once per round, rotated),
+    with the ratio to reading them one index at a time."""
+    import random
+
+    from packfs.dataset import PackedFiles
+
+    files = PackedFiles(archive, "**/*.JPEG")
+    folder = packfs.PackedFolder(archive)
+    paths = [files.path(i) for i in range(len(files))]
+    plain_paths = [str(src / path) for path in paths]
+    shuffled = list(range(len(files)))
+    random.Random(0).shuffle(shuffled)
+    rows = []
+    for order_name, order in (("shuffled", shuffled), ("in order", list(range(len(files))))):
+        batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+
+        def plain(order=order) -> None:
+            for i in order:
+                with open(plain_paths[i], "rb") as f:
+                    f.read()
+
+        ways = {
+            "one index at a time (files[i])": lambda order=order: [files[i] for i in order],
+            f"batches of {batch_size} (read_batch)": lambda batches=batches: [files.read_batch(b) for b in batches],
+            "by path (PackedFolder.read)": lambda order=order: [folder.read(paths[i]) for i in order],
+            "plain open().read()": plain,
+        }
+        for function in ways.values():
+            function()  # warm
+        seconds: dict[str, list[float]] = {name: [] for name in ways}
+        names = list(ways)
+        for round_number in range(repeat):
+            for name in names[round_number % len(names):] + names[:round_number % len(names)]:
+                start = time.perf_counter()
+                ways[name]()
+                seconds[name].append(time.perf_counter() - start)
+        base = statistics.median(seconds[names[0]])
+        for name in names:
+            median = statistics.median(seconds[name])
+            rows.append({"order": order_name, "way": name, "files_per_s": len(order) / median,
+                         "speed_vs_one_at_a_time": base / median})
+            print(f"{order_name:8} {name:34} {len(order) / median:10.0f} files/s  x{base / median:.2f}", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=8000)
@@ -126,6 +173,7 @@ def main() -> int:
         "batch_size": args.batch_size,
         "results": [],
     }
+    report["reads"] = read_rates(src, archive, images, args.repeat, args.batch_size)
     modes = [("bytes", size_of)] + ([("decode", decode)] if args.decode else [])
     with Mount("packfs", [sys.executable, "-m", "packfs", "mount", "-f", str(archive), str(mountpoint)],
                mountpoint):
@@ -177,6 +225,10 @@ def render(report: dict) -> str:
         low, high = row["ratio_range"]
         lines.append(f"| {row['mode']} | {row['workers']} | {row['loader']} | {row['samples_per_s']:.0f} | "
                      f"{row['ratio_to_plain']:.2f} ({low:.2f}-{high:.2f}) |")
+    lines += ["", "In one process, no DataLoader (the same files):", "",
+              "| order | way | files/s | speed vs one index at a time |", "|---|---|---|---|"]
+    for row in report["reads"]:
+        lines.append(f"| {row['order']} | {row['way']} | {row['files_per_s']:.0f} | {row['speed_vs_one_at_a_time']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
