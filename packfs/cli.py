@@ -46,19 +46,26 @@ class _Group(click.Group):
 
 
 class _TerminalProgress:
-    """A one-line progress display on stderr, drawn only when stderr is a terminal."""
+    """A one-line progress display on stderr, drawn only when stderr is a terminal.
+
+    A total of 0 is unknown (a tar on a pipe): then only bytes and rate are shown.
+    ``start`` may come again, for a second phase (copying out of a spool), and begins
+    the count anew.
+    """
 
     def __init__(self, label: str, quiet: bool = False) -> None:
         self.label = label
         self.enabled = not quiet and sys.stderr.isatty()
-        self.total_files = self.total_bytes = 0
-        self.files = self.bytes = 0
-        self.started = time.monotonic()
-        self._drawn = 0.0
+        self._width = 0  # of the line on screen, to blank it
+        self.start(0, 0)
 
     def start(self, total_files: int, total_bytes: int) -> None:
         self.total_files, self.total_bytes = total_files, total_bytes
+        self.files = self.bytes = 0
         self.started = time.monotonic()
+        self._drawn = 0.0  # the next advance draws at once
+        if self.enabled and self._width:  # a second phase: show at once that it began
+            self._draw(self.started)
 
     def advance(self, files: int, nbytes: int) -> None:
         self.files += files
@@ -66,23 +73,29 @@ class _TerminalProgress:
         now = time.monotonic()
         if self.enabled and now - self._drawn > 0.1:
             self._drawn = now
-            elapsed = max(now - self.started, 1e-9)
-            rate = self.bytes / elapsed
-            left = (self.total_bytes - self.bytes) / rate if rate and self.total_bytes else 0
-            percent = 100 * self.bytes / self.total_bytes if self.total_bytes else 100
-            files = f"{self.files}/{self.total_files} files  " if self.total_files else ""
-            click.echo(
-                f"\r{self.label} {percent:5.1f}%  {files}{human_size(self.bytes)}"
-                f"/{human_size(self.total_bytes)}  {human_size(rate)}/s  ETA {left:.0f} s   ",
-                nl=False, err=True,
-            )
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        rate = self.bytes / max(now - self.started, 1e-9)
+        files = f"{self.files}/{self.total_files} files  " if self.total_files else ""
+        if self.total_bytes:
+            # Input counted by reads may run a few blocks past the size: never over 100%.
+            percent = min(100 * self.bytes / self.total_bytes, 100.0)
+            line = (f"{self.label} {percent:5.1f}%  {files}{human_size(self.bytes)}"
+                    f"/{human_size(self.total_bytes)}  {human_size(rate)}/s")
+            if rate:
+                line += f"  ETA {max(self.total_bytes - self.bytes, 0) / rate:.0f} s"
+        else:
+            line = f"{self.label}  {files}{human_size(self.bytes)}  {human_size(rate)}/s"
+        click.echo("\r" + line.ljust(self._width), nl=False, err=True)
+        self._width = max(self._width, len(line))
 
     def add_bytes(self, nbytes: int) -> None:
         self.advance(0, nbytes)
 
     def close(self) -> None:
-        if self.enabled and self._drawn:
-            click.echo("\r" + " " * 79 + "\r", nl=False, err=True)
+        if self.enabled and self._width:
+            click.echo("\r" + " " * self._width + "\r", nl=False, err=True)
 
 
 class _WarningHandler(logging.Handler):
@@ -129,19 +142,20 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
       packfs pack dataset/ data.ffr --exclude '*.tmp'
       packfs pack ILSVRC2012_img_val.tar val.ffr
     """
-    if src == "-" or not os.path.isdir(src):
-        if follow_symlinks or exclude:
-            raise click.UsageError("-L and --exclude apply to a directory SRC only")
-        from .archives import pack_archive
+    from_archive = src == "-" or not os.path.isdir(src)
+    if from_archive and (follow_symlinks or exclude):
+        raise click.UsageError("-L and --exclude apply to a directory SRC only")
+    progress = _TerminalProgress("packing", quiet)
+    try:
+        if from_archive:
+            from .archives import pack_archive
 
-        stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer)
-    else:
-        progress = _TerminalProgress("packing", quiet)
-        try:
+            stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress)
+        else:
             stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
                                 force=force, progress=progress)
-        finally:
-            progress.close()
+    finally:
+        progress.close()
     if not quiet:
         rate = stats.file_bytes / stats.seconds if stats.seconds else 0
         click.echo(
@@ -158,7 +172,7 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
 @click.argument("legacy", type=EXISTING_FILE)
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("-q", "--quiet", is_flag=True, help="No summary.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     """Rewrite LEGACY, an archive made by FFRecord's pack_folder, as a packfs archive OUT.
 
@@ -171,7 +185,11 @@ def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     """
     from .convert import convert as convert_archive
 
-    stats = convert_archive(legacy, out, force=force)
+    progress = _TerminalProgress("converting", quiet)
+    try:
+        stats = convert_archive(legacy, out, force=force, progress=progress)
+    finally:
+        progress.close()
     if not quiet:
         click.echo(f"converted {stats.files} files, {stats.dirs} dirs ({human_size(stats.file_bytes)}) "
                    f"into {out!r} in {stats.seconds:.2f} s", err=True)

@@ -8,17 +8,33 @@ import os
 from .errors import PackError
 from .pathtable import S_IFDIR, S_IFMT
 from .reader import PackedFolder
-from .writer import Entry, PackStats, PathLike, pack_entries
+from .writer import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["convert"]
 
 
-def convert(archive: PathLike, out: PathLike, *, force: bool = False) -> PackStats:
+def convert(archive: PathLike, out: PathLike, *, force: bool = False,
+            progress: PackProgress | None = None) -> PackStats:
     """Rewrite the FFRecord packed folder ``archive`` as a packfs archive at ``out``.
 
     The contents are the same, each file's CRC checked as it is copied; entries get the
     modes, owner and mtime a legacy archive is served with (files 0444, directories
     0555).  Written atomically, like ``pack``: on any error OUT is untouched or absent.
+
+    Parameters
+    ----------
+    archive
+        The legacy archive.
+    out
+        The packfs archive to write.
+    force
+        Replace ``out`` if it exists.
+    progress
+        Told the file count and bytes first, then each file as it is written.
+
+    Returns
+    -------
+    PackStats
 
     Raises
     ------
@@ -31,6 +47,13 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False) -> PackSta
         if not folder.legacy:
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive: nothing to convert")
         table = folder._table
+        if progress is not None:
+            files = total_bytes = 0
+            for entry in range(1, table.entry_count):
+                mode, _, _, _, size, _ = table.attributes(entry)
+                if mode & S_IFMT != S_IFDIR:
+                    files, total_bytes = files + 1, total_bytes + int(size)
+            progress.start(files, total_bytes)
 
         def entries():
             for entry in range(1, table.entry_count):
@@ -42,4 +65,4 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False) -> PackSta
                     yield Entry(path, functools.partial(folder.open, path), mode=mode & 0o7777,
                                 uid=uid, gid=gid, mtime_ns=mtime_ns, size=size)
 
-        return pack_entries(entries(), out, count=table.entry_count - 1, force=force)
+        return pack_entries(entries(), out, count=table.entry_count - 1, force=force, progress=progress)

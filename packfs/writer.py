@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import logging
@@ -29,7 +30,11 @@ Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], Non
 
 
 class PackProgress(Protocol):
-    """What pack_folder reports progress to (the CLI draws a bar from it)."""
+    """What pack_folder and pack_entries report progress to (the CLI draws a bar from it).
+
+    ``start`` may be called again, with new totals, when a pack has a second phase
+    (see :func:`pack_entries`); a total of 0 means unknown.
+    """
 
     def start(self, total_files: int, total_bytes: int) -> None: ...
 
@@ -102,9 +107,10 @@ def archive_key(path: PathLike) -> bytes:
 class _ArchiveBuilder:
     """Streams data records into a ContainerWriter and collects the table rows."""
 
-    def __init__(self, writer: ContainerWriter, data_slots: int) -> None:
+    def __init__(self, writer: ContainerWriter, data_slots: int, progress: PackProgress | None = None) -> None:
         self.writer = writer
         self.data_slots = data_slots
+        self.progress = progress
         # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
         from .tablebuild import TableRows
 
@@ -167,6 +173,8 @@ class _ArchiveBuilder:
         if isinstance(data, (bytes, bytearray, memoryview)):
             self.writer.write(data)
             size = len(data)
+            if self.progress is not None:
+                self.progress.advance(0, size)
         else:
             source = data() if callable(data) else data
             size = 0
@@ -177,6 +185,8 @@ class _ArchiveBuilder:
                         break
                     self.writer.write(memoryview(self._buffer)[:got])
                     size += got
+                    if self.progress is not None:  # by chunk: a large file moves the bar too
+                        self.progress.advance(0, got)
             finally:
                 if callable(data):
                     source.close()
@@ -222,6 +232,7 @@ def pack_entries(
     *,
     count: int | None = None,
     force: bool = False,
+    progress: PackProgress | None = None,
 ) -> PackStats:
     """Write an archive from entries instead of a directory on disk.
 
@@ -239,6 +250,13 @@ def pack_entries(
         temporary file first and copied.
     force
         Replace ``out`` if it exists.
+    progress
+        Told ``advance(0, n)`` for every chunk of file data written and
+        ``advance(1, 0)`` after each file entry (hard links, symlinks and directories
+        are not reported).  Only the caller knows the totals, so it calls
+        ``start`` itself.  When ``count`` is unknown, nothing is reported while the data
+        is spooled (a caller reading a stream can report its input), then ``start`` is
+        called with the spooled file count and bytes before they are written.
 
     Returns
     -------
@@ -252,20 +270,23 @@ def pack_entries(
     if count is None and isinstance(entries, Sequence):
         count = len(entries)
     if count is None:
-        return _pack_spooled(entries, out, force=force)
+        return _pack_spooled(entries, out, force=force, progress=progress)
     started = time.perf_counter()
     out_path = os.fsdecode(out)
-    builder = _write_archive(entries, out_path, count, force)
+    builder = _write_archive(entries, out_path, count, force, progress)
     return _stats(builder, 0, out_path, started)
 
 
-def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool) -> _ArchiveBuilder:
+def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool,
+                   progress: PackProgress | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path."""
     with ContainerWriter(out, record_count_for(data_slots), force=force) as writer:
-        builder = _ArchiveBuilder(writer, data_slots)
+        builder = _ArchiveBuilder(writer, data_slots, progress)
         try:
             for entry in entries:
-                builder.add(entry)
+                builder.add(entry)  # reports the bytes as they are written
+                if progress is not None and entry.kind == "file":
+                    progress.advance(1, 0)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise PackError(f"cannot write {out!r}: {error.strerror}") from None
@@ -289,8 +310,10 @@ def _stats(builder: _ArchiveBuilder, skipped: int, out: str, started: float) -> 
     )
 
 
-def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool) -> PackStats:
+def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
+                  progress: PackProgress | None) -> PackStats:
     """pack_entries for an iterator of unknown length: spool file data, then pack."""
+    started = time.perf_counter()
     directory = os.path.dirname(os.path.abspath(os.fsdecode(out)))
     with tempfile.TemporaryFile(dir=directory, prefix="." + TEMP_MARKER.strip(".-")) as spool:
         staged: list[Entry] = []
@@ -311,7 +334,10 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool) -> Pa
             else:
                 staged.append(entry)
         spool.flush()  # _Window reads with pread, below the file object's buffer
-        return pack_entries(staged, out, force=force)
+        if progress is not None:
+            progress.start(sum(1 for entry in staged if entry.kind == "file"), spool.tell())
+        stats = pack_entries(staged, out, force=force, progress=progress)
+    return dataclasses.replace(stats, seconds=time.perf_counter() - started)  # both phases
 
 
 def _spooled_entry(entry: Entry, spool: BinaryIO, start: int, length: int) -> Entry:
@@ -532,12 +558,10 @@ def pack_folder(
             if item.kind == "file":
                 path = root + b"/" + item.key
                 yield Entry(item.key, _open_source(path, info), "file", size=info.st_size, **common)
-                if progress is not None:
-                    progress.advance(1, info.st_size)
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    builder = _write_archive(entries(), out_text, data_slots, force)
+    builder = _write_archive(entries(), out_text, data_slots, force, progress)
     return _stats(builder, skipped, out_text, started)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, VECTORS
+from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS
 
 
 @pytest.fixture
@@ -193,3 +196,197 @@ def test_version_and_shell_completion(tmp_path: Path) -> None:
                            env={**os.environ, "_PACKFS_COMPLETE": "bash_complete", "COMP_WORDS": "packfs fi",
                                 "COMP_CWORD": "1"})
     assert "find" in words.stdout
+
+
+# -- progress ----------------------------------------------------------------------------
+# pack_entries' and convert's reporting is tested here, beside the bar it feeds.
+
+
+class _Recorder:
+    """A PackProgress that keeps every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def start(self, total_files: int, total_bytes: int) -> None:
+        self.calls.append(("start", total_files, total_bytes))
+
+    def advance(self, files: int, nbytes: int) -> None:
+        self.calls.append(("advance", files, nbytes))
+
+    def file_sizes(self) -> list[int]:
+        """The bytes told between one file's end (advance(1, 0)) and the next."""
+        sizes, pending = [], 0
+        for call, files, nbytes in self.calls:
+            if call == "advance":
+                pending += nbytes
+                if files:
+                    sizes.append(pending)
+                    pending = 0
+        return sizes
+
+    def phases(self) -> list[tuple[tuple[int, int] | None, int, int]]:
+        """(totals given to start, files advanced, bytes advanced) for each phase."""
+        phases: list[tuple[tuple[int, int] | None, int, int]] = []
+        for call, files, nbytes in self.calls:
+            if call == "start" or not phases:
+                phases.append(((files, nbytes) if call == "start" else None, 0, 0))
+            if call == "advance":
+                totals, done_files, done_bytes = phases[-1]
+                phases[-1] = (totals, done_files + files, done_bytes + nbytes)
+        return phases
+
+
+def _tar_of(tree: Path, out: Path, flags: str = "cf") -> Path:
+    subprocess.run(["tar", flags, str(out), "-C", str(tree), "."], check=True)
+    return out
+
+
+def test_pack_entries_reports_each_file_and_the_spooled_totals(tmp_path: Path) -> None:
+    from packfs import Entry, pack_entries
+
+    def entries() -> list[Entry]:
+        return [Entry("a/one", b"one"), Entry("a/two", lambda: io.BytesIO(b"two!")), Entry("d", kind="dir"),
+                Entry("link", kind="symlink", target="a/one"), Entry("again", kind="hardlink", target="a/one"),
+                Entry("empty", b"")]
+
+    known = _Recorder()
+    stats = pack_entries(entries(), tmp_path / "list.ffr", progress=known)
+    # With the count known nothing is spooled: the caller gives the totals; bytes are
+    # told as they are written, and each file at its end.
+    assert known.calls == [("advance", 0, 3), ("advance", 1, 0), ("advance", 0, 4), ("advance", 1, 0),
+                           ("advance", 0, 0), ("advance", 1, 0)]
+    assert known.file_sizes() == [3, 4, 0]
+    assert stats.file_bytes == 7
+    spooled = _Recorder()
+    pack_entries(iter(entries()), tmp_path / "spooled.ffr", progress=spooled)
+    assert spooled.calls[0] == ("start", 3, 7)
+    assert spooled.phases() == [((3, 7), 3, 7)]
+
+
+def test_convert_reports_the_legacy_archives_totals(tmp_path: Path) -> None:
+    from packfs import PackedFolder, convert
+
+    legacy = VECTORS / "packed_folder.ffr"
+    with PackedFolder(legacy) as folder:
+        files, file_bytes = folder.info()["files"], folder.info()["file_bytes"]
+        sizes = sorted(folder.stat(path).size for path in folder.list(recursive=True, list_dir=False))
+    progress = _Recorder()
+    stats = convert(legacy, tmp_path / "native.ffr", progress=progress)
+    assert progress.phases() == [((files, file_bytes), files, file_bytes)]
+    assert (stats.files, stats.file_bytes) == (files, file_bytes)
+    assert sorted(progress.file_sizes()) == sizes
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "zip", "stdin", "stdin-file"])
+def test_pack_archive_reports_the_input_read_then_the_spooled_files(tree: Path, tmp_path: Path, kind: str) -> None:
+    import zipfile
+
+    from packfs.archives import pack_archive
+
+    stdin = None
+    if kind == "zip":
+        source = tmp_path / "tree.zip"
+        with zipfile.ZipFile(source, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(tree.rglob("*")):
+                if path.is_file() and not path.is_symlink() and path.name != NON_UTF8:  # zip names are UTF-8
+                    archive.write(path, path.relative_to(tree))
+    else:
+        source = _tar_of(tree, tmp_path / f"tree.{kind}", "czf" if kind == "tar.gz" else "cf")
+    size = source.stat().st_size
+    if kind == "stdin":
+        stdin = io.BytesIO(source.read_bytes())  # no file descriptor: a size unknown, as for a pipe
+    elif kind == "stdin-file":
+        stdin = open(source, "rb")  # `packfs pack - out < file`: the size is known
+    progress = _Recorder()
+    try:
+        stats = pack_archive("-" if stdin is not None else str(source), tmp_path / "out.ffr", stdin=stdin,
+                             progress=progress)
+    finally:
+        if stdin is not None:
+            stdin.close()
+    phases = progress.phases()
+    (total_files, total_bytes), files, input_bytes = phases[0]
+    assert (total_files, total_bytes, files) == (0, 0 if kind == "stdin" else size, 0)
+    # Reads are counted, seeks are not: a few blocks of the input may go unread or be
+    # read twice (a zip's end record), never more.
+    assert abs(input_bytes - size) < 16 << 10, (input_bytes, size)
+    if kind == "tar":  # seekable and uncompressed: written straight from the tar, no spool
+        assert len(phases) == 1
+    else:
+        written = stats.files - stats.hardlinks
+        assert phases[1:] == [((written, stats.file_bytes), written, stats.file_bytes)]
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(run, tree: Path, tmp_path: Path) -> None:
+    tarball = _tar_of(tree, tmp_path / "tree.tar")
+    commands = {
+        "converted": ("convert", VECTORS / "packed_folder.ffr", tmp_path / "c.ffr"),
+        "packed": ("pack", tarball, tmp_path / "t.ffr"),
+    }
+    for summary, args in commands.items():
+        result = run(*args)
+        assert result.exit_code == 0, result.output
+        assert result.stderr.startswith(summary) and result.stderr.count("\n") == 1, result.stderr
+        assert "\r" not in result.stderr and "%" not in result.stderr
+        assert run(*args[:1], "-q", "--force", *args[1:]).stderr == ""
+    result = run("pack", "-", tmp_path / "s.ffr", input=tarball.read_bytes())
+    assert result.exit_code == 0 and result.stderr.startswith("packed") and "\r" not in result.stderr
+    assert run("pack", "-q", "-", tmp_path / "q.ffr", input=tarball.read_bytes()).stderr == ""
+
+
+def test_terminal_progress_with_an_unknown_total_and_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
+    from packfs.cli import _TerminalProgress
+
+    progress = _TerminalProgress("packing")
+    progress.enabled = True  # as on a terminal
+    progress.start(0, 0)
+    assert capsys.readouterr().err == ""
+    progress.advance(0, 2048)
+    line = capsys.readouterr().err
+    assert line.startswith("\rpacking  2.0 KiB  ") and "%" not in line and "ETA" not in line
+    progress.start(2, 100)  # a second phase: drawn at once, counted from zero
+    line = capsys.readouterr().err
+    assert "0.0%  0/2 files  0 B/100 B" in line and "ETA" not in line
+    assert (progress.files, progress.bytes) == (0, 0)
+    progress.advance(2, 150)  # input counted by reads may overshoot the size a little
+    assert "100.0%  2/2 files" in capsys.readouterr().err
+    progress.close()
+    blank = capsys.readouterr().err
+    assert blank.startswith("\r") and blank.endswith("\r") and not blank.strip()
+
+
+def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    import pty
+    import select
+
+    from tests.conftest import REPO
+
+    try:
+        master, terminal = pty.openpty()
+    except OSError as error:
+        pytest.skip(f"no pseudo-terminal: {error}")
+    out = tmp_path / "native.ffr"
+    process = subprocess.Popen([sys.executable, "-m", "packfs", "convert", str(VECTORS / "packed_folder.ffr"),
+                                str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=terminal, cwd=REPO)
+    os.close(terminal)
+    shown = b""
+    try:
+        while select.select([master], [], [], 60)[0]:  # a hang guard, not a speed check
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the command exited and closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+        process.wait(timeout=60)
+    assert process.returncode == 0, shown
+    text = shown.decode().replace("\r\n", "\n")  # the terminal's own line ends
+    bar, _, summary = text.rpartition("\r")
+    assert "\rconverting " in bar and "%" in bar and "files" in bar, text
+    assert bar.endswith(" ") and not bar.rpartition("\r")[2].strip()  # blanked before the summary
+    assert summary.startswith("converted 9 files"), text
