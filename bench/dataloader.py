@@ -99,15 +99,30 @@ def epoch(loader: DataLoader) -> float:
     return count / (time.perf_counter() - start)
 
 
-def read_rates(src: Path, archive: Path, images: list[str], repeat: int, batch_size: int) -> list[dict]:
-    """One process, no DataLoader: files/s of each way to read the same files, shuffled
-    and in order, as the median of ``repeat`` rounds (each way once per round, rotated),
+def small_files(work: Path, count: int, size: int) -> tuple[Path, Path, list[str]]:
+    """A tree of ``count`` files of ``size`` bytes in 100 folders, and its archive."""
+    import random
+
+    src, archive = work / f"small-{count}x{size}", work / f"small-{count}x{size}.ffr"
+    paths = [f"d{i % 100:03d}/f{i:07d}.bin" for i in range(count)]
+    if not archive.exists():
+        rng = random.Random(0)
+        for path in paths:
+            (src / path).parent.mkdir(parents=True, exist_ok=True)
+            (src / path).write_bytes(rng.randbytes(size))
+        packfs.pack_folder(src, archive)
+    return src, archive, sorted(paths)
+
+
+def read_rates(src: Path, archive: Path, pattern: str, label: str, repeat: int, batch_size: int) -> list[dict]:
+    """One process, no DataLoader: files/s of each way to read the same files in batches,
+    shuffled and in order, as the median of ``repeat`` rounds (each way once per round, rotated),
     with the ratio to reading them one index at a time."""
     import random
 
     from packfs.dataset import PackedFiles
 
-    files = PackedFiles(archive, "**/*.JPEG")
+    files = PackedFiles(archive, pattern)
     folder = packfs.PackedFolder(archive)
     paths = [files.path(i) for i in range(len(files))]
     plain_paths = [str(src / path) for path in paths]
@@ -117,15 +132,31 @@ def read_rates(src: Path, archive: Path, images: list[str], repeat: int, batch_s
     for order_name, order in (("shuffled", shuffled), ("in order", list(range(len(files))))):
         batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
 
-        def plain(order=order) -> None:
-            for i in order:
-                with open(plain_paths[i], "rb") as f:
-                    f.read()
+        # Each way gathers a batch, as a DataLoader does, and drops it before the next
+        # one: keeping a whole epoch's data would time page faults on fresh memory.
+        def one_at_a_time(batches=batches) -> None:
+            for batch in batches:
+                [files[i] for i in batch]
+
+        def batched(batches=batches) -> None:
+            for batch in batches:
+                files.read_batch(batch)
+
+        def by_path(batches=batches) -> None:
+            for batch in batches:
+                [folder.read(paths[i]) for i in batch]
+
+        def plain(batches=batches) -> None:
+            for batch in batches:
+                contents = []
+                for i in batch:
+                    with open(plain_paths[i], "rb") as f:
+                        contents.append(f.read())
 
         ways = {
-            "one index at a time (files[i])": lambda order=order: [files[i] for i in order],
-            f"batches of {batch_size} (read_batch)": lambda batches=batches: [files.read_batch(b) for b in batches],
-            "by path (PackedFolder.read)": lambda order=order: [folder.read(paths[i]) for i in order],
+            "one index at a time (files[i])": one_at_a_time,
+            f"batches of {batch_size} (read_batch)": batched,
+            "by path (PackedFolder.read)": by_path,
             "plain open().read()": plain,
         }
         for function in ways.values():
@@ -140,9 +171,9 @@ def read_rates(src: Path, archive: Path, images: list[str], repeat: int, batch_s
         base = statistics.median(seconds[names[0]])
         for name in names:
             median = statistics.median(seconds[name])
-            rows.append({"order": order_name, "way": name, "files_per_s": len(order) / median,
+            rows.append({"files": label, "order": order_name, "way": name, "files_per_s": len(order) / median,
                          "speed_vs_one_at_a_time": base / median})
-            print(f"{order_name:8} {name:34} {len(order) / median:10.0f} files/s  x{base / median:.2f}", flush=True)
+            print(f"{label:14} {order_name:8} {name:34} {len(order) / median:10.0f} files/s  x{base / median:.2f}", flush=True)
     return rows
 
 
@@ -150,6 +181,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=8000)
     parser.add_argument("--folders", type=int, default=80)
+    parser.add_argument("--small-files", type=int, default=20000, help="4 KiB files for the in-process reads")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
@@ -173,7 +205,9 @@ def main() -> int:
         "batch_size": args.batch_size,
         "results": [],
     }
-    report["reads"] = read_rates(src, archive, images, args.repeat, args.batch_size)
+    small_src, small_archive, _ = small_files(args.work, args.small_files, 4096)
+    report["reads"] = (read_rates(src, archive, "**/*.JPEG", "JPEGs", args.repeat, args.batch_size)
+                       + read_rates(small_src, small_archive, "**/*", "4 KiB files", args.repeat, args.batch_size))
     modes = [("bytes", size_of)] + ([("decode", decode)] if args.decode else [])
     with Mount("packfs", [sys.executable, "-m", "packfs", "mount", "-f", str(archive), str(mountpoint)],
                mountpoint):
@@ -226,9 +260,9 @@ def render(report: dict) -> str:
         lines.append(f"| {row['mode']} | {row['workers']} | {row['loader']} | {row['samples_per_s']:.0f} | "
                      f"{row['ratio_to_plain']:.2f} ({low:.2f}-{high:.2f}) |")
     lines += ["", "In one process, no DataLoader (the same files):", "",
-              "| order | way | files/s | speed vs one index at a time |", "|---|---|---|---|"]
+              "| files | order | way | files/s | speed vs one index at a time |", "|---|---|---|---|---|"]
     for row in report["reads"]:
-        lines.append(f"| {row['order']} | {row['way']} | {row['files_per_s']:.0f} | {row['speed_vs_one_at_a_time']:.2f} |")
+        lines.append(f"| {row['files']} | {row['order']} | {row['way']} | {row['files_per_s']:.0f} | {row['speed_vs_one_at_a_time']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
