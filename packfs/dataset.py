@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -248,13 +248,22 @@ class PackedFiles(Sequence):
         self._count_reads(1)
         return folder._pread_entry(entry)
 
-    def read_batch(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The contents of several files, read in archive order with one ``pread`` for
-        each run of adjacent files, returned in the order asked."""
-        entries = self.entries[np.asarray(indices, dtype=np.int64)]
+    def read_batch(self, indices: Sequence[int] | np.ndarray,
+                   transform: Callable[[int, bytes], Any] | None = None) -> list[Any]:
+        """The contents of several files, in the order asked; with ``transform``, what it
+        returns for (index, contents) of each.
+
+        The batch's table values are checked at once, and files are read in archive
+        order (adjacent small ones with one ``pread``).  ``transform`` is applied as
+        each file is read, so only one file's bytes are held at a time."""
+        indices = np.asarray(indices, dtype=np.int64)
+        entries = self.entries[indices]
         folder = self.folder
         self._count_reads(len(entries))
-        return folder._pread_entries(entries)
+        results: list[Any] = [None] * len(entries)
+        for position, data in folder._pread_entries(entries):
+            results[position] = data if transform is None else transform(int(indices[position]), data)
+        return results
 
     def path(self, index: int) -> str:
         """The archive path of file ``index``."""

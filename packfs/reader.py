@@ -357,17 +357,21 @@ class PackedFolder:
             container.check_crc(record, data, repr(os.fsdecode(table.full_path(entry))))
         return data
 
-    def _pread_entries(self, entries: Sequence[int]) -> list[bytes]:
-        """The contents of files ``entries`` (a numpy integer array), in that order.
+    def _pread_entries(self, entries: Sequence[int]) -> Iterator[tuple[int, bytes]]:
+        """(position in ``entries``, contents) of each file in ``entries`` (a numpy
+        integer array), in archive order: each file checked as it is yielded, so a
+        caller that transforms each one holds one file's bytes at a time, not a batch's
+        (fresh memory for a batch of large files costs more in page faults than the
+        batch saves).
 
-        The table values of the whole batch are checked at once; files are read in
-        archive order, a run of adjacent small ones with one pread of up to 64 KiB."""
+        The table values of the whole batch are checked before anything is read; a run
+        of adjacent small files is read with one pread of up to 64 KiB."""
         import numpy as np
 
         table, container = self._table, self._container
         entries = np.asarray(entries, dtype=np.int64)
         if not len(entries):
-            return []
+            return
         if entries.min() < 0 or entries.max() >= table.entry_count:
             raise NotAFileError(f"{self.path!r}: entry {int(entries.max())} is not in the table")
         records = table.column("record")[entries].astype(np.int64)
@@ -378,29 +382,28 @@ class PackedFolder:
             ends = container.offsets[records + 1]  # a data record is never the last record
             refused = (ends - starts != sizes) | (starts < container.data_start) | (ends > container.file_size)
         if refused.any():
-            return [self._pread_entry(int(entries[np.argmax(refused)]))]  # raises, naming the rule
+            bad = int(entries[np.argmax(refused)])
+            self._pread_entry(bad)  # raises, naming the rule
+            raise FormatError(f"{self.path!r}: entry {bad}'s record is not a valid data record")
         order = np.argsort(starts, kind="stable")
         starts_list, ends_list, order_list = starts[order].tolist(), ends[order].tolist(), order.tolist()
-        contents: list[bytes] = [b""] * len(entries)
+        stored = container.crcs[records].tolist() if self.check_data else None
         i, count = 0, len(order_list)
         while i < count:
             run_start, run_end, j = starts_list[i], ends_list[i], i + 1
             while j < count and starts_list[j] == run_end and ends_list[j] - run_start <= _BATCH_RUN_BYTES:
                 run_end, j = ends_list[j], j + 1
             block = container.pread(run_start, run_end)
-            if j == i + 1:
-                contents[order_list[i]] = block
-            else:
-                view = memoryview(block)
-                for k in range(i, j):
-                    contents[order_list[k]] = bytes(view[starts_list[k] - run_start : ends_list[k] - run_start])
+            view = memoryview(block)
+            for k in range(i, j):
+                position = order_list[k]
+                data = block if j == i + 1 else bytes(view[starts_list[k] - run_start : ends_list[k] - run_start])
+                if stored is not None and crc32(data) != stored[position]:
+                    container.check_crc(int(records[position]), data,
+                                        repr(os.fsdecode(table.full_path(int(entries[position])))))
+                yield position, data
+            view.release()
             i = j
-        if self.check_data:
-            stored = container.crcs[records].tolist()
-            for k, data in enumerate(contents):
-                if crc32(data) != stored[k]:
-                    container.check_crc(int(records[k]), data, repr(os.fsdecode(table.full_path(int(entries[k])))))
-        return contents
 
     def readlink(self, path: PathArg) -> str:
         entry = self._find(path, follow=False)

@@ -86,7 +86,7 @@ class PackedDataset(Dataset):
         return self._sample(index, self.files[index])
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        return [self._sample(index, data) for index, data in zip(indices, self.files.read_batch(indices))]
+        return self.files.read_batch(indices, self._sample)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.archive!r}, {self.files.pattern!r}: {len(self)} files)"

@@ -88,7 +88,7 @@ def test_the_batch_path_is_what_the_dataloader_calls(samples_archive: Path) -> N
     dataset = PackedDataset(samples_archive)
     calls = []
     original = dataset.files.read_batch
-    dataset.files.read_batch = lambda indices: calls.append(list(indices)) or original(indices)  # type: ignore
+    dataset.files.read_batch = lambda indices, transform=None: calls.append(list(indices)) or original(indices, transform)  # type: ignore
     batches = list(DataLoader(dataset, batch_size=8, sampler=range(40), collate_fn=list))
     assert calls == [list(range(k, k + 8)) for k in range(0, 40, 8)]
     assert [data for batch in batches for data in batch] == [dataset[i] for i in range(40)]
