@@ -18,6 +18,7 @@ positions.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import stat as stat_module
@@ -199,6 +200,19 @@ class _CountingReader:
         pass  # the raw file belongs to pack_archive (or, for stdin, to the caller)
 
 
+class _RawReader(io.RawIOBase):
+    """A binary stream seen as a raw one, so that io.BufferedReader can buffer it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        return self._stream.readinto(buffer)  # type: ignore[attr-defined]
+
+
 def _input_size(stream: BinaryIO) -> int:
     """The bytes left in ``stream`` if it is a regular file, else 0 (unknown: a pipe)."""
     try:
@@ -257,9 +271,12 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                 with zipfile.ZipFile(raw) as archive:
                     return pack_entries(_zip_entries(archive, source), out, force=force, progress=progress)
             if source == "-":
-                # A stream: member order.  tarfile's default 10 KiB reads make a pipe
-                # about half as fast as 1 MiB ones do.
-                with tarfile.open(fileobj=raw, mode="r|*", bufsize=_CHUNK) as tar:
+                # A stream: member order.  tarfile reads a stream 10 KiB at a time, and
+                # its stream buffer copies what it holds at every read, so a larger
+                # bufsize makes each 512-byte header read copy that much (1 MiB made
+                # 8,000 JPEGs 4x slower).  A 1 MiB buffer below it keeps the system
+                # calls few instead.
+                with tarfile.open(fileobj=io.BufferedReader(_RawReader(raw), _CHUNK), mode="r|*") as tar:
                     return pack_entries(_tar_entries(tar, iter(tar), "<stdin>"), out, force=force,
                                         progress=progress)
             compressed = _compressed(source)
