@@ -75,3 +75,4 @@ bench-tools:
 bench: setup bench-tools
 	$(PY) bench/core.py $(CORE_ARGS)
 	$(PY) bench/compare.py $(BENCH_ARGS)
+	$(PY) bench/dataloader.py $(DATALOADER_ARGS)

@@ -242,7 +242,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
     progress
         Told the size of ``source`` (0 when unknown, as for a pipe), then the bytes of it
         read as they are read; seeks are not counted, so the sum may differ from the
-        size by a few blocks.  Compressed tars, zips and ``"-"`` are spooled first, so
+        size by a few blocks.  Compressed tars and ``"-"`` are spooled first, so
         ``start`` is then called again with the spooled file count and bytes, and each
         file is reported as it is copied from the spool (see :func:`pack_entries`).
 
@@ -269,7 +269,12 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                 raw = cast(BinaryIO, _CountingReader(raw, progress))
             if kind == "zip":
                 with zipfile.ZipFile(raw) as archive:
-                    return pack_entries(_zip_entries(archive, source), out, force=force, progress=progress)
+                    # The central directory lists every member up front, so the record
+                    # count is known and members stream straight in, without a spool.
+                    # (The counting reader already reports the bytes they are read from.)
+                    entries = list(_zip_entries(archive, source))
+                    return pack_entries(entries, out, count=sum(entry.kind != "dir" for entry in entries),
+                                        force=force)
             if source == "-":
                 # A stream: member order.  tarfile reads a stream 10 KiB at a time, and
                 # its stream buffer copies what it holds at every read, so a larger
