@@ -10,6 +10,7 @@ import os
 import secrets
 import stat as stat_module
 import sys
+import weakref
 from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable
@@ -117,8 +118,10 @@ class Container:
             os.close(fd)
             raise
         # Kept open for pread(): readers that must not grow RSS (the FUSE daemon) read
-        # through it instead of the map.
+        # through it instead of the map.  Closed with the object if nobody calls close()
+        # (datasets are dropped, not closed), as the map itself is.
         self.fd = fd
+        self._close_fd = weakref.finalize(self, os.close, fd)
         try:
             self._open_header()
         except BaseException:
@@ -269,10 +272,19 @@ class Container:
         """Bytes [start, end) read with pread(): no page joins this process's RSS."""
         data = os.pread(self.fd, end - start, start)
         if len(data) != end - start:
-            raise FormatError(
-                f"{self.path!r}: the archive changed while open: {len(data)} bytes at offset "
-                f"{start}, expected {end - start}"
-            )
+            # Linux returns at most 2 GiB - 4 KiB per call: a larger record comes in parts.
+            parts = [data]
+            got = len(data)
+            while data and got < end - start:
+                data = os.pread(self.fd, end - start - got, start + got)
+                parts.append(data)
+                got += len(data)
+            if got != end - start:
+                raise FormatError(
+                    f"{self.path!r}: the archive changed while open: {got} bytes at offset "
+                    f"{start}, expected {end - start}"
+                )
+            data = b"".join(parts)
         return data
 
     def pread_crc_ok(self, index: int) -> bool:
@@ -294,9 +306,8 @@ class Container:
                 view.release()
         self.__dict__.pop("crcs", None)
         self.__dict__.pop("offsets", None)
-        fd = self.__dict__.pop("fd", None)
-        if fd is not None:
-            os.close(fd)
+        if self.__dict__.pop("fd", None) is not None:
+            self._close_fd()
         mm = self.__dict__.pop("_mm", None)
         if mm is not None:
             try:

@@ -23,6 +23,8 @@ What that needs, and how it is met here:
 
 from __future__ import annotations
 
+import fnmatch
+import operator
 import os
 import re
 from typing import Any, Callable, Iterator, Sequence
@@ -33,59 +35,75 @@ from .errors import FormatError, NotADirectoryPathError, PathNotFoundError
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .reader import PackedFolder, PathArg
 
-__all__ = ["PackedFiles", "glob_regex", "select_files", "files_by_directory"]
+__all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory"]
 
 # Table and header pages that reads fault in are unmapped again after this many reads
 # (they stay in the page cache), so a worker's RSS does not grow with the epoch.
 _RELEASE_AFTER_READS = 1 << 13
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A compiled regular expression that full paths (no leading ``/``) match.
+class Glob:
+    """A path pattern, matched one name at a time.
 
-    ``*`` and ``?`` match within one name, ``[...]`` is a character class, and ``**``
-    as a whole component matches any number of directories (``**/*.jpg``: every JPEG,
-    at any depth; a trailing ``**``: everything below).  As in ``fnmatch`` (and unlike
-    the shell), ``*`` also matches names that start with a dot.
+    Each name is matched by :func:`fnmatch.fnmatchcase` (``*``, ``?``, ``[...]``,
+    ``[!...]``; ``*`` also matches names that start with a dot), and ``**`` as a whole
+    component matches any number of directories (``**/*.jpg``: every JPEG, at any
+    depth; a trailing ``**``: everything below).  Matching is a small automaton over
+    the names, so its cost is linear in the path for any pattern, and a walk keeps
+    each directory's state instead of matching every path from its start.
+
+    Raises
+    ------
+    ValueError
+        The pattern is empty, or ends with ``/`` (which selects directories: the
+        files below ``a/*/`` are ``a/*/**``).
     """
-    parts = [part for part in pattern.split("/") if part not in ("", ".")]
-    if not parts:
-        raise ValueError(f"the pattern {pattern!r} matches no file path")
-    regex = []
-    for index, part in enumerate(parts):
-        last = index == len(parts) - 1
-        if part == "**":
-            regex.append(".*" if last else "(?:[^/]*/)*")
-        else:
-            regex.append(_name_regex(part) + ("" if last else "/"))
-    return re.compile("".join(regex) + r"\Z", re.DOTALL)
 
+    def __init__(self, pattern: str) -> None:
+        if pattern.endswith("/") and pattern.strip("/"):
+            raise ValueError(f"the pattern {pattern!r} selects directories, not files: "
+                             f"for the files below them, use {pattern + '**'!r}")
+        parts = [part for part in pattern.split("/") if part not in ("", ".")]
+        if not parts:
+            raise ValueError(f"the pattern {pattern!r} matches no file path")
+        self._tests = [None if part == "**" else re.compile(fnmatch.translate(part)).match for part in parts]
+        self._accept = len(parts)
+        self.start = self._closure({0})
 
-def _name_regex(part: str) -> str:
-    out, i, n = [], 0, len(part)
-    while i < n:
-        char = part[i]
-        i += 1
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif char == "[":
-            j = i + (i < n and part[i] in "!^")
-            j += j < n and part[j] == "]"
-            while j < n and part[j] != "]":
-                j += 1
-            if j >= n:  # no closing bracket: a literal '['
-                out.append(r"\[")
+    def _closure(self, states: set[int]) -> frozenset[int]:
+        # A "**" may match no directory at all: from it, the next part is reachable too.
+        pending = list(states)
+        while pending:
+            state = pending.pop()
+            if state < self._accept and self._tests[state] is None and state + 1 not in states:
+                states.add(state + 1)
+                pending.append(state + 1)
+        return frozenset(states)
+
+    def step(self, states: frozenset[int], name: str) -> frozenset[int]:
+        """The states after one more name (empty: nothing below can match)."""
+        following = set()
+        for state in states:
+            if state == self._accept:
                 continue
-            body = part[i:j].replace("\\", "\\\\")
-            i = j + 1
-            if body[0] in "!^":
-                body = "^" + body[1:]
-            out.append("(?!/)[" + body + "]")
-        else:
-            out.append(re.escape(char))
-    return "".join(out)
+            test = self._tests[state]
+            if test is None:
+                following.add(state)  # "**" takes this name and may take more
+            elif test(name):
+                following.add(state + 1)
+        return self._closure(following) if following else frozenset()
+
+    def accepts(self, states: frozenset[int]) -> bool:
+        return self._accept in states
+
+    def __call__(self, path: str) -> bool:
+        """Whether full path ``path`` (no leading ``/``) matches."""
+        states = self.start
+        for name in path.split("/"):
+            states = self.step(states, name)
+            if not states:
+                return False
+        return self.accepts(states)
 
 
 def _literal_top(pattern: str) -> str:
@@ -125,36 +143,52 @@ def _file_entry(folder: PackedFolder, path: str, kind: int, child: int) -> int:
     return target if folder._table.file_type(target) == S_IFREG else -1
 
 
-def select_files(folder: PackedFolder, pattern: str = "**/*") -> np.ndarray:
-    """Entries of the files whose paths match ``pattern`` (see :func:`glob_regex`), in
-    the order of their sorted paths.  A symlink to a file in the archive counts as that
-    file; directories reached through symlinks are not walked."""
-    regex = glob_regex(pattern)
+def select_files(folder: PackedFolder, pattern: str = "**/*") -> tuple[np.ndarray, dict[int, str]]:
+    """Entries of the files whose paths match ``pattern`` (see :class:`Glob`), in
+    the order of their sorted paths, and {position: path} for the positions reached
+    through a symlink: a symlink to a file in the archive counts as that file.
+    Directories reached through symlinks are not walked, except for the pattern's
+    leading directories without wildcards, which are looked up as a path is."""
+    glob = Glob(pattern)
     match_all = pattern.strip("/") in ("**", "**/*")
     top = _literal_top(pattern)
     if top and not folder.is_dir(top):
-        return np.zeros(0, np.int64)
-    start = folder._find(top)
+        return np.zeros(0, np.int64), {}
+    states = glob.start
+    for name in top.split("/") if top else []:
+        states = glob.step(states, name)
     selected: list[int] = []
-    stack = [iter(_children_in_path_order(folder, start, top + "/" if top else ""))]
+    links: dict[int, str] = {}
+    # A depth-first walk with each open directory's match states: a name is matched
+    # once, however many paths go through it, and a directory no path below could
+    # match is not entered.
+    stack = [(iter(_children_in_path_order(folder, folder._find(top), top + "/" if top else "")), states)]
     while stack:
-        for path, child, kind in stack[-1]:
+        children, states = stack[-1]
+        for path, child, kind in children:
+            name = path.rpartition("/")[2]
+            following = states if match_all else glob.step(states, name)
             if kind == S_IFDIR:
-                stack.append(iter(_children_in_path_order(folder, child, path + "/")))
-                break
-            if match_all or regex.match(path):
+                if following:
+                    stack.append((iter(_children_in_path_order(folder, child, path + "/")), following))
+                    break
+                continue
+            if match_all or glob.accepts(following):
                 entry = _file_entry(folder, path, kind, child)
                 if entry >= 0:
+                    if entry != child:
+                        links[len(selected)] = path
                     selected.append(entry)
         else:
             stack.pop()
-    return np.array(selected, dtype=np.int64)
+    return np.array(selected, dtype=np.int64), links
 
 
 def files_by_directory(
     folder: PackedFolder, top: str, accept: Callable[[str], bool]
-) -> Iterator[tuple[str, int]]:
-    """(path, file entry) below directory ``top``, in the order torchvision's
+) -> Iterator[tuple[str, int, int]]:
+    """(path, file entry, listed entry) below directory ``top`` (the listed entry is the
+    symlink, for a file reached through one), in the order torchvision's
     ``make_dataset`` lists a class folder: directories in sorted order of their paths
     (``sorted(os.walk(top))``), each one's files sorted by name; only paths that
     ``accept`` takes."""
@@ -172,7 +206,7 @@ def files_by_directory(
             if kind != S_IFDIR and accept(path):
                 file_entry = _file_entry(folder, path, kind, child)
                 if file_entry >= 0:
-                    yield path, file_entry
+                    yield path, file_entry, child
 
 
 class PackedFiles(Sequence):
@@ -181,9 +215,10 @@ class PackedFiles(Sequence):
     Parameters
     ----------
     archive
-        The archive's path, or an open :class:`PackedFolder` to select from.
+        The archive's path, or an open :class:`PackedFolder` to select from (whose own
+        ``check_data`` then applies).
     pattern
-        Which files (see :func:`glob_regex`), listed in sorted order of their paths.
+        Which files (see :class:`Glob`), listed in sorted order of their paths.
     check_data
         Check each file's CRC as it is read.
     entries
@@ -196,7 +231,7 @@ class PackedFiles(Sequence):
     """
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*", check_data: bool = True,
-                 entries: Sequence[int] | np.ndarray | None = None) -> None:
+                 entries: Sequence[int] | np.ndarray | None = None, links: dict[int, str] | None = None) -> None:
         if isinstance(archive, PackedFolder):
             self._folder: PackedFolder | None = archive
             self.archive, check_data = archive.path, archive.check_data
@@ -206,12 +241,15 @@ class PackedFiles(Sequence):
         self._pid = os.getpid()
         self.pattern = pattern
         self.check_data = check_data
-        self._identity = _identity(self.archive)
+        # Of the file the selection is made from (its descriptor, not its path, which
+        # may already name a replacement).
+        self._identity = _identity(self._folder)
         self._reads = 0
         if entries is None:
-            entries = select_files(self._folder, pattern)
+            entries, links = select_files(self._folder, pattern)
             if not len(entries):
                 raise PathNotFoundError(f"{self.archive!r}: no file matches {pattern!r}")
+        self._links = links or {}  # position -> its path, for a file reached through a symlink
         self.entries = np.ascontiguousarray(entries, dtype=np.int64)
         self.entries.setflags(write=False)
 
@@ -219,16 +257,18 @@ class PackedFiles(Sequence):
     def folder(self) -> PackedFolder:
         """The open archive, re-opened in a process that did not open it (a worker)."""
         if self._folder is None or self._pid != os.getpid():
-            identity = _identity(self.archive)
-            if identity != self._identity:
-                raise FormatError(
-                    f"{self.archive!r} changed since these files were selected from it "
-                    f"(size and mtime {identity}, expected {self._identity}): select them again"
-                )
             # A forked worker drops its copy of the parent's folder rather than sharing
             # its file offset.
-            self._folder = PackedFolder(self.archive, check_data=self.check_data)
-            self._pid = os.getpid()
+            folder = PackedFolder(self.archive, check_data=self.check_data)
+            identity = _identity(folder)
+            if identity != self._identity:
+                folder.close()
+                raise FormatError(
+                    f"{self.archive!r} changed since these files were selected from it "
+                    f"(device, inode, size and mtime {identity}, expected {self._identity}): "
+                    f"select them again"
+                )
+            self._folder, self._pid = folder, os.getpid()
         return self._folder
 
     def __getstate__(self) -> dict[str, object]:
@@ -243,7 +283,7 @@ class PackedFiles(Sequence):
         return len(self.entries)
 
     def __getitem__(self, index: int) -> bytes:  # type: ignore[override]
-        entry = int(self.entries[index])
+        entry = int(self.entries[operator.index(index)])
         folder = self.folder
         self._count_reads(1)
         return folder._pread_entry(entry)
@@ -256,7 +296,10 @@ class PackedFiles(Sequence):
         The batch's table values are checked at once, and files are read in archive
         order (adjacent small ones with one ``pread``).  ``transform`` is applied as
         each file is read, so only one file's bytes are held at a time."""
-        indices = np.asarray(indices, dtype=np.int64)
+        indices = np.asarray(indices)
+        if indices.size and indices.dtype.kind not in "iu":  # 1.9 or True is no index
+            raise IndexError(f"indices must be integers, not {indices.dtype}")
+        indices = indices.astype(np.int64)
         entries = self.entries[indices]
         folder = self.folder
         self._count_reads(len(entries))
@@ -266,7 +309,13 @@ class PackedFiles(Sequence):
         return results
 
     def path(self, index: int) -> str:
-        """The archive path of file ``index``."""
+        """The archive path of file ``index`` (of the symlink, for one reached through it)."""
+        index = operator.index(index)
+        index += len(self.entries) if index < 0 else 0
+        if not 0 <= index < len(self.entries):
+            raise IndexError(f"file {index} of {len(self.entries)}")
+        if index in self._links:
+            return self._links[index]
         return os.fsdecode(self.folder._table.full_path(int(self.entries[index])))
 
     def _count_reads(self, count: int) -> None:
@@ -284,6 +333,6 @@ class PackedFiles(Sequence):
         return f"PackedFiles({self.archive!r}, {self.pattern!r}: {len(self)} files)"
 
 
-def _identity(path: str) -> tuple[int, int]:
-    info = os.stat(path)
-    return info.st_size, info.st_mtime_ns
+def _identity(folder: PackedFolder) -> tuple[int, int, int, int]:
+    info = os.fstat(folder._container.fd)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns

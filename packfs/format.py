@@ -111,7 +111,9 @@ table; ``verify`` checks every rule at once):
 - record ``i``'s offsets: ``12 + 12n <= offset[i] <= offset[i+1] <= file size``;
 - ``parent < i`` for every entry but the root, so full paths end;
 - a directory's children come after it: ``i < child_start`` and
-  ``child_start + child_count <= N``, so walks end;
+  ``child_start + child_count <= N``, so walks end; and each of them names it as its
+  parent, so no entry is reached from two directories and a walk takes O(N) steps
+  (overlapping child ranges would make it exponential);
 - a name is non-empty, lies in the names section, is not ``.`` or ``..`` and
   contains no ``/`` and no NUL byte;
 - the file type is a directory, a regular file or a symlink;
@@ -120,7 +122,8 @@ table; ``verify`` checks every rule at once):
 - ``path_entry`` values are below N.
 
 By ``verify``, the rules that make lookups and listings agree but that no single
-access relies on: each entry's parent is a directory whose child range holds it; the
+access relies on: each entry's parent is a directory whose child range holds it (the
+converse is checked where used, above); the
 child counts add up to ``N - 1``; non-directories have ``child_start == child_count
 == 0`` and directories record 2**64 - 1; ``path_hash`` is sorted and each hash is its
 path's CRC-32.  A reader therefore never indexes out of bounds, never loops and never

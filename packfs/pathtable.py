@@ -392,10 +392,15 @@ class PathTable:
     def children(self, entry: int) -> range:
         self._container.check_size()  # a walk may outlive the lookup that began it
         start, count = self._child_start[entry], self._child_count[entry]
-        # Children come after their directory: walks move forward and always end.
+        # Children come after their directory (walks move forward and end) and name it
+        # as their parent (each entry is reached from one directory only: without this,
+        # overlapping ranges make a walk of N entries visit up to 2**N paths).
         if count and not entry < start <= self.entry_count - count:
             self._fail(f"directory entry {entry} has children [{start}, {start + count}), "
                        f"expected a range within ({entry}, {self.entry_count})")
+        if count and self._parent[start : start + count].tolist().count(entry) != count:
+            self._fail(f"directory entry {entry} has children [{start}, {start + count}) "
+                       f"that name another parent")
         return range(start, start + count)
 
     def listing(self, entry: int) -> tuple[range, list[bytes], list[int]]:

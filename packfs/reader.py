@@ -349,6 +349,7 @@ class PackedFolder:
     def _pread_entry(self, entry: int) -> bytes:
         """The contents of file ``entry``, checked like :meth:`read_one`."""
         table, container = self._table, self._container
+        container.check_size()  # the table is read through the map: no SIGBUS
         if not 0 <= entry < table.entry_count or table.file_type(entry) != S_IFREG:
             raise NotAFileError(f"{self.path!r}: entry {entry} is not a file")
         record = table.record(entry)  # checks the record and its length
@@ -369,18 +370,24 @@ class PackedFolder:
         import numpy as np
 
         table, container = self._table, self._container
+        container.check_size()  # the table is read through the map: no SIGBUS
         entries = np.asarray(entries, dtype=np.int64)
         if not len(entries):
             return
         if entries.min() < 0 or entries.max() >= table.entry_count:
             raise NotAFileError(f"{self.path!r}: entry {int(entries.max())} is not in the table")
-        records = table.column("record")[entries].astype(np.int64)
-        sizes = table.column("size")[entries].astype(np.int64)
-        refused = ((table.column("mode")[entries] & S_IFMT) != S_IFREG) | (records >= table.data_records)
+        # Compared while still unsigned: a hostile record or size of 2**63 or more would
+        # turn negative as int64, and a negative record indexes from the end.
+        records = table.column("record")[entries]
+        sizes = table.column("size")[entries]
+        refused = (((table.column("mode")[entries] & S_IFMT) != S_IFREG) | (records >= table.data_records)
+                   | (sizes > container.file_size))
         if not refused.any():
+            records, sizes = records.astype(np.int64), sizes.astype(np.int64)
             starts = container.offsets[records]
             ends = container.offsets[records + 1]  # a data record is never the last record
-            refused = (ends - starts != sizes) | (starts < container.data_start) | (ends > container.file_size)
+            refused = ((ends - starts != sizes) | (ends < starts) | (starts < container.data_start)
+                       | (ends > container.file_size))
         if refused.any():
             bad = int(entries[np.argmax(refused)])
             self._pread_entry(bad)  # raises, naming the rule

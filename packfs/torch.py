@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from .dataset import PackedFiles, files_by_directory
 from .errors import PathNotFoundError
-from .pathtable import S_IFDIR
 from .reader import PackedFolder, PathArg
 
 __all__ = ["PackedDataset", "PackedImageFolder", "IMG_EXTENSIONS", "decode_pil", "decode_cv2"]
@@ -46,7 +46,8 @@ class PackedDataset(Dataset):
     Parameters
     ----------
     archive
-        The archive's path (or an open :class:`~packfs.PackedFolder`).
+        The archive's path, or an open :class:`~packfs.PackedFolder` (whose own
+        ``check_data`` then applies).
     pattern
         A glob over paths in the archive: ``*`` within a name, ``**`` across
         directories (``"train/**/*.jpg"``).  Symlinks to files count as those files.
@@ -81,12 +82,25 @@ class PackedDataset(Dataset):
         return data if self.transform is None else self.transform(data)
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, torch.Tensor) and index.ndim:
+            index = index.tolist()
         if isinstance(index, (Sequence, np.ndarray)):
             return self.__getitems__(index)
         return self._sample(index, self.files[index])
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return self.files.read_batch(indices, self._sample)
+
+    def close(self) -> None:
+        """Close the archive in this process (it is also closed when the dataset is
+        dropped); a worker re-opens its own."""
+        self.files.close()
+
+    def __enter__(self) -> PackedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.archive!r}, {self.files.pattern!r}: {len(self)} files)"
@@ -104,7 +118,7 @@ def decode_cv2(data: bytes) -> np.ndarray:
     """An RGB uint8 array of shape (height, width, 3), decoded by OpenCV."""
     import cv2
 
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if data else None
     if image is None:
         raise ValueError(f"OpenCV cannot decode these {len(data)} bytes as an image")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
@@ -121,8 +135,9 @@ class PackedImageFolder(PackedDataset):
     (path, class index) in the order ``ImageFolder`` gives (each class's directories
     in sorted order, files sorted by name), ``targets`` the class indices;
     ``dataset[i]`` is ``(transform(image), target_transform(class index))``.  Paths
-    are archive paths (``"train/cat/1.jpg"``).  Unlike torchvision, symlinked
-    directories are not followed and a broken symlink is left out.
+    are archive paths (``"train/cat/1.jpg"``).  A symlinked class directory counts, as
+    in torchvision; unlike torchvision, symlinked directories below a class are not
+    walked and a broken symlink is left out.
 
     Parameters
     ----------
@@ -166,15 +181,23 @@ class PackedImageFolder(PackedDataset):
         self.root = root.strip("/")
         self.classes, self.class_to_idx = self.find_classes(folder, self.root)
         by_extension = is_valid_file is None
+        if isinstance(extensions, str):
+            extensions = (extensions,)  # as torchvision takes it, not one character at a time
         if is_valid_file is None:
-            suffixes = tuple(extension.lower() for extension in (extensions or IMG_EXTENSIONS))
+            suffixes = tuple(extension.lower() for extension in
+                             (IMG_EXTENSIONS if extensions is None else extensions))
             is_valid_file = lambda path: path.lower().endswith(suffixes)  # noqa: E731
         entries: list[int] = []
         targets: list[int] = []
+        links: dict[int, str] = {}  # the paths of samples reached through a symlink
         empty = []
         for index, name in enumerate(self.classes):
             found = len(entries)
-            for _, entry in files_by_directory(folder, f"{self.root}/{name}" if self.root else name, is_valid_file):
+            class_path = f"{self.root}/{name}" if self.root else name
+            linked_class = folder.is_symlink(class_path)
+            for path, entry, listed in files_by_directory(folder, class_path, is_valid_file):
+                if listed != entry or linked_class:
+                    links[len(entries)] = path
                 entries.append(entry)
                 targets.append(index)
             if len(entries) == found:
@@ -182,11 +205,11 @@ class PackedImageFolder(PackedDataset):
         if empty and not allow_empty:
             raise PathNotFoundError(
                 f"{folder.path!r}: no valid file for the classes {', '.join(empty)} in {self.root!r}"
-                + (f" (extensions: {', '.join(extensions or IMG_EXTENSIONS)})" if by_extension else "")
+                + (f" (extensions: {', '.join(suffixes)})" if by_extension else "")
             )
         self.files = PackedFiles(folder, f"{self.root}/*/**" if self.root else "*/**", check_data,
-                                 entries=np.array(entries, dtype=np.int64))
-        self._targets = np.array(targets, dtype=np.int64)
+                                 entries=np.array(entries, dtype=np.int64), links=links)
+        self._targets = np.array(targets, dtype=np.int32)  # 4 bytes a sample in every pickle
         self._targets.setflags(write=False)
         self.transform = transform
         self.target_transform = target_transform
@@ -195,8 +218,9 @@ class PackedImageFolder(PackedDataset):
     @staticmethod
     def find_classes(folder: PackedFolder, root: str) -> tuple[list[str], dict[str, int]]:
         """(sorted class names, class name -> index): the directories in ``root``."""
-        classes = sorted(stat.path.rpartition("/")[2] for _, stat in folder.scandir(root)
-                         if stat.mode & 0o170000 == S_IFDIR)
+        # Symlinks to directories count, as os.DirEntry.is_dir() counts them.
+        classes = sorted(name for name, _ in folder.scandir(root)
+                         if folder.is_dir(f"{root}/{name}" if root else name))
         if not classes:
             raise PathNotFoundError(f"{folder.path!r}: no class directory in {root!r}")
         return classes, {name: index for index, name in enumerate(classes)}

@@ -7,7 +7,8 @@ Each case damages a small but complete archive (every kind of entry) one way —
 flipped bit, several random bytes, a truncation, an extension, random garbage, a zeroed
 region, or a table section changed with every CRC recomputed (a hostile archive) — and
 then drives everything a user can: open with and without checks, list, stat, read,
-``open()``, ``read_view``, walk, verify, unpack, and the FUSE callbacks.
+``open()``, ``read_view``, walk, verify, unpack, packfs.dataset's reads by index and
+batched, and the FUSE callbacks.
 
 What counts as a failure (any one stops the run with the case's seed):
 - crash: any exception other than a PackfsError (an OSError errno from the FUSE
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import packfs  # noqa: E402
 from packfs import PackedFolder  # noqa: E402
+from packfs.dataset import PackedFiles  # noqa: E402
 from packfs.format import SECTIONS  # noqa: E402
 from packfs.mount import PackfsOperations  # noqa: E402
 from tests.conftest import read_records, write_records  # noqa: E402
@@ -167,6 +169,16 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
             with folder.open(relative) as f:
                 f.seek(1)
                 f.read()
+    selection = attempt(PackedFiles, folder)  # packfs.dataset: by index, and batched
+    if selection is not None:
+        count = len(selection)
+        paths = [attempt(selection.path, i) for i in range(count)]
+        for order in ([[i] for i in range(count)], [list(range(count)), list(range(count))[::-1]]):
+            for batch in order:
+                contents = attempt(selection.read_batch, batch) or [None] * len(batch)
+                for i, data in zip(batch, contents):
+                    if data is not None and paths[i] in files and data != files[paths[i]]:
+                        wrong += 1
     for link in ("link", "a/up", "a/absolute"):
         attempt(folder.readlink, link)
     attempt(lambda: list(folder.walk()))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import packfs
-from packfs.dataset import PackedFiles, glob_regex
+from packfs.dataset import Glob, PackedFiles
 from tests.conftest import require_extra
 
 torch = require_extra("torch", "torch")
@@ -106,9 +106,10 @@ def test_samples_are_the_sorted_paths_and_batches_equal_single_reads(tmp_path: P
     dataset = PackedDataset(tmp_path / "d.ffr")
     paths = [dataset.path(i) for i in range(len(dataset))]
     expected = sorted(["a/x", "a.b", "a-b/y", "b", "a/c/d.jpg", "Z.jpg", ".hidden", "a/link"])
-    # A symlink to a file is that file; a broken one is left out.
-    assert paths == [path if path != "a/link" else "a/x" for path in expected]
-    assert [dataset[i] for i in range(len(dataset))] == [path.encode() for path in paths]
+    # A symlink to a file reads as that file, under its own path; a broken one is left out.
+    assert paths == expected
+    assert [dataset[i] for i in range(len(dataset))] == [b"a/x" if path == "a/link" else path.encode()
+                                                         for path in paths]
     order = [5, 0, 7, 3, 3, -1]
     assert dataset.__getitems__(order) == dataset[order] == [dataset[i] for i in order]
     assert dataset[np.array([1, 2])] == [dataset[1], dataset[2]]
@@ -116,7 +117,14 @@ def test_samples_are_the_sorted_paths_and_batches_equal_single_reads(tmp_path: P
         dataset[len(dataset)]
     jpegs = PackedDataset(tmp_path / "d.ffr", "**/*.jpg", transform=bytes.upper)
     assert [jpegs.path(i) for i in range(len(jpegs))] == ["Z.jpg", "a/c/d.jpg"] and jpegs[1] == b"A/C/D.JPG"
-    assert [PackedDataset(tmp_path / "d.ffr", "a/*").path(i) for i in range(2)] == ["a/x", "a/x"]
+    assert [PackedDataset(tmp_path / "d.ffr", "a/*").path(i) for i in range(2)] == ["a/link", "a/x"]
+    for bad in ([1.9], [True, False]):
+        with pytest.raises(IndexError, match="integers"):
+            dataset[bad]
+    assert dataset[torch.tensor([2, 0])] == [dataset[2], dataset[0]] and dataset[torch.tensor(1)] == dataset[1]
+    assert dataset[[]] == [] and dataset.path(-1) == paths[-1]
+    with pytest.raises(IndexError):
+        dataset.path(-len(dataset) - 1)
     with pytest.raises(packfs.PathNotFoundError, match="no file matches 'nothing/\\*\\*'"):
         PackedDataset(tmp_path / "d.ffr", "nothing/**")
 
@@ -127,10 +135,20 @@ def test_samples_are_the_sorted_paths_and_batches_equal_single_reads(tmp_path: P
     ("train/**/*.jpg", "train/x.jpg", True), ("train/**/*.jpg", "val/x.jpg", False),
     ("*", "a/b", False), ("a/?", "a/b", True), ("a/?", "a/bc", False), ("a/[bc]", "a/c", True),
     ("a/[!bc]", "a/d", True), ("a/[!bc]", "a/b", False), ("a[!x]b", "a/b", False),
-    ("*.jpg", ".hidden.jpg", True), ("a.b", "aXb", False), ("[", "[", True),
+    ("*.jpg", ".hidden.jpg", True), ("a.b", "aXb", False), ("[", "[", True), ("[z-a]", "x", False),
+    ("a/**/b/**/*.jpg", "a/b/x.jpg", True), ("a/**/b/**/*.jpg", "a/x/b/y/z.jpg", True),
+    ("a/**/b/**/*.jpg", "a/x/c/z.jpg", False), ("x[[]1].jpg", "x[1].jpg", True),
+    # fnmatch's own matching per name: linear in the name, however many stars.
+    ("*_*_*_*.jpg", "_" * 1000, False), ("*_*_*_*.jpg", "_" * 1000 + ".jpg", True),
 ])
 def test_glob_patterns(pattern: str, path: str, matches: bool) -> None:
-    assert bool(glob_regex(pattern).match(path)) is matches
+    assert Glob(pattern)(path) is matches
+
+
+@pytest.mark.parametrize("pattern", ["", "/", "a/*/", "**/"])
+def test_glob_patterns_that_select_no_file_are_refused(pattern: str) -> None:
+    with pytest.raises(ValueError):
+        Glob(pattern)
 
 
 def test_it_pickles_small_and_reopens_where_it_is_used(samples_archive: Path) -> None:
@@ -259,3 +277,113 @@ def test_packfs_never_imports_torch(tmp_path: Path) -> None:
     code = ("import sys, packfs, packfs.cli, packfs.mount, packfs.dataset, packfs.fsspec; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_hostile_tables_are_refused_by_single_and_batched_reads(tmp_path: Path) -> None:
+    from tests.conftest import read_records, rewrite_section
+
+    base = tmp_path / "base.ffr"
+    packfs.pack_entries([packfs.Entry(name, name.encode() * 100) for name in ("a", "b", "c")], base)
+    with packfs.PackedFolder(base) as folder:
+        entry_b = folder._find("b")
+    records = read_records(base)
+    # A record of 2**64 - k (with the size of record n - k, a table section whose CRC
+    # matches) is -k as int64: numpy would read that section as b's contents.
+    k = next(k for k in range(2, len(records)) if records[-k])
+    step = rewrite_section(base, tmp_path / "step.ffr", "record", lambda a: a.__setitem__(entry_b, (1 << 64) - k))
+    negative = rewrite_section(step, tmp_path / "negative.ffr", "size",
+                               lambda a: a.__setitem__(entry_b, len(records[-k])))
+    top_bit = rewrite_section(base, tmp_path / "top-bit.ffr", "record", lambda a: a.__setitem__(entry_b, 1 << 63))
+    for archive in (negative, top_bit):
+        dataset = PackedDataset(archive)
+        for read in (lambda: dataset[1], lambda: dataset[[0, 1]], lambda: dataset[[1]]):
+            with pytest.raises(packfs.FormatError, match="record"):
+                read()
+        assert dataset[[0, 2]] == [b"a" * 100, b"c" * 100]
+
+
+def test_overlapping_child_ranges_are_refused_not_walked_exponentially(tmp_path: Path) -> None:
+    from tests.conftest import rewrite_section
+
+    depth = 40
+    base = tmp_path / "chain.ffr"
+    packfs.pack_entries([packfs.Entry("/".join(["d"] * depth) + "/f.jpg", b"x")], base)
+
+    def every_later_entry(count: np.ndarray) -> None:  # directory k lists entries k+1 .. N-1
+        for k in range(1, depth + 1):
+            count[k] = depth + 1 - k
+
+    hostile = rewrite_section(base, tmp_path / "dag.ffr", "child_count", every_later_entry)
+    for make in (lambda: PackedDataset(hostile), lambda: PackedImageFolder(hostile, root="d"),
+                 lambda: packfs.PackedFolder(hostile).list(recursive=True)):
+        with pytest.raises(packfs.FormatError, match="name another parent"):
+            make()
+
+
+def test_an_archive_truncated_while_open_is_an_error_not_sigbus(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "d.ffr"
+    packfs.pack_entries([packfs.Entry(f"f{i:04d}", bytes(4096)) for i in range(2000)], out)
+    code = f"""
+import os, packfs
+from packfs.dataset import PackedFiles
+files = PackedFiles({str(out)!r})
+os.truncate({str(out)!r}, os.path.getsize({str(out)!r}) // 2)
+for read in (lambda: files[1999], lambda: files.read_batch([1999, 0])):
+    try:
+        read()
+    except packfs.FormatError as error:
+        assert "shrank" in str(error), error
+    else:
+        raise SystemExit("no error")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, result.stderr)  # -7 would be SIGBUS
+
+
+def test_records_over_2_gib_are_read_in_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Linux's pread returns at most 2 GiB - 4 KiB; the same short reads, made small.
+    import packfs.container
+
+    out = tmp_path / "d.ffr"
+    contents = bytes(range(256)) * 40
+    packfs.pack_entries([packfs.Entry("big", contents)], out)
+    real_pread = os.pread
+    monkeypatch.setattr(packfs.container.os, "pread", lambda fd, n, offset: real_pread(fd, min(n, 1000), offset))
+    dataset = PackedDataset(out)
+    assert dataset[0] == contents and dataset[[0]] == [contents]
+
+
+def test_a_replacement_made_while_selecting_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "d.ffr"
+    packfs.pack_entries([packfs.Entry("a", b"one"), packfs.Entry("b", b"two")], out)
+    folder = packfs.PackedFolder(out)
+    # Replaced (a new inode, the same size) after the folder was opened, before the
+    # dataset selects from it: the selection describes the old file.
+    packfs.pack_entries([packfs.Entry("a", b"ONE"), packfs.Entry("b", b"TWO")], out, force=True)
+    dataset = PackedDataset(folder)
+    assert dataset[0] == b"one"
+    with pytest.raises(packfs.FormatError, match="changed since these files were selected"):
+        pickle.loads(pickle.dumps(dataset))[0]
+
+
+def test_image_folder_details_as_torchvision(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for relative in ["train/cat/1.png", "train/cat/2.gif", "elsewhere/dog/3.png"]:
+        (src / relative).parent.mkdir(parents=True, exist_ok=True)
+        (src / relative).write_bytes(relative.encode())
+    (src / "train" / "dog").symlink_to("../elsewhere/dog")  # a symlinked class counts
+    (src / "train" / "cat" / "0.png").symlink_to("1.png")
+    packfs.pack_folder(src, tmp_path / "d.ffr")
+    dataset = PackedImageFolder(tmp_path / "d.ffr", loader=bytes, extensions=".png")  # a string, as torchvision
+    assert dataset.classes == ["cat", "dog"]
+    assert list(dataset.samples) == [("train/cat/0.png", 0), ("train/cat/1.png", 0), ("train/dog/3.png", 1)]
+    assert [image for image, _ in (dataset[i] for i in range(3))] == [
+        b"train/cat/1.png", b"train/cat/1.png", b"elsewhere/dog/3.png"]
+    with pytest.raises(FileNotFoundError):
+        PackedImageFolder(tmp_path / "d.ffr", extensions=())
+    with PackedDataset(tmp_path / "d.ffr") as opened:
+        assert len(opened) == 4
+    assert opened.files._folder is None
