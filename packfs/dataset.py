@@ -192,18 +192,21 @@ def files_by_directory(
     ``make_dataset`` lists a class folder: directories in sorted order of their paths
     (``sorted(os.walk(top))``), each one's files sorted by name; only paths that
     ``accept`` takes."""
-    directories = []
+    directories = []  # (path, its files' (path, entry, type)), listed once each
     stack = [(folder._find(top), top)]
     while stack:
         entry, path = stack.pop()
-        directories.append((path, entry))
-        for child_path, child, kind in _children_in_path_order(folder, entry, path + "/" if path else ""):
-            if kind == S_IFDIR:
-                stack.append((child, child_path))
-    directories.sort()
-    for path, entry in directories:
-        for path, child, kind in sorted(_children_in_path_order(folder, entry, path + "/" if path else "")):
-            if kind != S_IFDIR and accept(path):
+        files = []
+        for row in _children_in_path_order(folder, entry, path + "/" if path else ""):
+            if row[2] == S_IFDIR:
+                stack.append((row[1], row[0]))
+            else:
+                files.append(row)
+        directories.append((path, sorted(files)))
+    directories.sort(key=lambda directory: directory[0])
+    for _, files in directories:
+        for path, child, kind in files:
+            if accept(path):
                 file_entry = _file_entry(folder, path, kind, child)
                 if file_entry >= 0:
                     yield path, file_entry, child
