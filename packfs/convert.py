@@ -48,12 +48,8 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive: nothing to convert")
         table = folder._table
         if progress is not None:
-            files = total_bytes = 0
-            for entry in range(1, table.entry_count):
-                mode, _, _, _, size, _ = table.attributes(entry)
-                if mode & S_IFMT != S_IFDIR:
-                    files, total_bytes = files + 1, total_bytes + int(size)
-            progress.start(files, total_bytes)
+            has_data = (table.column("mode") & S_IFMT) != S_IFDIR
+            progress.start(int(has_data.sum()), int(table.column("size")[has_data].sum()))
 
         def entries():
             for entry in range(1, table.entry_count):
