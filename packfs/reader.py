@@ -274,8 +274,12 @@ class PackedFolder:
         # method calls cost more than the lookup itself for small files.
         if entry < 0 or table._mode[entry] & S_IFMT != S_IFREG:
             entry = self._entry_of_kind(path, S_IFREG)
+        return self._entry_span(entry)
+
+    def _entry_span(self, entry: int) -> tuple[int, int, int]:
+        """(record, start, end) of regular-file ``entry``, its table values checked."""
+        table, container = self._table, self._container
         record = table._record[entry]
-        container = self._container
         if record < table.data_records:
             # A data record is never the last record (the table and footer follow), so
             # record + 1 is in range.
@@ -352,8 +356,8 @@ class PackedFolder:
         container.check_size()  # the table is read through the map: no SIGBUS
         if not 0 <= entry < table.entry_count or table.file_type(entry) != S_IFREG:
             raise NotAFileError(f"{self.path!r}: entry {entry} is not a file")
-        record = table.record(entry)  # checks the record and its length
-        data = container.pread(*container.record_span(record))
+        record, start, end = self._entry_span(entry)
+        data = container.pread(start, end)
         if self.check_data and crc32(data) != container._crc_items[record]:
             container.check_crc(record, data, repr(os.fsdecode(table.full_path(entry))))
         return data
