@@ -4,7 +4,7 @@
 ``b"piouhjgbr"`` and a pickle of nested ``collections.OrderedDict`` (name -> record index,
 or name -> sub-directory).  ``pickle.loads`` on it would run whatever code a hostile file
 carries, so this module never unpickles: it interprets the opcode stream itself and
-accepts only what ``pack_folder`` writes (protocols 2 to 5; ``../shared/vectors/ffrecord``
+accepts only what ``pack_folder`` writes (protocols 2 to 5; ``tests/vectors/ffrecord``
 lists every opcode), with limits on depth, name length and total path bytes.  Anything
 else is a FormatError.
 

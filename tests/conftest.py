@@ -15,7 +15,8 @@ import packfs
 from packfs import RecordReader, RecordWriter
 from packfs.format import SECTIONS
 
-VECTORS = Path(__file__).resolve().parent.parent.parent / "shared" / "vectors" / "ffrecord"
+# Files written by FFRecord's own code (see its README there); copied in, never edited.
+VECTORS = Path(__file__).resolve().parent / "vectors" / "ffrecord"
 
 # The blueprint: path -> contents (bytes) for files, None for empty directories.
 # Names cover what a POSIX file system allows and tools trip over.

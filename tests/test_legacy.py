@@ -1,4 +1,4 @@
-"""FFRecord's own pack_folder archives (../shared/vectors/ffrecord), opened safely."""
+"""FFRecord's own pack_folder archives (tests/vectors/ffrecord), opened safely."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The record API against FFRecord's own files (../shared/vectors/ffrecord)."""
+"""The record API against FFRecord's own files (tests/vectors/ffrecord)."""
 
 from __future__ import annotations
 
