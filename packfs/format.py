@@ -47,7 +47,7 @@ are adjacent; readers do not depend on that order.
     offset  size  field
     0       8     magic                b"\\x93PACKFS\\x00"
     8       2     version_major  u16   1
-    10      2     version_minor  u16   0
+    10      2     version_minor  u16   1 (1.1 gave section 11 its meaning)
     12      4     flags          u32   0; a reader rejects any bit it does not know
     16      8     entry_count    u64   N, the number of path-table entries (>= 1)
     24      8     data_records   u64   D
@@ -82,7 +82,10 @@ column is its own section, an array of N little-endian values indexed by entry:
                             name_end[0] = 0)
     10  nlink         u32   file: entries sharing its record (hard links); dir: 2 +
                             its sub-directories; symlink: 1
-    11  (reserved)    u32   zero
+    11  first_link    u32   file with nlink > 1: the lowest entry index sharing its
+                            record (its "first name"); every name of the file reports
+                            inode number first_link + 1.  Otherwise 0.  (Version 1.1;
+                            1.0 wrote 0 everywhere, and a reader derives it then.)
     12  names         u8    all names, in entry order, with no separators
     13  path_hash     u32   sorted ascending: CRC-32 of each entry's full path
     14  path_entry    u32   the entry index for path_hash[j] (ties sorted by index)
@@ -92,7 +95,11 @@ the root's is the empty string.  Names are raw bytes (POSIX names need not be UT
 
 To look a path up, compute its CRC-32, binary-search ``path_hash`` and compare the
 full path of each entry in the run of equal hashes (different paths can share a CRC).
-To list a directory, read its children range.
+To list a directory, read its children range; to find one name in it, binary-search
+that range.
+
+An entry's inode number is its index + 1 (the root is 1), except that all names of a
+hard-linked file share the inode number of the first (``first_link + 1``).
 
 5. What a reader must reject, and when
 --------------------------------------
@@ -119,7 +126,9 @@ table; ``verify`` checks every rule at once):
 - the file type is a directory, a regular file or a symlink;
 - files and symlinks name a record below D whose length equals their size;
 - a symlink's target (its record) is non-empty and has no NUL byte;
-- ``path_entry`` values are below N.
+- ``path_entry`` values are below N;
+- a non-zero ``first_link`` is at most the entry's own index and names a regular
+  file with the same record.
 
 By ``verify``, the rules that make lookups and listings agree but that no single
 access relies on: each entry's parent is a directory whose child range holds it (the
@@ -161,7 +170,7 @@ __all__ = [
 
 MAGIC = b"\x93PACKFS\x00"
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1
 
 # Section 1: checksum_meta u32, n i64.  The arrays that follow are read as numpy views.
 HEADER_PREFIX = struct.Struct("<Iq")
@@ -187,7 +196,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("child_count", "<u4"),
     ("name_end", "<u8"),
     ("nlink", "<u4"),
-    ("reserved", "<u4"),
+    ("first_link", "<u4"),
     ("names", "u1"),
     ("path_hash", "<u4"),
     ("path_entry", "<u4"),

@@ -188,7 +188,7 @@ class PackfsOperations:
         mode, uid, gid, mtime, size, nlink = self.table.attributes(entry)
         return {
             "st_mode": mode,
-            "st_ino": entry + 1,
+            "st_ino": self.table.inode(entry),  # hard links share their first name's
             "st_nlink": nlink,
             "st_uid": uid,
             "st_gid": gid,
@@ -222,9 +222,9 @@ class PackfsOperations:
         entry, children, names, modes = self.listing(os.fsencode(path))
         listing: list[Any] = [(".", {"st_mode": S_IFDIR, "st_ino": entry + 1}, 0),
                               ("..", None, 0)]
-        for child, name, mode in zip(children, names, modes):
+        for inode, name, mode in zip(self.table.inodes(children, modes), names, modes):
             # The file type lets find and os.walk skip a getattr per entry (d_type).
-            listing.append((os.fsdecode(name), {"st_mode": mode, "st_ino": child + 1}, 0))
+            listing.append((os.fsdecode(name), {"st_mode": mode, "st_ino": inode}, 0))
         return listing
 
     @_translated
@@ -336,7 +336,7 @@ def _fuse_class(binding: ModuleType) -> type:
         add(buffer, b".", attributes_ref, *extra)
         add(buffer, b"..", None, *extra)
         # The mode gives readers d_type, so find and os.walk need no getattr per entry.
-        for inode, name, mode in zip(range(children.start + 1, children.stop + 1), names, modes):
+        for inode, name, mode in zip(self.operations.table.inodes(children, modes), names, modes):
             attributes.st_mode, attributes.st_ino = mode, inode
             if add(buffer, name, attributes_ref, *extra):
                 break

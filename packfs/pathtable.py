@@ -35,9 +35,11 @@ _SLASH = ord("/")
 # Validation works on slices of this many entries so its temporaries stay small.
 _CHUNK = 1 << 16
 _GATHER = 1 << 11
-# Directory path -> entry, so a lookup checks one name instead of every component.  The
-# bound keeps memory independent of the archive's size.
-_DIRECTORY_CACHE_SIZE = 1 << 14
+# Directory path -> entry, so a lookup checks one name instead of walking up the table.
+# Bounded in bytes of keys (each counted with a dict slot's overhead), so memory is
+# independent of the archive's size and of how long its paths are.
+_DIRECTORY_CACHE_BYTES = 4 << 20
+_CACHE_ITEM_OVERHEAD = 100
 # Table pages that lookups and listings fault in stay mapped, and count in RSS, until
 # released: a find through a mount of 10M entries left 290 MiB of them in the daemon.
 # Releasing them after every so many entries used keeps that flat (24-36 MiB after the
@@ -69,6 +71,8 @@ class PathTable:
         self._section_span: dict[str, tuple[int, int]] = {}
         self._arrays: dict[str, np.ndarray] | None = None
         self._directory_cache: dict[bytes, int] = {}
+        self._directory_cache_bytes = 0
+        self._derived_first_link: dict[int, int] | None = None
         self._entries_used = 0
         self._fd, self._file_size = container.fd, container.file_size
         self._in_memory = image is not None
@@ -136,6 +140,7 @@ class PathTable:
 
     def close(self) -> None:
         self._directory_cache.clear()
+        self._directory_cache_bytes = 0
         for item_view in self.__dict__.pop("_views", []):
             item_view.release()
         self._arrays = None
@@ -206,6 +211,13 @@ class PathTable:
                     self._fail("a name is '.' or '..'")
             # Records: files and symlinks name a data record of exactly their size.
             record = a["record"][start:end]
+            # Hard links: a recorded first name is an earlier file with the same record.
+            first = a["first_link"][start:end].astype(np.int64)
+            linked = np.flatnonzero(first)
+            if len(linked):
+                if np.any(first[linked] > index[linked]) or np.any(mode[first[linked]] & S_IFMT != S_IFREG) \
+                        or np.any(a["record"][first[linked]] != record[linked]):
+                    self._fail("an entry's first link is not an earlier name of the same file")
             if np.any(record[is_dir] != NO_RECORD):
                 self._fail("a directory names a data record")
             has_data = ~is_dir
@@ -290,7 +302,12 @@ class PathTable:
     # -- access ----------------------------------------------------------------------
 
     def lookup(self, key: bytes) -> int:
-        """Entry index of full path ``key`` (no leading or trailing slash), or -1."""
+        """Entry index of full path ``key`` (no leading or trailing slash), or -1.
+
+        One CRC and a binary search find the candidates; the parent directory (from a
+        small cache, or by walking up the table) and the last name confirm one.  No
+        recursion and no per-component hashing, so a path 10,000 levels deep costs
+        one pass over its bytes."""
         if lseek(self._fd, 0, SEEK_END) < self._file_size:
             self._container.check_size()  # raises instead of a SIGBUS on the map
         if not key:
@@ -305,36 +322,127 @@ class PathTable:
         count = self.entry_count
         if j == count or hashes[j] != digest:
             return -1
-        # A hash only nominates candidates: confirm the parent directory (cached) and
-        # the last name, which together identify the path.
         slash = key.rfind(b"/")
-        if slash < 0:
-            parent, name = 0, key
-        else:
-            head = key[:slash]
-            parent = self._directory_cache.get(head, -1)
-            if parent < 0:
-                parent = self.lookup(head)
-                if parent < 0:
-                    return -1
-                if len(self._directory_cache) >= _DIRECTORY_CACHE_SIZE:
-                    self._directory_cache.clear()  # bounded; refills with what is in use
-                self._directory_cache[head] = parent
-            name = key[slash + 1 :]
+        head, name = (b"", key) if slash < 0 else (key[:slash], key[slash + 1 :])
+        parent = 0 if slash < 0 else self._directory_cache.get(head, -1)
         parents, entries, name_end, mm = self._parent, self._path_entry, self._name_end, self._mm
         base = self._names_start
         while j < count and hashes[j] == digest:
             entry = entries[j]
             if entry >= count:
                 self._fail(f"path index slot {j} names entry {entry}, beyond the {count} entries")
-            if parents[entry] == parent and entry:
+            if entry and (parents[entry] == parent or parent < 0):
                 start, end = name_end[entry - 1], name_end[entry]
                 if mm[base + start : base + end] == name:
                     if not start < end <= self._names_size:
                         self.name(entry)  # raises, saying what is wrong
-                    return entry
+                    if parent >= 0:
+                        return entry
+                    # The head is not cached: confirm it by walking up from the
+                    # candidate's parent, then remember it.
+                    if self._path_is(self.parent(entry), head):
+                        self._remember_directory(head, parents[entry])
+                        return entry
             j += 1
         return -1
+
+    def _path_is(self, entry: int, key: bytes) -> bool:
+        """Whether ``entry``'s full path is ``key``: names compared from the end up,
+        each parent checked to come before its child (so the walk ends)."""
+        names, name_end, base = self._mm, self._name_end, self._names_start
+        end_of_key = len(key)
+        while entry:
+            start, end = name_end[entry - 1], name_end[entry]
+            if not start < end <= self._names_size:
+                self.name(entry)  # raises, saying what is wrong
+            length = end - start
+            begin = end_of_key - length
+            if begin < 0 or names[base + start : base + end] != key[begin:end_of_key]:
+                return False
+            if begin:
+                if key[begin - 1] != _SLASH:
+                    return False
+                begin -= 1
+            end_of_key = begin
+            entry = self.parent(entry)
+            if not entry and end_of_key:
+                return False
+        return end_of_key == 0
+
+    def _remember_directory(self, key: bytes, entry: int) -> None:
+        # Bounded in bytes, not keys: a key is a whole path, and a hostile archive's
+        # paths can each be megabytes long.
+        if self._directory_cache_bytes + len(key) > _DIRECTORY_CACHE_BYTES:
+            self._directory_cache.clear()
+            self._directory_cache_bytes = 0
+            if len(key) > _DIRECTORY_CACHE_BYTES // 4:
+                return
+        self._directory_cache[key] = entry
+        self._directory_cache_bytes += len(key) + _CACHE_ITEM_OVERHEAD
+
+    def lookup_child(self, directory: int, name: bytes) -> int:
+        """Entry index of ``name`` in directory entry ``directory``, or -1: a binary
+        search of its children, which are sorted by name (format section 4)."""
+        if lseek(self._fd, 0, SEEK_END) < self._file_size:
+            self._container.check_size()
+        start, count = self._child_start[directory], self._child_count[directory]
+        if self._mode[directory] & S_IFMT != S_IFDIR or not count:
+            return -1
+        if not directory < start <= self.entry_count - count:
+            self.children(directory)  # raises, saying what is wrong
+        names, name_end, base = self._mm, self._name_end, self._names_start
+        low, high = start, start + count
+        while low < high:
+            middle = (low + high) // 2
+            candidate = names[base + name_end[middle - 1] : base + name_end[middle]]
+            if candidate < name:
+                low = middle + 1
+            elif candidate > name:
+                high = middle
+            else:
+                if self._parent[middle] != directory:
+                    self.children(directory)  # raises: a child naming another parent
+                self.name(middle)  # checks the name is one a path can hold
+                return middle
+        return -1
+
+    def inode(self, entry: int) -> int:
+        """The inode number of ``entry``: entry + 1, except that every name of a
+        hard-linked file reports its first name's, as on any POSIX file system."""
+        if self._nlink[entry] > 1 and self._mode[entry] & S_IFMT == S_IFREG:
+            return self._first_link_of(entry) + 1
+        return entry + 1
+
+    def inodes(self, children: range, modes: list[int]) -> list[int]:
+        """:meth:`inode` of each entry in ``children`` (whose modes are ``modes``)."""
+        inodes = list(range(children.start + 1, children.stop + 1))
+        for i, nlink in enumerate(self._nlink[children.start : children.stop].tolist()):
+            if nlink > 1 and modes[i] & S_IFMT == S_IFREG:
+                inodes[i] = self._first_link_of(children.start + i) + 1
+        return inodes
+
+    def _first_link_of(self, entry: int) -> int:
+        """The first (lowest) entry sharing file ``entry``'s record (format section 4,
+        ``first_link``); derived once from the columns for a version 1.0 table."""
+        first = self._first_link[entry]
+        if first == 0:  # not recorded: a 1.0 archive (entry 0 is the root, never a file)
+            if self._derived_first_link is None:
+                self._derived_first_link = self._derive_first_links()
+            first = self._derived_first_link.get(self._record[entry], entry)
+        if first > entry or self._mode[first] & S_IFMT != S_IFREG or self._record[first] != self._record[entry]:
+            self._fail(f"entry {entry}'s first link {first} is not an earlier name of the same file")
+        return first
+
+    def _derive_first_links(self) -> dict[int, int]:
+        """record -> lowest entry, for hard-linked files only (version 1.0 tables)."""
+        import numpy as np
+
+        mode, nlink, record = self.column("mode"), self.column("nlink"), self.column("record")
+        linked = np.flatnonzero(((mode & S_IFMT) == S_IFREG) & (nlink > 1))
+        first: dict[int, int] = {}
+        for entry, rec in zip(linked.tolist(), record[linked].tolist()):
+            first.setdefault(rec, entry)  # ascending entries: the first seen is the lowest
+        return first
 
     def name(self, entry: int) -> bytes:
         if entry == 0:

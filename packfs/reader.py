@@ -46,7 +46,7 @@ class FileStat:
     mtime_ns: int
     size: int
     nlink: int
-    inode: int  # stable: the entry index + 1 (the root is 1)
+    inode: int  # stable: the entry index + 1 (the root is 1); one per file, shared by hard links
 
     @property
     def permissions(self) -> int:
@@ -189,27 +189,26 @@ class PackedFolder:
         return self._resolve(key, follow, path)
 
     def _resolve(self, key: bytes, follow: bool, original: PathArg) -> int:
-        """Slow path: walk ``key`` a component at a time, expanding symlinks."""
+        """Slow path: walk ``key`` a component at a time, expanding symlinks.  Each
+        step is a binary search in one directory, so depth costs nothing extra."""
         table = self._table
         pending = key.split(b"/") if key else []
         pending.reverse()
         current = 0
         hops = 0
-        resolved: list[bytes] = []
+        trail: list[int] = []  # the directories above ``current``, for ".."
         while pending:
             part = pending.pop()
             if part in (b"", b"."):
                 continue
             if part == b"..":
-                if resolved:
-                    resolved.pop()
-                current = table.lookup(b"/".join(resolved))
+                current = trail.pop() if trail else 0
                 continue
             if table.file_type(current) != S_IFDIR:
                 raise NotADirectoryPathError(
-                    f"{os.fsdecode(original)!r}: {os.fsdecode(b'/'.join(resolved))!r} is not a directory"
+                    f"{os.fsdecode(original)!r}: {os.fsdecode(table.full_path(current))!r} is not a directory"
                 )
-            candidate = table.lookup(b"/".join(resolved + [part]))
+            candidate = table.lookup_child(current, part)
             if candidate < 0:
                 raise PathNotFoundError(f"{os.fsdecode(original)!r}: no such file or directory in {self.path!r}")
             if table.file_type(candidate) == S_IFLNK and (pending or follow):
@@ -224,7 +223,7 @@ class PackedFolder:
                     )
                 pending.extend(reversed(target.split(b"/")))
                 continue
-            resolved.append(part)
+            trail.append(current)
             current = candidate
         return current
 
@@ -449,7 +448,7 @@ class PackedFolder:
             mtime_ns=mtime_ns,
             size=size,
             nlink=nlink,
-            inode=entry + 1,
+            inode=self._table.inode(entry),
         )
 
     # -- listing ---------------------------------------------------------------------
@@ -473,13 +472,21 @@ class PackedFolder:
             if (list_dir if self._table.file_type(child) == S_IFDIR else list_file)
         ]
 
-    def _iter_tree(self, entry: int, recursive: bool, prefix: bytes = b"") -> Iterator[tuple[bytes, int]]:
+    def _iter_tree(self, entry: int, recursive: bool) -> Iterator[tuple[bytes, int]]:
+        """(path relative to ``entry``, child entry) depth first, names in table order;
+        iterative, so a tree of any depth walks."""
         table = self._table
-        for child in table.children(entry):
+        stack = [(iter(table.children(entry)), b"")]
+        while stack:
+            children, prefix = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                continue
             relative = prefix + table.name(child)
             yield relative, child
             if recursive and table.file_type(child) == S_IFDIR:
-                yield from self._iter_tree(child, True, relative + b"/")
+                stack.append((iter(table.children(child)), relative + b"/"))
 
     def scandir(self, path: PathArg = "") -> Iterator[tuple[str, FileStat]]:
         """(name, FileStat) for each child of directory ``path``."""

@@ -98,7 +98,6 @@ def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
         "size": np.frombuffer(rows.size, np.uint64)[permutation].astype("<u8"),
         "record": np.frombuffer(rows.record, np.uint64)[permutation].astype("<u8"),
         "name_end": name_end,
-        "reserved": np.zeros(count, "<u4"),
         "names": np.frombuffer(bytes(names), np.uint8),
     }
     # Breadth-first order makes parent[1:] non-decreasing, so each directory's children
@@ -116,6 +115,15 @@ def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
         records = columns["record"][is_file].astype(np.int64)
         sharing = np.bincount(records)
         nlink[is_file] = sharing[records]
+    # Every name of a hard-linked file reports the first name's inode (format 4).
+    first_link = np.zeros(count, "<u4")
+    linked = np.flatnonzero(is_file & (nlink > 1))
+    if len(linked):
+        linked_records = columns["record"][linked].astype(np.int64)
+        lowest = np.full(int(linked_records.max()) + 1, count, np.int64)
+        np.minimum.at(lowest, linked_records, linked)
+        first_link[linked] = lowest[linked_records]
+    columns["first_link"] = first_link
     is_dir = file_type == S_IFDIR
     subdirs = np.bincount(parent[1:][is_dir[1:]], minlength=count)
     nlink[is_dir] = 2 + subdirs[is_dir]

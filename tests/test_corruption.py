@@ -163,6 +163,12 @@ def test_inconsistent_tables_are_refused_where_used_and_by_verify(
         with folder:
             report = folder.verify()
             assert not report.ok and any(re.search(message, problem) for problem in report.problems), report
+            if section == "path_hash":
+                # An unsorted hash index only hides paths from the hash lookup; the
+                # slow path then finds each one by name, one directory at a time, so
+                # reads still give the right bytes (a verify-only rule, format 5).
+                _use_everything(folder, tmp_path / f"unpacked-{check_data}")
+                continue
             with pytest.raises(packfs.PackfsError):
                 _use_everything(folder, tmp_path / f"unpacked-{check_data}")
 
