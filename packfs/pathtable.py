@@ -274,20 +274,28 @@ class PathTable:
         if hashes[slot_of[0]] != crc32(b""):
             self._fail("the root's path hash is wrong")
         directories = np.flatnonzero((self.arrays["mode"] & S_IFMT) == S_IFDIR).tolist()
+        # A path's CRC continues its directory's (crc32(b"/" + name, crc_of_directory)),
+        # so no full path is ever built: a tree 10,000 levels deep costs O(N), not
+        # O(depth**2).  Directories come after their parents, so each one's CRC is
+        # known when it is reached, and dropped after: the map holds only the frontier.
+        directory_crc = {0: crc32(b"")}
         for directory in directories:
-            children, names, _ = self.listing(directory)
+            children, names, modes = self.listing(directory)
+            prefix_crc = directory_crc.pop(directory)
             if not names:
                 continue
-            prefix = self.full_path(directory)
-            prefix = prefix + b"/" if prefix else b""
             for left, right in zip(names, names[1:]):
                 if left >= right:
-                    self._fail(f"directory {prefix!r} lists {right!r} after {left!r}: "
+                    self._fail(f"directory {self.full_path(directory)!r} lists {right!r} after {left!r}: "
                                f"names must be unique and sorted")
             stored = hashes[slot_of[children.start : children.stop]].tolist()
-            for name, expected in zip(names, stored):
-                if crc32(prefix + name) != expected:
-                    self._fail(f"{prefix + name!r} has a wrong hash in the path index")
+            separator = b"/" if directory else b""
+            for child, name, mode, expected in zip(children, names, modes, stored):
+                path_crc = crc32(separator + name, prefix_crc)
+                if path_crc != expected:
+                    self._fail(f"{self.full_path(child)!r} has a wrong hash in the path index")
+                if mode & S_IFMT == S_IFDIR:
+                    directory_crc[child] = path_crc
 
     def release_pages(self) -> None:
         """Unmap the table's and the header's pages from this process (they stay in the
@@ -336,13 +344,17 @@ class PathTable:
                 if mm[base + start : base + end] == name:
                     if not start < end <= self._names_size:
                         self.name(entry)  # raises, saying what is wrong
-                    if parent >= 0:
-                        return entry
-                    # The head is not cached: confirm it by walking up from the
-                    # candidate's parent, then remember it.
-                    if self._path_is(self.parent(entry), head):
+                    if parent < 0:
+                        # The head is not cached: confirm it by walking up from the
+                        # candidate's parent, then remember it.
+                        if not self._path_is(self.parent(entry), head):
+                            j += 1
+                            continue
                         self._remember_directory(head, parents[entry])
-                        return entry
+                    if self._mode[entry] & S_IFMT == S_IFDIR:
+                        # A walk looks up this directory's children next.
+                        self._remember_directory(key, entry)
+                    return entry
             j += 1
         return -1
 
@@ -532,6 +544,14 @@ class PathTable:
             for child in children:
                 self.name(child), self.file_type(child)  # raises, naming the entry
         return children, names, modes
+
+    def listing_attributes(self, children: range) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """(uids, gids, mtimes_ns, sizes, nlinks) of the entries in ``children`` (a range
+        from :meth:`listing`), each read as one slice of its column."""
+        start, stop = children.start, children.stop
+        return (self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
+                self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
+                self._nlink[start:stop].tolist())
 
     def column(self, name: str) -> np.ndarray:
         return self.arrays[name]

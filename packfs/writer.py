@@ -97,11 +97,17 @@ def archive_key(path: PathLike) -> bytes:
     Raises PackError for components the format forbids ("." , "..", NUL).
     """
     raw = os.fsencode(path)
-    parts = [part for part in raw.split(b"/") if part]
-    for part in parts:
-        if part in (b".", b"..") or b"\0" in part:
-            raise PackError(f"invalid path {os.fsdecode(raw)!r}: component {os.fsdecode(part)!r}")
-    return b"/".join(parts)
+    key = raw.strip(b"/")
+    if b"//" in key:
+        key = b"/".join(part for part in key.split(b"/") if part)
+    # Searched for in the whole path at once: a per-component loop costs O(depth) in
+    # Python for every entry of a deep tree.
+    wrapped = b"/" + key + b"/"
+    if b"/./" in wrapped or b"/../" in wrapped or b"\0" in key:
+        for part in key.split(b"/"):
+            if part in (b".", b"..") or b"\0" in part:
+                raise PackError(f"invalid path {os.fsdecode(raw)!r}: component {os.fsdecode(part)!r}")
+    return key
 
 
 class _ArchiveBuilder:
@@ -384,55 +390,132 @@ def _excluded(key: bytes, name: bytes, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(text, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
 
 
+# Paths longer than this are opened in pieces (PATH_MAX is 4,096 on Linux; a tree
+# 10,000 levels deep has 20,000-byte paths).
+_PATH_PIECE = 2048
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _open_beneath(root: bytes, key: bytes, flags: int, relative_to: int | None = None) -> int:
+    """Open ``root/key`` however long the path (or ``key`` relative to the directory
+    descriptor ``relative_to``): in pieces shorter than PATH_MAX, each opened
+    relative to the directory the previous piece reached."""
+    if relative_to is None:
+        if len(root) + len(key) < _PATH_PIECE:
+            return os.open(root + b"/" + key if key else root, flags)
+        fd = os.open(root, _DIRECTORY_FLAGS)
+    elif len(key) < _PATH_PIECE:
+        return os.open(key, flags, dir_fd=relative_to)
+    else:
+        fd = os.dup(relative_to)
+    try:
+        position = 0
+        while True:
+            if len(key) - position < _PATH_PIECE:
+                return os.open(key[position:], flags, dir_fd=fd)
+            cut = key.rfind(b"/", position, position + _PATH_PIECE)
+            if cut <= position:  # a single name longer than a piece: the OS refuses it
+                return os.open(key[position:], flags, dir_fd=fd)
+            below = os.open(key[position:cut], _DIRECTORY_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd, position = below, cut + 1
+    finally:
+        os.close(fd)
+
+
+# At most this many directory descriptors stay open while scanning (one per level of
+# the current path); a level whose descriptor was closed is reopened if it is needed.
+_HELD_DIRECTORIES = 256
+
+
 def _scan(
     src: bytes, follow_symlinks: bool, exclude: Sequence[str], skip: set[tuple[int, int]],
     temp_files: tuple[tuple[int, int], bytes],
 ) -> tuple[list[_Scanned], int]:
-    """Depth-first listing of ``src``, names sorted bytewise; returns (items, skipped)."""
+    """Depth-first listing of ``src``, names sorted bytewise; returns (items, skipped).
+
+    Iterative, and each directory is opened relative to its parent's descriptor and
+    its children stat'ed relative to its own, so neither depth nor path length has a
+    limit and a tree of depth d costs O(d), not O(d**2), path resolution."""
     items: list[_Scanned] = []
     skipped = 0
     first_link: dict[tuple[int, int], bytes] = {}
     root_info = os.stat(src) if follow_symlinks else os.lstat(src)
     items.append(_Scanned(b"", "dir", root_info))
+    root_identity = (root_info.st_dev, root_info.st_ino)
+    # The directories on the current path, to recognise a symlink loop (-L).
+    on_path = {root_identity}
+    # A directory's own name is opened without following a symlink swapped in for it.
+    open_flags = _DIRECTORY_FLAGS | (0 if follow_symlinks else os.O_NOFOLLOW)
 
-    def walk(
-        directory: bytes, key: bytes, identity: tuple[int, int],
-        ancestors: frozenset[tuple[int, int]],
-    ) -> None:
-        nonlocal skipped
+    def children(fd: int, key: bytes, identity: tuple[int, int]) -> list[tuple[bytes, bytes, os.stat_result, bytes | None]]:
+        """(name, key, info, symlink text) of each child of directory ``key`` to pack."""
         try:
-            names = sorted(os.listdir(directory))
+            # listdir of a descriptor gives str: back to the names' exact bytes.
+            names = sorted(map(os.fsencode, os.listdir(fd)))
         except OSError as error:
-            raise PackError(f"cannot list {os.fsdecode(directory)!r}: {error.strerror}") from None
+            raise PackError(f"cannot list {os.fsdecode(src + b'/' + key)!r}: {error.strerror}") from None
+        found = []
         for name in names:
-            path = directory + b"/" + name
             child_key = key + b"/" + name if key else name
             if identity == temp_files[0] and name.startswith(temp_files[1]):
                 continue  # a packer's temporary file for this same output
             if exclude and _excluded(child_key, name, exclude):
                 continue
             try:
-                info = os.lstat(path)
+                info = os.lstat(name, dir_fd=fd)
                 if follow_symlinks and stat_module.S_ISLNK(info.st_mode):
                     try:
-                        info = os.stat(path)
+                        info = os.stat(name, dir_fd=fd)
                     except OSError:
-                        log.warning("%r: dangling symlink kept as a symlink", os.fsdecode(path))
+                        log.warning("%r: dangling symlink kept as a symlink", os.fsdecode(src + b"/" + child_key))
+                target = os.readlink(name, dir_fd=fd) if stat_module.S_ISLNK(info.st_mode) else None
             except FileNotFoundError:
-                raise PackError(f"{os.fsdecode(path)!r} vanished while packing") from None
+                raise PackError(f"{os.fsdecode(src + b'/' + child_key)!r} vanished while packing") from None
             except OSError as error:
-                raise PackError(f"cannot stat {os.fsdecode(path)!r}: {error.strerror}") from None
+                raise PackError(f"cannot read {os.fsdecode(src + b'/' + child_key)!r}: {error.strerror}") from None
+            found.append((name, child_key, info, target))
+        return found
+
+    def open_directory(name: bytes, key: bytes, parent: _Frame) -> int:
+        try:
+            if parent.fd < 0:  # closed to stay under the descriptor budget
+                parent.fd = _open_beneath(src, parent.key, open_flags)
+            return os.open(name, open_flags, dir_fd=parent.fd)
+        except OSError as error:
+            raise PackError(f"cannot list {os.fsdecode(src + b'/' + key)!r}: {error.strerror}") from None
+
+    try:
+        root_fd = os.open(src, _DIRECTORY_FLAGS)
+    except OSError as error:
+        raise PackError(f"cannot list {os.fsdecode(src)!r}: {error.strerror}") from None
+    stack = [_Frame(b"", root_identity, root_fd, iter(children(root_fd, b"", root_identity)))]
+    try:
+        while stack:
+            frame = stack[-1]
+            child_item = next(frame.pending, None)
+            if child_item is None:
+                stack.pop()
+                frame.close()
+                on_path.discard(frame.identity)
+                continue
+            name, child_key, info, target = child_item
             child = (info.st_dev, info.st_ino)
             if child in skip:
                 continue  # the output archive itself
             mode = info.st_mode
             if stat_module.S_ISDIR(mode):
-                if child in ancestors:
-                    log.warning("%r: symlink loop, skipped", os.fsdecode(path))
+                if child in on_path:
+                    log.warning("%r: symlink loop, skipped", os.fsdecode(src + b"/" + child_key))
                     skipped += 1
                     continue
                 items.append(_Scanned(child_key, "dir", info))
-                walk(path, child_key, child, ancestors | {child})
+                on_path.add(child)
+                fd = open_directory(name, child_key, frame)
+                stack.append(_Frame(child_key, child, fd, iter(())))
+                stack[-1].pending = iter(children(fd, child_key, child))
+                if len(stack) > _HELD_DIRECTORIES:
+                    stack[-1 - _HELD_DIRECTORIES].close()
             elif stat_module.S_ISREG(mode):
                 if info.st_nlink > 1 and child in first_link:
                     items.append(_Scanned(child_key, "hardlink", info, first_link[child]))
@@ -441,37 +524,50 @@ def _scan(
                         first_link[child] = child_key
                     items.append(_Scanned(child_key, "file", info))
             elif stat_module.S_ISLNK(mode):
-                try:
-                    target = os.readlink(path)
-                except OSError as error:
-                    raise PackError(f"cannot read symlink {os.fsdecode(path)!r}: {error.strerror}") from None
                 items.append(_Scanned(child_key, "symlink", info, target))
             else:
                 kind = (
                     "FIFO" if stat_module.S_ISFIFO(mode) else
                     "socket" if stat_module.S_ISSOCK(mode) else "device file"
                 )
-                log.warning("skipped %s %r", kind, os.fsdecode(path))
+                log.warning("skipped %s %r", kind, os.fsdecode(src + b"/" + child_key))
                 skipped += 1
-
-    root_identity = (root_info.st_dev, root_info.st_ino)
-    walk(src, b"", root_identity, frozenset({root_identity}))
+    finally:
+        for frame in stack:
+            frame.close()
     return items, skipped
 
 
-def _open_source(path: bytes, info: os.stat_result) -> Callable[[], BinaryIO]:
+@dataclass
+class _Frame:
+    """One directory on the scan's current path: its descriptor (-1 once closed) and
+    the children still to visit."""
+
+    key: bytes
+    identity: tuple[int, int]
+    fd: int
+    pending: Iterator[tuple[bytes, bytes, os.stat_result, bytes | None]]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _open_source(root: bytes, key: bytes) -> Callable[[], BinaryIO]:
     def opener() -> BinaryIO:
+        path = os.fsdecode(root + b"/" + key)
         # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         try:
-            fd = os.open(path, flags)
+            fd = _open_beneath(root, key, flags)
         except FileNotFoundError:
-            raise PackError(f"{os.fsdecode(path)!r} vanished while packing") from None
+            raise PackError(f"{path!r} vanished while packing") from None
         except OSError as error:
-            raise PackError(f"cannot read {os.fsdecode(path)!r}: {error.strerror}") from None
+            raise PackError(f"cannot read {path!r}: {error.strerror}") from None
         if not stat_module.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise PackError(f"{os.fsdecode(path)!r} is no longer a regular file")
+            raise PackError(f"{path!r} is no longer a regular file")
         return os.fdopen(fd, "rb", buffering=0)
 
     return opener
@@ -556,8 +652,7 @@ def pack_folder(
                 mtime_ns=info.st_mtime_ns,
             )
             if item.kind == "file":
-                path = root + b"/" + item.key
-                yield Entry(item.key, _open_source(path, info), "file", size=info.st_size, **common)
+                yield Entry(item.key, _open_source(root, item.key), "file", size=info.st_size, **common)
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
             else:
