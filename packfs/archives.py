@@ -53,6 +53,15 @@ def archive_kind(path: str) -> str | None:
     return None
 
 
+def _is_stream(path: str) -> bool:
+    """Whether ``path`` names a pipe, socket or character device: bytes read once."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat_module.S_ISFIFO(mode) or stat_module.S_ISCHR(mode) or stat_module.S_ISSOCK(mode)
+
+
 def _normalized(name: str) -> str | None:
     """A member name as an archive path, or None if it would leave the tree."""
     parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
@@ -256,7 +265,12 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
         ``source`` is not a tar or zip, is damaged or truncated, or ``out`` cannot be
         written.
     """
-    kind = archive_kind(source)
+    # A pipe given by name (`packfs pack <(tar c ...) out`) is read once, as "-" is:
+    # sniffing its first bytes would consume them.
+    streamed = source == "-" or _is_stream(source)
+    if not streamed and not os.path.lexists(source):
+        raise PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
+    kind = "tar" if streamed else archive_kind(source)
     if kind not in ("tar", "zip"):
         raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
     if source == "-" and stdin is None:
@@ -275,14 +289,15 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                     entries = list(_zip_entries(archive, source))
                     return pack_entries(entries, out, count=sum(entry.kind != "dir" for entry in entries),
                                         force=force)
-            if source == "-":
+            if streamed:
                 # A stream: member order.  tarfile reads a stream 10 KiB at a time, and
                 # its stream buffer copies what it holds at every read, so a larger
                 # bufsize makes each 512-byte header read copy that much (1 MiB made
                 # 8,000 JPEGs 4x slower).  A 1 MiB buffer below it keeps the system
                 # calls few instead.
                 with tarfile.open(fileobj=io.BufferedReader(_RawReader(raw), _CHUNK), mode="r|*") as tar:
-                    return pack_entries(_tar_entries(tar, iter(tar), "<stdin>"), out, force=force,
+                    label = "<stdin>" if source == "-" else source
+                    return pack_entries(_tar_entries(tar, iter(tar), label), out, force=force,
                                         progress=progress)
             compressed = _compressed(source)
             with tarfile.open(fileobj=raw, mode="r:*" if compressed else "r:") as tar:

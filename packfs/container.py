@@ -8,6 +8,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import shlex
 import stat as stat_module
 import sys
 import weakref
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, BinaryIO, Callable
 if TYPE_CHECKING:
     import numpy as np
 
-from .errors import ChecksumError, FormatError, PackError
-from .format import HEADER_PREFIX, crc32, header_size
+from .errors import ArchiveIOError, ChecksumError, FormatError, NotAFileError, PackError, PathNotFoundError
+from .format import HEADER_PREFIX, SNIFF_BYTES, crc32, foreign_format, header_size
 
 __all__ = ["Container", "ContainerWriter", "TEMP_MARKER"]
 
@@ -68,6 +69,23 @@ def crc32_of_range(
     return value
 
 
+def explain_foreign(fd: int, error: FormatError, path: str) -> FormatError:
+    """``error``, or, when the file is a format packfs recognises (a tar, a zip, gzip,
+    empty, ...), an error saying so: its bytes parsed as a header mean nothing."""
+    try:
+        kind = foreign_format(os.pread(fd, SNIFF_BYTES, 0))
+    except OSError:
+        return error
+    if kind is None:
+        return error
+    if kind == "empty":
+        return FormatError(f"{path!r} is empty (0 bytes), not a packfs archive")
+    hint = ""
+    if kind.startswith(("a tar", "a zip", "gzip", "bzip2", "xz")):
+        hint = f"; to make one from it: packfs pack {shlex.quote(path)} OUT.ffr"
+    return FormatError(f"{path!r} is {kind}, not a packfs archive{hint}")
+
+
 class Container:
     """A memory-mapped FFRecord container.
 
@@ -98,21 +116,23 @@ class Container:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise FormatError(f"{self.path!r}: no such file") from None
+            raise PathNotFoundError(f"{self.path!r}: no such file, expected an archive") from None
         except IsADirectoryError:
-            raise FormatError(f"{self.path!r}: is a directory, expected an archive file") from None
+            raise NotAFileError(f"{self.path!r} is a directory, expected an archive file") from None
         except OSError as error:
-            raise FormatError(f"{self.path!r}: cannot open: {error.strerror}") from None
+            raise ArchiveIOError(error.errno, f"{self.path!r}: cannot open: {error.strerror}") from None
         try:
             info = os.fstat(fd)
+            if stat_module.S_ISDIR(info.st_mode):
+                raise NotAFileError(f"{self.path!r} is a directory, expected an archive file")
             if not stat_module.S_ISREG(info.st_mode):
                 raise FormatError(f"{self.path!r}: not a regular file, expected an archive file")
             self.file_size = info.st_size
             if self.file_size < HEADER_PREFIX.size:
-                raise FormatError(
+                raise explain_foreign(fd, FormatError(
                     f"{self.path!r}: truncated: {self.file_size} bytes, a container header "
                     f"needs at least {HEADER_PREFIX.size}"
-                )
+                ), self.path)
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except BaseException:
             os.close(fd)
@@ -124,6 +144,10 @@ class Container:
         self._close_fd = weakref.finalize(self, os.close, fd)
         try:
             self._open_header()
+        except FormatError as error:
+            explained = explain_foreign(fd, error, self.path)
+            self.close()
+            raise explained from None
         except BaseException:
             self.close()
             raise
@@ -131,10 +155,13 @@ class Container:
     def _open_header(self) -> None:
         mm = self._mm
         checksum_meta, n = HEADER_PREFIX.unpack_from(mm, 0)
-        if n < 0 or header_size(n) > self.file_size:
+        if n < 0:
+            raise FormatError(f"{self.path!r}: not a packfs or FFRecord archive: its header "
+                              f"claims {n} records")
+        if header_size(n) > self.file_size:
             raise FormatError(
-                f"{self.path!r}: header claims {n} records, which needs {header_size(n)} "
-                f"header bytes, but the file has {self.file_size}"
+                f"{self.path!r}: truncated, or not an archive: {self.file_size} bytes, but its "
+                f"header claims {n} records, so it must be at least {header_size(n)} bytes"
             )
         self.record_count = n
         self.data_start = header_size(n)
@@ -333,17 +360,30 @@ def _remove_stale_temporaries(out: Path) -> None:
         if not name.startswith(prefix):
             continue
         pid_text = name[len(prefix) :].partition("-")[0]
-        if not pid_text.isdigit():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
             try:
                 os.unlink(out.parent / name)
             except OSError:
                 pass
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs.  A killed process that has not been reaped
+    (a zombie) or is being torn down no longer writes: it counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            state = stat_file.read().rpartition(b")")[2].split()[:1]
+        return state not in ([b"Z"], [b"X"], [b"x"])
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
         except PermissionError:
             pass  # alive, someone else's
+        return True
 
 
 class ContainerWriter:
@@ -484,6 +524,9 @@ class ContainerWriter:
             os.fsync(directory)
         finally:
             os.close(directory)
+        # Again at the end: a killed writer that was still exiting when this one began
+        # is gone now, and its leftover need not wait for the next pack.
+        _remove_stale_temporaries(self.out)
 
     def abort(self) -> None:
         """Close and remove the temporary file; ``out`` is left as it was."""

@@ -242,6 +242,7 @@ class PackedFiles(Sequence):
             self.archive = os.fsdecode(archive)
             self._folder = PackedFolder(self.archive, check_data=check_data)
         self._pid = os.getpid()
+        self._closed = False
         self.pattern = pattern
         self.check_data = check_data
         # Of the file the selection is made from (its descriptor, not its path, which
@@ -259,6 +260,8 @@ class PackedFiles(Sequence):
     @property
     def folder(self) -> PackedFolder:
         """The open archive, re-opened in a process that did not open it (a worker)."""
+        if self._closed:
+            raise ValueError(f"I/O operation on a closed dataset ({self.archive!r})")
         if self._folder is None or self._pid != os.getpid():
             # A forked worker drops its copy of the parent's folder rather than sharing
             # its file offset.
@@ -328,9 +331,11 @@ class PackedFiles(Sequence):
             self._folder._table.release_pages()  # type: ignore[union-attr]
 
     def close(self) -> None:
+        """Close the archive this process opened; later reads raise ValueError."""
         if self._folder is not None and self._pid == os.getpid():
             self._folder.close()
         self._folder = None
+        self._closed = True
 
     def __repr__(self) -> str:
         return f"PackedFiles({self.archive!r}, {self.pattern!r}: {len(self)} files)"

@@ -12,6 +12,7 @@ __all__ = [
     "FormatError",
     "ChecksumError",
     "PathNotFoundError",
+    "ArchiveIOError",
     "NotAFileError",
     "NotADirectoryPathError",
     "NotASymlinkError",
@@ -34,11 +35,16 @@ class ChecksumError(FormatError):
 
 
 class PathNotFoundError(PackfsError, FileNotFoundError):
-    """Raised when a path does not exist in the archive."""
+    """Raised when a path does not exist: in the archive, or the archive file itself."""
+
+
+class ArchiveIOError(PackfsError, OSError):
+    """Raised when the archive file cannot be opened or read (permissions, I/O errors)."""
 
 
 class NotAFileError(PackfsError, IsADirectoryError):
-    """Raised when file contents are asked of something that is not a regular file."""
+    """Raised when file contents are asked of something that is not a regular file
+    (a directory in the archive, or a directory given as the archive)."""
 
 
 class NotADirectoryPathError(PackfsError, NotADirectoryError):

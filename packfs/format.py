@@ -166,6 +166,8 @@ __all__ = [
     "record_count_for",
     "pack_footer",
     "unpack_footer",
+    "foreign_format",
+    "SNIFF_BYTES",
 ]
 
 MAGIC = b"\x93PACKFS\x00"
@@ -264,3 +266,36 @@ def unpack_footer(data: bytes, where: str) -> Footer:
     if entries < 1:
         raise FormatError(f"{where}: footer says the path table has {entries} entries, expected >= 1")
     return Footer(major, minor, flags, entries, data_records, sections)
+
+
+# Other formats a user may hand packfs by mistake, by the bytes that start them, so
+# the error says what the file is instead of reporting bogus record counts.  (offset,
+# magic, description); an FFRecord container has no magic, so these are tried first.
+_FOREIGN_MAGIC: tuple[tuple[int, bytes, str], ...] = (
+    (257, b"ustar", "a tar archive"),
+    (0, b"PK\x03\x04", "a zip archive"),
+    (0, b"PK\x05\x06", "a zip archive (empty)"),
+    (0, b"\x1f\x8b", "gzip-compressed data"),
+    (0, b"BZh", "bzip2-compressed data"),
+    (0, b"\xfd7zXZ\x00", "xz-compressed data"),
+    (0, b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+    (0, b"hsqs", "a squashfs image"),
+    (0, b"DWARFS", "a DwarFS image"),
+    (0, b"\x93NUMPY", "a numpy .npy file"),
+    (0, b"\x89PNG", "a PNG image"),
+    (0, b"\xff\xd8\xff", "a JPEG image"),
+    (0, b"SQLite format 3\x00", "an SQLite database"),
+    (0, b"\x7fELF", "an ELF executable"),
+)
+SNIFF_BYTES = 512
+
+
+def foreign_format(head: bytes) -> str | None:
+    """What a file starting with ``head`` (its first SNIFF_BYTES) is, if it is a
+    format packfs knows not to be an archive; None otherwise."""
+    if not head:
+        return "empty"
+    for offset, magic, description in _FOREIGN_MAGIC:
+        if head[offset : offset + len(magic)] == magic:
+            return description
+    return None
