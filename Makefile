@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse2
 
-.PHONY: setup system-packages test demo bench bench-tools fuzz soak clean
+.PHONY: setup system-packages test demo bench bench-tools fuzz soak clean install-mount-helper
 
 setup: system-packages $(STAMP)
 
@@ -39,7 +39,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[test,demo]"
+	@# setuptools announces every editable install with a 10-line notice; it is not a problem.
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test,demo]"
 	touch $(STAMP)
 
 test: setup
@@ -76,3 +77,13 @@ bench: setup bench-tools
 	$(PY) bench/core.py $(CORE_ARGS)
 	$(PY) bench/compare.py $(BENCH_ARGS)
 	$(PY) bench/dataloader.py $(DATALOADER_ARGS)
+
+# mount(8) runs /sbin/mount.fuse.packfs for `mount -t fuse.packfs ARCHIVE DIR` and for
+# fstab lines of type fuse.packfs (as root).  The helper runs this checkout's venv, so
+# nothing needs to be on root's PATH at boot.  Example fstab line:
+#   /data/train.ffr  /mnt/train  fuse.packfs  ro,allow_other,nofail  0  0
+MOUNT_HELPER ?= /sbin/mount.fuse.packfs
+
+install-mount-helper: setup
+	$(PY) -c "from packfs.mount import helper_script; import os; print(helper_script(os.path.abspath('$(PY)')), end='')" > $(MOUNT_HELPER)
+	chmod 755 $(MOUNT_HELPER)

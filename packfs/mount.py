@@ -17,9 +17,11 @@ import os
 import shutil
 import signal
 import stat as stat_module
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from types import ModuleType
@@ -37,7 +39,8 @@ from .format import crc32
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .reader import PackedFolder
 
-__all__ = ["PackfsOperations", "mount", "mount_in_background", "unmount", "check_mountpoint", "check_fuse", "BINDINGS"]
+__all__ = ["PackfsOperations", "mount", "mount_in_background", "unmount", "check_mountpoint", "check_fuse",
+           "check_allow_other", "is_stale", "remove_old_logs", "mount_helper", "BINDINGS"]
 
 log = logging.getLogger("packfs.mount")
 
@@ -80,7 +83,7 @@ def _load_binding(binding: str) -> ModuleType:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return __import__(BINDINGS[binding])
+            module = __import__(BINDINGS[binding])
     except ImportError:
         raise MountError(
             f"the FUSE binding {binding!r} is not installed (pip install {binding})"
@@ -89,6 +92,8 @@ def _load_binding(binding: str) -> ModuleType:
         raise MountError(
             f"libfuse is not available for {binding!r} ({error}); install fuse3 and libfuse2"
         ) from None
+    _install_main(module)
+    return module
 
 
 class _FuseError(OSError):
@@ -246,7 +251,7 @@ class PackfsOperations:
     def _check(self, path: str, record: int, data: bytes | None = None) -> None:
         """Check record's CRC (over ``data`` if it is the whole record) and remember it."""
         if data is None:
-            sound = self.container.pread_crc_ok(record)
+            sound = self.container.record_crc_ok(record)
         else:
             sound = crc32(data) == self.container.stored_crc(record)
         if not sound:
@@ -347,28 +352,258 @@ def _fuse_class(binding: ModuleType) -> type:
     return type("FUSE", (binding.FUSE,), {name: direct_readdir})
 
 
+# -- running libfuse -------------------------------------------------------------------------
+#
+# Both bindings end in libfuse's fuse_main, which hides three things packfs must know:
+# why mounting failed (it prints the reason to stderr and returns a bare number, the
+# daemon's log holding the only copy), whether the loop ended by a requested stop
+# (libfuse3 turns SIGINT/SIGTERM into the same error 8 as a failure), and, on libfuse3,
+# it cannot take a thread limit (3.14 never sets max_threads, and passes UINT_MAX as
+# max_idle_threads, which logs "Ignoring invalid max threads value 4294967295").
+# So packfs runs fuse_main's few steps itself, through the same public libfuse calls, in
+# place of the binding's fuse_main_real; everything else stays the binding's.
+
+
+class _FuseArgs(ctypes.Structure):
+    _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)), ("allocated", ctypes.c_int)]
+
+
+class _Run:
+    """One mount's request to the loop and how it ended (read back by mount())."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads  # 0: libfuse's default; 1 never gets here (the binding's -s)
+        self.error: str | None = None  # why mounting or serving failed, in libfuse's words
+        self.stop_signal = 0  # the signal that ended a requested stop
+
+
+# The _Run of the mount in progress on this thread: the bindings call fuse_main_real
+# with a fixed signature, so the settings travel beside the call.
+_current = threading.local()
+
+_STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)  # libfuse's exit_handler
+
+
+class _CapturedStderr:
+    """Send fd 2 (where libfuse and fusermount write) to a file while setting up."""
+
+    text = ""
+
+    def __enter__(self) -> _CapturedStderr:
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        self.text = self._file.read().decode(errors="replace")
+        self._file.close()
+
+    def replay(self) -> None:
+        """Show what was said after all (debug output, warnings) where it would have gone."""
+        if self.text:
+            os.write(2, self.text.encode())
+
+    def reason(self) -> str:
+        """libfuse's message as one line, without its "fuse: " prefixes."""
+        lines = [line.strip().removeprefix("fuse: ") for line in self.text.splitlines() if line.strip()]
+        return "; ".join(lines)
+
+
+def _options_error(said: _CapturedStderr) -> str:
+    # libfuse3: "fuse: unknown option(s): `-o bogus'"; libfuse2: "fuse: unknown option `bogus'"
+    unknown = re.search(r"unknown option(?:\(s\))?:? `([^']*)'", said.text)
+    if unknown:
+        option = unknown.group(1)
+        option = option if option.startswith("-") else f"-o {option}"
+        return f"libfuse rejected option {option}: unknown option"
+    return f"libfuse rejected the options: {said.reason() or 'no reason given'}"
+
+
+def _loop_outcome(run: _Run, result: int) -> int:
+    """0 for an unmount or a requested stop, else a failure (with run.error set)."""
+    if result in _STOP_SIGNALS:  # libfuse3 >= 3.12 returns the signal that stopped it
+        run.stop_signal = result
+        return 0
+    if result:
+        reason = os.strerror(-result) if result < 0 else f"error {result}"
+        run.error = f"serving failed: libfuse's loop ended with {reason}"
+        return 8
+    return 0
+
+
+def _libfuse3_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: Any, size: int) -> int:
+    """fuse_main_real of libfuse 3.14 (lib/helper.c), step by step, with the loop's
+    thread limit set and each failure's reason kept."""
+    # The bindings pass: name, [-f] [-d] [-s], -o OPTIONS, MOUNTPOINT.
+    foreground, debug, single = (flag in argv for flag in (b"-f", b"-d", b"-s"))
+    options, mountpoint = argv[argv.index(b"-o") + 1], argv[-1]
+    kept = [argv[0], b"-o", options] + ([b"-d"] if debug else [])
+    args = _FuseArgs(len(kept), (ctypes.c_char_p * len(kept))(*kept), 0)
+    with _CapturedStderr() as said:
+        fuse = lib.fuse_new(ctypes.byref(args), operations, size, None)
+    try:
+        if not fuse:
+            run.error = _options_error(said)
+            return 3
+        said.replay()
+        with _CapturedStderr() as said:
+            failed = lib.fuse_mount(fuse, mountpoint)
+        if failed:
+            run.error = said.reason() or "libfuse could not mount (no reason given)"
+            return 4
+        said.replay()
+        try:
+            if lib.fuse_daemonize(int(foreground)):
+                run.error = "libfuse could not daemonize"
+                return 5
+            session = lib.fuse_get_session(fuse)
+            if lib.fuse_set_signal_handlers(session):
+                run.error = "libfuse could not set its signal handlers"
+                return 6
+            try:
+                if single:
+                    result = lib.fuse_loop(fuse)
+                else:
+                    config = lib.fuse_loop_cfg_create()
+                    try:
+                        # max_idle_threads keeps the config's default (-1: idle workers
+                        # stay), which is what fuse_main means by UINT_MAX.
+                        if run.threads:
+                            lib.fuse_loop_cfg_set_max_threads(config, run.threads)
+                        result = lib.fuse_loop_mt(fuse, config)
+                    finally:
+                        lib.fuse_loop_cfg_destroy(config)
+            finally:
+                lib.fuse_remove_signal_handlers(session)
+            return _loop_outcome(run, result)
+        finally:
+            lib.fuse_unmount(fuse)
+    finally:
+        if fuse:
+            lib.fuse_destroy(fuse)
+        lib.fuse_opt_free_args(ctypes.byref(args))
+
+
+def _libfuse2_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: Any, size: int) -> int:
+    """fuse_main_real of libfuse 2.9: fuse_setup (parse, mount, signals), loop, teardown."""
+    mountpoint, multithreaded = ctypes.c_char_p(), ctypes.c_int()
+    with _CapturedStderr() as said:
+        fuse = lib.fuse_setup(len(argv), (ctypes.c_char_p * len(argv))(*argv), operations, size,
+                              ctypes.byref(mountpoint), ctypes.byref(multithreaded), None)
+    if not fuse:
+        # fuse_setup parses and mounts in one call: name the options only when they were it.
+        run.error = _options_error(said) if "option" in said.text else (
+            said.reason() or "libfuse could not mount (no reason given)")
+        return 1
+    said.replay()
+    try:
+        result = lib.fuse_loop_mt(fuse) if multithreaded.value else lib.fuse_loop(fuse)
+    finally:
+        lib.fuse_teardown(fuse, mountpoint)  # also removes the signal handlers and unmounts
+    return _loop_outcome(run, result)  # libfuse2 returns 0 after a signal
+
+
+_P, _INT, _UINT = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+# name: (restype, argtypes) of the libfuse calls above; pointers must not pass as C int.
+_LIBFUSE3_CALLS = {
+    "fuse_new": (_P, [_P, _P, ctypes.c_size_t, _P]), "fuse_mount": (_INT, [_P, ctypes.c_char_p]),
+    "fuse_daemonize": (_INT, [_INT]), "fuse_get_session": (_P, [_P]),
+    "fuse_set_signal_handlers": (_INT, [_P]), "fuse_remove_signal_handlers": (None, [_P]),
+    "fuse_loop": (_INT, [_P]), "fuse_loop_mt": (_INT, [_P, _P]), "fuse_loop_cfg_create": (_P, []),
+    "fuse_loop_cfg_set_max_threads": (None, [_P, _UINT]), "fuse_loop_cfg_destroy": (None, [_P]),
+    "fuse_unmount": (None, [_P]), "fuse_destroy": (None, [_P]), "fuse_opt_free_args": (None, [_P]),
+}
+_LIBFUSE2_CALLS = {
+    "fuse_setup": (_P, [_INT, _P, _P, ctypes.c_size_t, _P, _P, _P]), "fuse_loop": (_INT, [_P]),
+    "fuse_loop_mt": (_INT, [_P]), "fuse_teardown": (None, [_P, ctypes.c_char_p]),
+}
+
+
+class _LibraryWith:
+    """A CDLL with some functions replaced (fusepy looks fuse_main_real up on its CDLL)."""
+
+    def __init__(self, library: ctypes.CDLL, **replaced: Any) -> None:
+        self._library = library
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._library, name)
+
+
+def _install_main(binding: ModuleType) -> None:
+    """Route the binding's fuse_main_real to packfs' own for the mounts mount() makes
+    (which set _current.run); any other caller still gets libfuse's."""
+    if hasattr(binding, "_packfs_main"):
+        return
+    binding._packfs_main = False  # packfs' main is not in use (libfuse lacks a call)
+    shared = binding._libfuse
+    major = getattr(binding, "fuse_version_major", 2)
+    ours, calls = (_libfuse3_main, _LIBFUSE3_CALLS) if major == 3 else (_libfuse2_main, _LIBFUSE2_CALLS)
+    lib = ctypes.CDLL(shared._name)  # its own function objects: these types stay here
+    if not all(hasattr(lib, name) for name in calls):  # e.g. libfuse3 before 3.12
+        return
+    for name, (restype, argtypes) in calls.items():
+        getattr(lib, name).restype, getattr(lib, name).argtypes = restype, argtypes
+    original = shared.fuse_main_real
+
+    def fuse_main_real(argc: int, argv: Any, operations: Any, size: int, user_data: Any) -> int:
+        run = getattr(_current, "run", None)
+        if run is None:
+            return original(argc, argv, operations, size, user_data)
+        return ours(lib, run, [argv[i] for i in range(argc)], operations, size)
+
+    if major == 3 or hasattr(binding, "fuse_main_real"):  # mfusepy calls its module's name
+        binding.fuse_main_real = fuse_main_real
+    else:  # fusepy calls _libfuse.fuse_main_real
+        binding._libfuse = _LibraryWith(shared, fuse_main_real=fuse_main_real)
+    binding._packfs_main = True
+
+
 # -- mounting ------------------------------------------------------------------------------
 
+# What our mounts look like in the mount table (fuse_options sets both).
+FSTYPE = "fuse.packfs"
+FSNAME_PREFIX = "packfs:"
 
-def _mount_table() -> list[tuple[str, str]]:
-    """(mountpoint, fstype) from /proc/self/mounts, unescaping octal escapes."""
+
+def _unescape(field: bytes) -> str:
+    # /proc/self/mounts writes space, tab, newline and backslash as octal escapes.
+    return os.fsdecode(field.decode("unicode_escape").encode("latin-1"))
+
+
+def _mount_table() -> list[tuple[str, str, str]]:
+    """(source, mountpoint, fstype) from /proc/self/mounts, in mount order."""
     entries = []
     try:
         with open("/proc/self/mounts", "rb") as mounts:
             for line in mounts:
                 fields = line.split()
                 if len(fields) >= 3:
-                    point = fields[1].decode("unicode_escape").encode("latin-1")
-                    entries.append((os.fsdecode(point), fields[2].decode()))
+                    entries.append((_unescape(fields[0]), _unescape(fields[1]), fields[2].decode()))
     except OSError:
         pass
     return entries
 
 
+def mount_entry(mountpoint: str) -> tuple[str, str] | None:
+    """(source, fstype) of what is mounted at ``mountpoint`` (the topmost of stacked
+    mounts), or None."""
+    target = os.path.abspath(mountpoint)
+    found = None
+    for source, point, fstype in _mount_table():
+        if point == target:
+            found = (source, fstype)
+    return found
+
+
 def is_mounted(mountpoint: str) -> bool:
     """True if ``mountpoint`` is in the mount table (also when its daemon is dead)."""
-    target = os.path.abspath(mountpoint)
-    return any(point == target for point, _ in _mount_table())
+    return mount_entry(mountpoint) is not None
 
 
 def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType:
@@ -384,9 +619,33 @@ def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType:
     return _load_binding(binding)
 
 
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def check_allow_other(conf: str = FUSE_CONF) -> None:
+    """Raise MountError unless the caller may mount with allow_other: root always; other
+    users only when ``conf`` has a ``user_allow_other`` line (fusermount's rule, which it
+    would otherwise report in words of its own, after the daemon has started)."""
+    if os.geteuid() == 0:
+        return
+    try:
+        with open(conf, encoding="utf-8", errors="replace") as lines:
+            if any(line.split("#", 1)[0].strip() == "user_allow_other" for line in lines):
+                return
+    except OSError:
+        pass
+    raise MountError(f"--allow-other (-o allow_other) needs a line 'user_allow_other' in {conf} "
+                     f"for users other than root (ask root to add it)")
+
+
 def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
     """Raise MountError unless ``mountpoint`` is an existing, empty directory that is
-    not already a mount; return its absolute path."""
+    not already a mount; return its absolute path.
+
+    A non-empty directory needs ``nonempty`` (``-o nonempty``): what is in it is hidden
+    while mounted, which is seldom meant.  packfs makes this check for both bindings, so
+    the option works the same on libfuse3 (which has no such option and mounts over
+    anything) as on libfuse2."""
     path = os.path.abspath(mountpoint)
     if is_mounted(path):
         raise MountError(f"{mountpoint!r} is already a mount point (packfs unmount it first)")
@@ -399,15 +658,31 @@ def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
     if not stat_module.S_ISDIR(info.st_mode):
         raise MountError(f"mount point {mountpoint!r} is not a directory")
     if not nonempty and os.listdir(path):
-        raise MountError(f"mount point {mountpoint!r} is not empty (use -o nonempty to mount over it)")
+        raise MountError(f"mount point {mountpoint!r} is not empty (add -o nonempty to mount over "
+                         f"its contents, which stay hidden while mounted)")
     return path
 
 
+# Options mount(8), fstab and mount.fuse3 pass that mean nothing to a read-only FUSE
+# mount or to libfuse (which rejects what it does not know): accepted and dropped.
+# "rw" is among them: the archive is read-only, and mount(8) adds "rw" unless told "ro".
+_IGNORED_OPTIONS = {
+    "defaults", "rw", "auto", "noauto", "user", "nouser", "users", "owner", "group", "nofail",
+    "_netdev", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
+    "diratime", "nodiratime", "iversion", "noiversion", "mand", "nomand", "loud", "silent",
+}
+
+
+def _ignored(key: str) -> bool:
+    return key in _IGNORED_OPTIONS or key.startswith(("x-", "comment="))
+
+
 def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding: str) -> dict[str, Any]:
-    """The mount options: read-only, long caches, our inode numbers."""
+    """The mount options: read-only, long caches, our inode numbers, then ``extra``
+    (the user's -o) without what only mount(8) or packfs itself uses."""
     options: dict[str, Any] = {
         "ro": True,
-        "fsname": f"packfs:{os.path.abspath(archive)}".replace(",", "_"),
+        "fsname": f"{FSNAME_PREFIX}{os.path.abspath(archive)}".replace(",", "_"),
         "subtype": "packfs",
         "default_permissions": True,  # the kernel checks mode bits; no access() round trips
         "use_ino": True,
@@ -420,7 +695,12 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
         options["max_read"] = 131072  # libfuse2's largest read request
     if allow_other:
         options["allow_other"] = True
-    options.update(extra)
+    for key, value in extra.items():
+        if _ignored(key):
+            continue
+        if key == "nonempty" and binding != "fusepy":
+            continue  # check_mountpoint made the check; libfuse3 has no such option
+        options[key] = value
     return options
 
 
@@ -430,7 +710,7 @@ def mount(
     *,
     foreground: bool = True,
     debug: bool = False,
-    threads: bool = True,
+    threads: int = 0,
     check_data: bool = True,
     allow_other: bool = False,
     options: dict[str, Any] | None = None,
@@ -439,17 +719,29 @@ def mount(
     """Serve ``archive`` (a path, or an open PackedFolder that this takes over) at
     ``mountpoint`` until it is unmounted (blocks).
 
-    SIGINT and SIGTERM unmount cleanly (libfuse handles them).
+    ``threads``: 0 for libfuse's default (at most 10 worker threads), 1 to serve one
+    request at a time, N for at most N worker threads (libfuse 3.12 or later).  For
+    compatibility True means 0 and False means 1.
+
+    SIGINT, SIGTERM and SIGHUP unmount and return normally (libfuse handles them); an
+    ``umount`` of the mount point does too.
 
     Raises
     ------
     FormatError, ChecksumError
         The archive cannot be opened.
     MountError
-        FUSE is unavailable or the mount point is unusable.
+        FUSE is unavailable, the mount point or an option is unusable, or serving failed.
     """
-    fuse = check_fuse(binding)
+    if isinstance(threads, bool):
+        threads = 0 if threads else 1
     extra = dict(options or {})
+    if allow_other or extra.get("allow_other"):
+        check_allow_other()
+    fuse = check_fuse(binding)
+    if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and fuse._packfs_main):
+        raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
+                         f"the mfusepy binding; libfuse2 always uses up to 10 threads")
     path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     folder = archive if isinstance(archive, PackedFolder) else PackedFolder(archive, check_data=check_data)
     archive = folder.path
@@ -457,29 +749,80 @@ def mount(
     pidfile = state_file(path, ".pid")
     with open(pidfile, "w") as f:
         f.write(str(os.getpid()))
+    run = _current.run = _Run(threads)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             _fuse_class(fuse)(
-                operations, path, foreground=foreground, debug=debug, nothreads=not threads,
+                operations, path, foreground=foreground, debug=debug, nothreads=threads == 1,
                 encoding=_CODEC, **fuse_options(archive, allow_other, extra, binding),
             )
     except RuntimeError as error:
-        raise MountError(f"mounting {archive!r} at {mountpoint!r} failed (libfuse error {error})") from None
+        reason = run.error or f"failed (libfuse error {error})"
+        raise MountError(f"mounting {archive!r} at {mountpoint!r}: {reason}") from None
     finally:
+        _current.run = None
         folder.close()
         try:
             os.unlink(pidfile)
         except OSError:
             pass
+    if run.stop_signal:
+        log.debug("unmounted on %s", signal.Signals(run.stop_signal).name)
+
+
+def state_directory() -> str:
+    """Where daemons keep their pid files and logs: $TMPDIR/packfs-<uid>."""
+    directory = os.path.join(tempfile.gettempdir(), f"packfs-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return directory
 
 
 def state_file(mountpoint: str, suffix: str) -> str:
     """Where the daemon serving ``mountpoint`` keeps its pid (".pid") and log (".log")."""
-    directory = os.path.join(tempfile.gettempdir(), f"packfs-{os.getuid()}")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
     name = hashlib.sha256(os.fsencode(os.path.abspath(mountpoint))).hexdigest()[:16]
-    return os.path.join(directory, name + suffix)
+    return os.path.join(state_directory(), name + suffix)
+
+
+# Logs of daemons that are gone are removed this long after their last line.
+LOG_DAYS = 7
+
+
+def _running(pidfile: str) -> bool:
+    try:
+        with open(pidfile) as f:
+            os.kill(int(f.read().strip()), 0)
+    except (OSError, ValueError):
+        return False  # no pid file, unreadable, or no such process
+    return True
+
+
+def remove_old_logs(days: float = LOG_DAYS) -> list[str]:
+    """Remove the state directory's logs (and pid files) of daemons no longer running
+    whose last line is older than ``days``; return the logs removed.
+
+    The policy for logs: a daemon that ends cleanly removes its log when nothing was
+    written to it (see mount_in_background); one with something in it (an error, a
+    checksum mismatch) or from a daemon that died stays ``days`` days for a look, and
+    the next background mount sweeps it."""
+    directory = state_directory()
+    cutoff = time.time() - days * 86400
+    removed = []
+    for name in os.listdir(directory):
+        if not name.endswith(".log"):
+            continue
+        log_path = os.path.join(directory, name)
+        pidfile = log_path[: -len(".log")] + ".pid"
+        try:
+            if os.stat(log_path).st_mtime >= cutoff or _running(pidfile):
+                continue
+            os.unlink(log_path)
+            removed.append(log_path)
+            if os.path.exists(pidfile):
+                os.unlink(pidfile)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return removed
 
 
 def _wait_for_exit(pid: int, deadline: float) -> None:
@@ -499,12 +842,18 @@ def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, ti
     works.  Forking, rather than starting a new interpreter, reuses the imports and the
     already validated archive, so mounting costs no second start-up or open.
 
+    A daemon that ends cleanly (unmounted, or stopped by SIGTERM/SIGINT/SIGHUP) removes
+    its log if it is the default one (state_file) and empty; logs of daemons gone for
+    LOG_DAYS days are removed here.
+
     Raises
     ------
     MountError
         The daemon exited or did not mount within ``timeout`` (its last log line says why).
     """
     path = os.path.abspath(mountpoint)
+    own_log = os.path.abspath(log_path) == state_file(path, ".log")
+    remove_old_logs()
     with open(log_path, "ab") as log_file:
         pid = os.fork()
         if pid == 0:  # the daemon
@@ -520,8 +869,10 @@ def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, ti
                 daemon_log = logging.getLogger("packfs.mount")
                 daemon_log.addHandler(handler)
                 daemon_log.propagate = False
-                mount(folder, path, **settings)
+                mount(folder, mountpoint, **settings)  # the caller's words in messages
                 status = 0
+                if own_log and os.fstat(log_file.fileno()).st_size == 0:
+                    os.unlink(log_path)  # nothing worth keeping
             except BaseException as error:  # report, never return into the caller's code
                 print(f"Error: {error}", file=sys.stderr, flush=True)
             finally:
@@ -532,7 +883,9 @@ def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, ti
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             lines = open(log_path, "rb").read().decode(errors="replace").strip().splitlines()
-            reason = lines[-1].removeprefix("Error: ") if lines else f"exit status {status}"
+            if lines and lines[-1].startswith("Error: "):  # the daemon's own one-line reason
+                raise MountError(lines[-1].removeprefix("Error: "))
+            reason = lines[-1] if lines else f"exit status {status}"
             raise MountError(f"mounting {folder.path!r} at {mountpoint!r} failed: {reason}")
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
@@ -541,17 +894,28 @@ def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, ti
     return pid
 
 
+def _check_ours(mountpoint: str) -> None:
+    """Raise MountError unless a packfs mount is at ``mountpoint``: unmounting runs as
+    whoever asks, root included, and must never take down another file system."""
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        raise MountError(f"{mountpoint!r} is not mounted")
+    source, fstype = entry
+    if fstype != FSTYPE or not source.startswith(FSNAME_PREFIX):
+        raise MountError(f"{mountpoint!r} is a {fstype} mount of {source!r}, not a packfs mount "
+                         f"(expected type {FSTYPE}); not unmounting it")
+
+
 def unmount(mountpoint: str, lazy: bool = False, timeout: float = 10.0) -> None:
     """Unmount a packfs mount and wait until it is gone.
 
     Raises
     ------
     MountError
-        Not mounted, busy (use ``lazy``), or the unmount command failed.
+        Not mounted, not a packfs mount, busy (use ``lazy``), or the unmount failed.
     """
     path = os.path.abspath(mountpoint)
-    if not is_mounted(path):
-        raise MountError(f"{mountpoint!r} is not mounted")
+    _check_ours(path)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is not None:
         command = [tool, "-u"] + (["-z"] if lazy else []) + [path]
@@ -580,10 +944,80 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 10.0) -> None:
 
 
 def is_stale(mountpoint: str) -> bool:
-    """True when the mount's daemon is gone ("Transport endpoint is not connected")."""
+    """True when the mount's daemon is gone ("Transport endpoint is not connected").
+
+    statfs, not stat: the kernel answers stat of the mount's root from its attribute
+    cache (CACHE_SECONDS) without asking the daemon, so a dead daemon looked alive once
+    anything had looked at the root; statfs always goes to the daemon."""
+    if not is_mounted(mountpoint):
+        return False
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as error:
         return error.errno == errno.ENOTCONN
     return False
 
+
+# -- mount(8) --------------------------------------------------------------------------------
+
+MOUNT_HELPER = "/sbin/mount.fuse.packfs"
+
+# packfs settings an fstab line can only give as -o options: option -> CLI flag.
+_HELPER_SETTINGS = {"threads": "--threads", "binding": "--binding", "log_file": "--log-file"}
+
+
+def mount_helper(argv: list[str]) -> int:
+    """``mount.fuse.packfs SOURCE TARGET [-sfnvrw] [-N NS] [-t TYPE] [-o OPTIONS]``, as
+    mount(8) runs it for ``mount -t fuse.packfs`` and fstab lines of that type: a
+    background ``packfs mount``.  mount(8)'s flags and options never fail it: -f (fake)
+    mounts nothing, -r adds ro, the rest are ignored; -o threads=N, binding=NAME,
+    log_file=PATH and nocheck_data set what the packfs mount flags of those names do.
+
+    The fstab line:  /data/train.ffr  /mnt/train  fuse.packfs  ro,allow_other,nofail  0  0
+    """
+    from .cli import main  # the command line's parsing, checks and one-line errors
+
+    if len(argv) < 2:
+        print("usage: mount.fuse.packfs ARCHIVE MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
+        return 1  # mount(8) helpers exit 1 for usage errors too
+    source, target, rest = argv[0], argv[1], argv[2:]
+    options: list[str] = []
+    flags: list[str] = []
+    fake = False
+    words = iter(rest)
+    for word in words:
+        if word == "-o":
+            options.extend(item for item in next(words, "").split(",") if item)
+        elif word in ("-t", "-N"):
+            next(words, None)  # the type (ours) or a mount namespace: nothing to do
+        elif word.startswith("-") and not word.startswith("--"):
+            fake = fake or "f" in word
+            if "r" in word:
+                options.append("ro")
+    if fake:
+        return 0
+    kept = []
+    for item in options:
+        key, _, value = item.partition("=")
+        if key in _HELPER_SETTINGS and value:
+            flags += [_HELPER_SETTINGS[key], value]
+        elif key == "nocheck_data":
+            flags.append("--no-check-data")
+        else:
+            kept.append(item)
+    arguments = ["mount", source, target, *flags] + (["-o", ",".join(kept)] if kept else [])
+    try:
+        main.main(arguments, prog_name="mount.fuse.packfs", standalone_mode=True)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
+    return 0
+
+
+def helper_script(python: str | None = None) -> str:
+    """The text of MOUNT_HELPER: runs mount_helper with this interpreter (so this
+    installation serves the mount, whatever is on root's PATH at boot)."""
+    python = python or sys.executable
+    return ("#!/bin/sh\n"
+            "# mount(8) runs this for file systems of type fuse.packfs (packfs.mount.mount_helper).\n"
+            f"exec '{python}' -c 'import sys; from packfs.mount import mount_helper; "
+            "sys.exit(mount_helper(sys.argv[1:]))' \"$@\"\n")

@@ -205,7 +205,7 @@ def test_up_front_errors(archive: Path, tmp_path: Path) -> None:
     from tests.conftest import VECTORS
 
     cases = [
-        ((tmp_path / "missing.ffr", empty), 2, "does not exist"),
+        ((tmp_path / "missing.ffr", empty), 1, "no such file, expected an archive"),
         ((junk, empty), 1, "header claims"),
         ((VECTORS / "corrupt_header.ffr", empty), 1, "header checksum mismatch"),
         ((VECTORS / "records.ffr", empty), 1, "not a packfs archive"),
