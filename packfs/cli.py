@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import fnmatch
 import logging
 import os
+import signal
 import stat as stat_module
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -19,7 +21,9 @@ from .extract import unpack as unpack_archive
 from .reader import PackedFolder
 from .writer import pack_folder
 
-EXISTING_FILE = click.Path(exists=True, dir_okay=False)
+# Checked by the library, which says in one line what is wrong (missing, a directory,
+# not an archive) and exits 1; click's own check would be a usage error (exit 2).
+ARCHIVE_PATH = click.Path()
 
 
 def human_size(n: float) -> str:
@@ -33,6 +37,17 @@ def human_size(n: float) -> str:
 class _Group(click.Group):
     """Turns PackfsError into one ``Error: ...`` line and exit 1 (a traceback with --debug)."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # `mount -t fuse.packfs ARCHIVE DIR` and fstab lines of that type, without the
+        # mount.fuse.packfs helper installed: mount(8) runs fuse3's mount.fuse3, which
+        # runs "packfs ARCHIVE DIR -o OPTIONS".  An archive is never a command's name.
+        if len(args) >= 2 and args[0] not in self.commands and not args[0].startswith("-") \
+                and os.path.isfile(args[0]):
+            from .mount import mount_helper
+
+            ctx.exit(mount_helper(list(args)))
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -43,6 +58,9 @@ class _Group(click.Group):
         except BrokenPipeError:
             sys.stderr.close()  # reader went away (e.g. `packfs cat ... | head`)
             sys.exit(1)
+
+
+_RATE_AFTER_SECONDS = 1.0
 
 
 class _TerminalProgress:
@@ -76,17 +94,21 @@ class _TerminalProgress:
             self._draw(now)
 
     def _draw(self, now: float) -> None:
-        rate = self.bytes / max(now - self.started, 1e-9)
+        elapsed = now - self.started
+        # A rate (and an ETA from it) over the first moments is noise: the first line
+        # once showed "ETA 109950 s".  Both appear after a second.
+        rate = self.bytes / elapsed if elapsed >= _RATE_AFTER_SECONDS else 0.0
+        speed = f"  {human_size(rate)}/s" if rate else ""
         files = f"{self.files}/{self.total_files} files  " if self.total_files else ""
         if self.total_bytes:
             # Input counted by reads may run a few blocks past the size: never over 100%.
             percent = min(100 * self.bytes / self.total_bytes, 100.0)
             line = (f"{self.label} {percent:5.1f}%  {files}{human_size(self.bytes)}"
-                    f"/{human_size(self.total_bytes)}  {human_size(rate)}/s")
+                    f"/{human_size(self.total_bytes)}{speed}")
             if rate:
                 line += f"  ETA {max(self.total_bytes - self.bytes, 0) / rate:.0f} s"
         else:
-            line = f"{self.label}  {files}{human_size(self.bytes)}  {human_size(rate)}/s"
+            line = f"{self.label}  {files}{human_size(self.bytes)}{speed}"
         click.echo("\r" + line.ljust(self._width), nl=False, err=True)
         self._width = max(self._width, len(line))
 
@@ -96,6 +118,58 @@ class _TerminalProgress:
     def close(self) -> None:
         if self.enabled and self._width:
             click.echo("\r" + " " * self._width + "\r", nl=False, err=True)
+
+
+class _Signalled(BaseException):
+    """Raised in the main thread by a terminating signal, so that whatever is being
+    written unwinds (removing its temporary file) before the process exits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Every signal whose default action ends the process and that can be caught.  (Python
+# already ignores SIGPIPE and SIGXFSZ; writes then fail with an error instead.)
+_TERMINATING_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGALRM", "SIGUSR1",
+                                       "SIGUSR2", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR", "SIGPOLL")
+    if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _exit_on_signals(what: str) -> Iterator[None]:
+    """Turn a terminating signal into a clean exit with status 128 + signal, as Unix
+    tools exit, after the work in the block has unwound; ``what`` names what was not
+    written.  A second signal during the clean-up is ignored, so it cannot cut it short."""
+
+    def stop(signum: int, frame: object) -> None:
+        for number in _TERMINATING_SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
+        raise _Signalled(signum)
+
+    # A signal ignored when packfs started stays ignored (nohup, a background job's
+    # SIGINT): the caller asked for the work to survive it.
+    previous = {number: signal.signal(number, stop) for number in _TERMINATING_SIGNALS
+                if signal.getsignal(number) is not signal.SIG_IGN}
+    try:
+        yield
+    except _Signalled as interrupted:
+        click.echo(f"Interrupted by {signal.Signals(interrupted.signum).name}: {what} not written", err=True)
+        sys.exit(128 + interrupted.signum)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def _closing(progress: _TerminalProgress) -> Iterator[_TerminalProgress]:
+    """Blank the progress line however the block ends."""
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 class _WarningHandler(logging.Handler):
@@ -124,7 +198,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 @main.command()
-@click.argument("src", type=click.Path(exists=True, allow_dash=True))
+@click.argument("src", type=click.Path(allow_dash=True))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
@@ -146,7 +220,7 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
     if from_archive and (follow_symlinks or exclude):
         raise click.UsageError("-L and --exclude apply to a directory SRC only")
     progress = _TerminalProgress("packing", quiet)
-    try:
+    with _exit_on_signals(repr(out)), _closing(progress):
         if from_archive:
             from .archives import pack_archive
 
@@ -154,22 +228,26 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         else:
             stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
                                 force=force, progress=progress)
-    finally:
-        progress.close()
     if not quiet:
-        rate = stats.file_bytes / stats.seconds if stats.seconds else 0
+        seconds = max(stats.seconds, 1e-9)
+        rates = [f"{human_size(stats.file_bytes / seconds)}/s"]
+        if stats.files >= 10:  # a files/s figure of one or two large files says nothing
+            rates.insert(0, f"{stats.files / seconds:.0f} files/s")
         click.echo(
-            f"packed {stats.files} files, {stats.dirs} dirs, {stats.symlinks} symlinks "
-            f"({human_size(stats.file_bytes)}) into {out!r} ({human_size(stats.archive_bytes)}) "
-            f"in {stats.seconds:.2f} s ({stats.files / max(stats.seconds, 1e-9):.0f} files/s, "
-            f"{human_size(rate)}/s)"
+            f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
+            f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
+            f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
             + (f"; skipped {stats.skipped}" if stats.skipped else ""),
             err=True,
         )
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 @main.command()
-@click.argument("legacy", type=EXISTING_FILE)
+@click.argument("legacy", type=ARCHIVE_PATH)
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
@@ -186,10 +264,8 @@ def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     from .convert import convert as convert_archive
 
     progress = _TerminalProgress("converting", quiet)
-    try:
+    with _exit_on_signals(repr(out)), _closing(progress):
         stats = convert_archive(legacy, out, force=force, progress=progress)
-    finally:
-        progress.close()
     if not quiet:
         click.echo(f"converted {stats.files} files, {stats.dirs} dirs ({human_size(stats.file_bytes)}) "
                    f"into {out!r} in {stats.seconds:.2f} s", err=True)
@@ -200,70 +276,190 @@ def _echo_path_line(line: str) -> None:
     click.echo(os.fsencode(line))
 
 
-def _ls_line(name: str, info: Any, folder: PackedFolder, path: str, human: bool = False) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.mtime_ns / 1e9))
-    size = f"{human_size(info.size):>10}" if human else f"{info.size:12d}"
-    line = (f"{stat_module.filemode(info.mode)} {info.nlink:3d} {info.uid:5d} {info.gid:5d} "
-            f"{size} {when} {name}")
-    if info.kind == "symlink":
-        line += " -> " + folder.readlink(path)
-    return line
+class _Lines:
+    """Output lines as raw bytes, written in large chunks rather than one call per
+    line; each ends with ``end`` (a newline, or NUL for ``-0``/``-print0``)."""
+
+    def __init__(self, end: bytes) -> None:
+        sys.stdout.flush()
+        self._out = sys.stdout.buffer  # (CliRunner's stand-in has one too)
+        self._end = end
+        self._pending: list[bytes] = []
+
+    def add(self, line: bytes) -> None:
+        self._pending.append(line)
+        if len(self._pending) >= 8192:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._pending.append(b"")  # the last line's terminator
+            data, self._pending = self._end.join(self._pending), []
+            self._out.write(data)
+        self._out.flush()
+
+
+class _LongFormat:
+    """``ls -l`` lines, with what repeats cached: user and group names per id (numeric
+    when the id has no name here, or with ``numeric``) and the time text per minute."""
+
+    def __init__(self, numeric: bool, human: bool) -> None:
+        self._numeric, self._human = numeric, human
+        self._users: dict[int, str] = {}
+        self._groups: dict[int, str] = {}
+        self._times: dict[int, str] = {}
+        import grp
+        import pwd
+
+        self._getpwuid, self._getgrgid = pwd.getpwuid, grp.getgrgid
+
+    def _owner(self, cache: dict[int, str], lookup: Any, ident: int) -> str:
+        text = cache.get(ident)
+        if text is None:
+            if self._numeric:
+                text = f"{ident:5d}"  # as packfs ls -l always showed ids
+            else:
+                try:
+                    text = f"{lookup(ident)[0]:<8s}"  # a name, left-aligned as ls does
+                except (KeyError, OverflowError):
+                    text = f"{ident:8d}"  # no such id here: the number, right-aligned
+            cache[ident] = text
+        return text
+
+    def _when(self, mtime_ns: int) -> str:
+        seconds = mtime_ns // 1_000_000_000
+        minute = seconds // 60
+        text = self._times.get(minute)
+        if text is None:
+            try:
+                local = time.localtime(seconds)
+                text = time.strftime("%Y-%m-%d %H:%M", local)
+            except (OverflowError, OSError, ValueError):  # beyond what the C library converts
+                return f"{seconds:>16d}"
+            # Cached per minute unless the zone's offset has seconds (historic local mean
+            # times): then times in one minute of the epoch can show different minutes.
+            if local.tm_sec == seconds % 60:
+                self._times[minute] = text
+        return text
+
+    def line(self, name: bytes, item: Any, target: bytes | None) -> bytes:
+        mode, uid, gid, mtime_ns, size, nlink = item[1:7]
+        user = self._users.get(uid) or self._owner(self._users, self._getpwuid, uid)
+        group = self._groups.get(gid) or self._owner(self._groups, self._getgrgid, gid)
+        when = self._times.get(mtime_ns // 60_000_000_000) or self._when(mtime_ns)
+        size_text = f"{human_size(size):>10}" if self._human else f"{size:12d}"
+        prefix = f"{stat_module.filemode(mode)} {nlink:3d} {user} {group} {size_text} {when} "
+        line = prefix.encode(_FS_ENCODING, "surrogateescape") + name
+        return line if target is None else line + b" -> " + target
+
+
+_FS_ENCODING = sys.getfilesystemencoding()
+
+
+def _ls_line(name: bytes, item: Any, folder: PackedFolder, path: bytes, formatter: _LongFormat) -> bytes:
+    """One ``ls -l`` line for ``item`` (an EntryAttributes) at archive path ``path``."""
+    target = None
+    if item[1] & stat_module.S_IFMT(0o177777) == stat_module.S_IFLNK:
+        target = os.fsencode(folder.readlink(path))
+    return formatter.line(name, item, target)
 
 
 @main.command(context_settings={"help_option_names": ["--help"]})  # -h is --human-readable, as in ls
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("path", default="")
-@click.option("-l", "long", is_flag=True, help="Long listing: mode, links, owner, size, mtime.")
+@click.option("-l", "long", is_flag=True, help="Long listing: mode, links, owner, group, size, mtime.")
+@click.option("-n", "--numeric-uid-gid", "numeric", is_flag=True,
+              help="Like -l, with numeric user and group IDs rather than names.")
 @click.option("-h", "--human-readable", "human", is_flag=True, help="With -l, sizes as 1.5 KiB, 3.2 MiB.")
 @click.option("-R", "recursive", is_flag=True, help="List sub-directories recursively.")
-def ls(archive: str, path: str, long: bool, human: bool, recursive: bool) -> None:
+@click.option("-0", "--zero", "--null", "zero", is_flag=True,
+              help="End each line with a NUL byte, not a newline (as GNU ls --zero; for xargs -0).")
+def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursive: bool, zero: bool) -> None:
     """List directory PATH (default: the root) of ARCHIVE.
+
+    Names are printed as their exact bytes.  With -l, user and group IDs are shown as
+    the names this machine gives them (numbers when it has none; -n for numbers).
+    With -0, a name holding a newline cannot be mistaken for two.  A PATH starting
+    with '-' goes after '--'.
 
     \b
     Example:
       packfs ls -lh data.ffr train/cat
+      packfs ls -0 data.ffr train | xargs -0 -n 100 echo
     """
+    long = long or numeric
+    formatter = _LongFormat(numeric, human) if long else None
+    lines = _Lines(b"\0" if zero else b"\n")
     with PackedFolder(archive) as folder:
         if not folder.is_dir(path):
             info = folder.stat(path)
-            _echo_path_line(_ls_line(path, info, folder, path, human) if long else path)
+            key = os.fsencode(path)
+            item = (key, info.mode, info.uid, info.gid, info.mtime_ns, info.size, info.nlink)
+            lines.add(_ls_line(key, item, folder, key, formatter) if formatter else key)
+            lines.flush()
             return
-        for name in folder.list(path, recursive=recursive):
-            full = f"{path.strip('/')}/{name}" if path.strip("/") else name
-            _echo_path_line(_ls_line(name, folder.stat(full), folder, full, human) if long else name)
+        top = os.fsencode(path).strip(b"/")
+        top = top + b"/" if top else b""
+        try:
+            for item in folder.list_attributes(path, recursive=recursive):
+                name = item[0]
+                lines.add(_ls_line(name, item, folder, top + name, formatter) if formatter else name)
+        finally:
+            lines.flush()  # what was listed before an error, then the error
 
 
-_FIND_TYPES = {"f": "file", "d": "dir", "l": "symlink"}
+_FIND_TYPES = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR, "l": stat_module.S_IFLNK}
 
 
 @main.command()
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("path", default="")
 @click.option("--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
 @click.option("--type", "kind", type=click.Choice(sorted(_FIND_TYPES)), help="Only files, directories or symlinks.")
-def find(archive: str, path: str, pattern: str | None, kind: str | None) -> None:
+@click.option("-print0", "--print0", "print0", is_flag=True,
+              help="End each path with a NUL byte, not a newline (as find -print0; for xargs -0).")
+def find(archive: str, path: str, pattern: str | None, kind: str | None, print0: bool) -> None:
     """Print the paths under PATH (default: everything) in ARCHIVE, depth first.
+
+    Paths are printed as their exact bytes; with -print0 each ends with a NUL byte, so
+    names holding newlines survive a pipe into xargs -0 (or read -d '').
 
     \b
     Example:
       packfs find data.ffr train --name '*.jpg' --type f | wc -l
+      packfs find data.ffr --type f -print0 | xargs -0 -n 100 echo
     """
+    import re
+
     wanted = _FIND_TYPES.get(kind or "")
+    matches = re.compile(fnmatch.translate(pattern)).match if pattern is not None else None
     top = path.strip("/")
+    top_key = os.fsencode(top)
+    lines = _Lines(b"\0" if print0 else b"\n")
     with PackedFolder(archive) as folder:
         info = folder.stat(top)
-        candidates = [""] + (folder.list(top, recursive=True) if info.kind == "dir" else [])
-        for relative in candidates:
-            full = "/".join(part for part in (top, relative) if part)
-            if pattern is not None and not fnmatch.fnmatchcase(full.rpartition("/")[2], pattern):
-                continue
-            if wanted is not None and folder.stat(full).kind != wanted:
-                continue
-            _echo_path_line(full or ".")
+        if ((matches is None or matches(top.rpartition("/")[2]))
+                and (wanted is None or info.mode & stat_module.S_IFMT(0o177777) == wanted)):
+            lines.add(top_key or b".")
+        if info.kind != "dir":
+            lines.flush()
+            return
+        prefix = top_key + b"/" if top_key else b""
+        file_type = stat_module.S_IFMT(0o177777)
+        try:
+            for item in folder.list_attributes(top, recursive=True):
+                relative = item[0]
+                if wanted is not None and item[1] & file_type != wanted:
+                    continue
+                if matches is not None and not matches(os.fsdecode(relative[relative.rfind(b"/") + 1 :])):
+                    continue
+                lines.add(prefix + relative)
+        finally:
+            lines.flush()
 
 
 @main.command()
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("paths", nargs=-1, required=True)
 def cat(archive: str, paths: tuple[str, ...]) -> None:
     """Write the contents of files in ARCHIVE to standard output.
@@ -282,7 +478,7 @@ def cat(archive: str, paths: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def info(archive: str, as_json: bool) -> None:
     """Show counts, sizes and the format version of ARCHIVE.
@@ -308,7 +504,7 @@ def info(archive: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def verify(archive: str, quiet: bool) -> None:
     """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
@@ -338,7 +534,7 @@ def verify(archive: str, quiet: bool) -> None:
 
 
 @main.command()
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.argument("paths", nargs=-1)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
@@ -378,27 +574,40 @@ def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("archive", type=EXISTING_FILE)
+@click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("mountpoint", type=click.Path())
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground; log to stderr.")
 @click.option("-d", "--debug", "fuse_debug", is_flag=True, help="Show FUSE's own debug output (implies -f).")
 @click.option("-o", "options", multiple=True, metavar="OPTION[,OPTION...]",
-              help="FUSE mount options, e.g. -o uid=1000,gid=1000 to show files as yours.")
-@click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
+              help="FUSE mount options, e.g. -o uid=1000,gid=1000 to show files as yours; "
+                   "-o nonempty mounts over a non-empty directory. mount(8)'s own options "
+                   "(defaults, rw, noauto, nofail, _netdev, x-*, ...) are accepted and ignored.")
+@click.option("--allow-other", is_flag=True,
+              help="Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).")
 @click.option("--check-data/--no-check-data", default=True, show_default=True,
-              help="Check each file's CRC once, at its first open; a mismatch reads as EIO.")
-@click.option("--threads", default=0, type=click.IntRange(0), metavar="N",
-              help="1 serves requests one at a time; the default is multithreaded.")
+              help="Check each file's CRC once, at its first read; a mismatch reads as EIO.")
+@click.option("--threads", default=0, type=click.IntRange(0, 100000), metavar="N",
+              help="Serve with at most N threads (1: one request at a time); the default is "
+                   "libfuse's, 10. N > 1 needs --binding mfusepy.")
 @click.option("--binding", type=click.Choice(["fusepy", "mfusepy"]), default="mfusepy", show_default=True,
               help="FUSE binding: mfusepy (libfuse3, faster warm reads) or fusepy (libfuse2).")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
-              help="Where a background daemon logs (default: a file named in the output).")
+              help="Where a background daemon logs (default: a file named in the output, "
+                   "removed when the daemon ends with nothing logged).")
 def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, options: tuple[str, ...],
           allow_other: bool, check_data: bool, threads: int, binding: str, log_file: str | None) -> None:
     """Serve ARCHIVE read-only at the directory MOUNTPOINT through FUSE.
 
     Returns once the mount works; the daemon then runs in the background until
-    `packfs unmount MOUNTPOINT` (or SIGTERM/SIGINT to it).
+    `packfs unmount MOUNTPOINT` or `umount MOUNTPOINT` (or SIGTERM/SIGINT to it,
+    which unmount too and are no error).
+
+    \b
+    mount(8), umount(8) and /etc/fstab work with type fuse.packfs once
+    /sbin/mount.fuse.packfs exists (as root: make install-mount-helper):
+      mount -t fuse.packfs /data/train.ffr /mnt/train
+      /data/train.ffr  /mnt/train  fuse.packfs  ro,allow_other,nofail  0  0
+    packfs' own settings go in -o there: threads=N, binding=NAME, nocheck_data.
 
     \b
     Example:
@@ -407,11 +616,16 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     from . import mount as fuse_mount  # the only importer of a FUSE binding
 
     extra = _parse_options(options)
+    if threads > 1 and binding == "fusepy":
+        raise click.UsageError("--threads N with N > 1 needs --binding mfusepy "
+                               "(libfuse2 always serves with up to 10 threads)")
     # Everything that can be known up front fails here, before anything detaches.
+    if allow_other or extra.get("allow_other"):
+        fuse_mount.check_allow_other()
     fuse_mount.check_fuse(binding)
     fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     folder = PackedFolder(archive, check_data=check_data)
-    settings = dict(debug=fuse_debug, threads=threads != 1, check_data=check_data,
+    settings = dict(debug=fuse_debug, threads=threads, check_data=check_data,
                     allow_other=allow_other, options=extra, binding=binding)
     if foreground or fuse_debug:
         handler = logging.StreamHandler()
@@ -432,7 +646,8 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
 def unmount(mountpoint: str, lazy: bool) -> None:
     """Unmount a packfs mount and wait for its daemon to exit.
 
-    Also clears a stale mount whose daemon died ("Transport endpoint is not connected").
+    Refuses anything that is not a packfs mount (type fuse.packfs).  Also clears a
+    stale mount whose daemon died ("Transport endpoint is not connected").
 
     \b
     Example:

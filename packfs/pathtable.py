@@ -545,11 +545,31 @@ class PathTable:
                 self.name(child), self.file_type(child)  # raises, naming the entry
         return children, names, modes
 
-    def listing_attributes(self, children: range) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-        """(uids, gids, mtimes_ns, sizes, nlinks) of the entries in ``children`` (a range
-        from :meth:`listing`), each read as one slice of its column."""
-        start, stop = children.start, children.stop
-        return (self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
+    def listing_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
+                                                     list[int], list[int]]:
+        """(names, modes, uids, gids, mtimes_ns, sizes, nlinks) of the entries in
+        ``part``, a slice of a range from :meth:`children`: each column read as one
+        slice, names and file types checked as :meth:`listing` checks them.  A long
+        listing reads its directory a part at a time, so its memory stays bounded."""
+        start, stop = part.start, part.stop
+        if start >= stop:
+            return [], [], [], [], [], [], []
+        self._entries_used += stop - start
+        if self._entries_used >= _RELEASE_AFTER_ENTRIES:
+            self._entries_used = 0
+            self.release_pages()
+        # Children are never the root, so the name before the first child's exists.
+        ends = self._name_end[start - 1 : stop].tolist()
+        first = ends[0]
+        blob = bytes(self._mm[self._names_start + first : self._names_start + ends[-1]])
+        names = [blob[a - first : b - first] for a, b in zip(ends, ends[1:])]
+        modes = self._mode[start:stop].tolist()
+        if (ends[-1] > self._names_size or any(a >= b for a, b in zip(ends, ends[1:]))
+                or b"/" in blob or b"\0" in blob or b"." in names or b".." in names
+                or any(mode & S_IFMT not in _VALID_TYPES for mode in modes)):
+            for child in part:
+                self.name(child), self.file_type(child)  # raises, naming the entry
+        return (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
                 self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
                 self._nlink[start:stop].tolist())
 

@@ -129,7 +129,8 @@ def test_bad_archives_give_one_line(run, tmp_path: Path) -> None:
 
 
 def test_usage_errors_exit_2(run, tmp_path: Path) -> None:
-    assert run("ls", tmp_path / "missing.ffr").exit_code == 2
+    # A missing archive is not a usage mistake: one "Error:" line and exit 1.
+    assert run("ls", tmp_path / "missing.ffr").exit_code == 1
     assert run("pack").exit_code == 2
     assert run("frobnicate").exit_code == 2
 
@@ -344,7 +345,8 @@ def test_terminal_progress_with_an_unknown_total_and_a_restart(capsys: pytest.Ca
     assert capsys.readouterr().err == ""
     progress.advance(0, 2048)
     line = capsys.readouterr().err
-    assert line.startswith("\rpacking  2.0 KiB  ") and "%" not in line and "ETA" not in line
+    # No rate in the first second: a rate over a few milliseconds is noise.
+    assert line == "\rpacking  2.0 KiB" and "%" not in line and "ETA" not in line
     progress.start(2, 100)  # a second phase: drawn at once, counted from zero
     line = capsys.readouterr().err
     assert "0.0%  0/2 files  0 B/100 B" in line and "ETA" not in line
@@ -354,6 +356,23 @@ def test_terminal_progress_with_an_unknown_total_and_a_restart(capsys: pytest.Ca
     progress.close()
     blank = capsys.readouterr().err
     assert blank.startswith("\r") and blank.endswith("\r") and not blank.strip()
+
+
+def test_terminal_progress_shows_a_rate_and_eta_only_after_a_second(capsys: pytest.CaptureFixture[str]) -> None:
+    """The first line once said "ETA 109950 s": a rate from the first milliseconds."""
+    from packfs.cli import _TerminalProgress
+
+    progress = _TerminalProgress("packing")
+    progress.enabled = True
+    progress.start(1, 100 << 20)
+    progress.advance(0, 1024)
+    first = capsys.readouterr().err
+    assert "ETA" not in first and "/s" not in first
+    progress.started -= 2.0  # as if two seconds had passed
+    progress._drawn = 0.0
+    progress.advance(0, 50 << 20)
+    later = capsys.readouterr().err
+    assert "MiB/s" in later and "ETA 2 s" in later
 
 
 def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
