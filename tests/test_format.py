@@ -40,7 +40,7 @@ def test_footer_round_trip() -> None:
     "mutate, message",
     [
         (lambda d: b"\0" + d[1:], "not a packfs archive"),
-        (lambda d: d[:8] + (2).to_bytes(2, "little") + d[10:], "unsupported format version 2.0"),
+        (lambda d: d[:8] + (2).to_bytes(2, "little") + d[10:], "unsupported format version 2.1"),  # the minor stays that of the writer
         (lambda d: d[:12] + (1).to_bytes(4, "little") + d[16:], "unknown feature flags"),
         (lambda d: d[:32] + (3).to_bytes(4, "little") + d[36:], "lists 3 sections"),
         (lambda d: d[:16] + bytes(8) + d[24:], "0 entries"),

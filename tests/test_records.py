@@ -203,5 +203,5 @@ def test_negative_or_huge_count_refused_before_allocating(tmp_path: Path) -> Non
 
 
 def test_not_a_file(tmp_path: Path) -> None:
-    with pytest.raises(FormatError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="no such file"):
         RecordReader(tmp_path / "missing.ffr")

@@ -1,0 +1,137 @@
+"""What a user sees when they hand packfs the wrong thing: the right exception type
+from the API, one clear line and exit 1 from the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import packfs
+from packfs import PackedFolder
+from tests.conftest import BLUEPRINT, packfs_cli
+
+
+def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        PackedFolder(tmp_path / "missing.ffr")
+    with pytest.raises(packfs.PathNotFoundError):
+        PackedFolder(tmp_path / "missing.ffr")
+
+
+def test_a_directory_given_as_an_archive_says_so(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match="is a directory, expected an archive file"):
+        PackedFolder(tmp_path)
+
+
+def test_a_closed_folder_raises_value_error(archive: Path) -> None:
+    folder = PackedFolder(archive)
+    from packfs.dataset import PackedFiles
+
+    dataset = PackedFiles(folder)
+    folder.close()
+    assert folder.closed
+    for use in (lambda: folder.read("hello.txt"), lambda: folder.stat("hello.txt"),
+                lambda: folder.list(), lambda: folder.exists("a"), lambda: folder.open("hello.txt"),
+                lambda: folder.read_view("hello.txt"), lambda: list(folder.walk()), lambda: len(folder),
+                lambda: folder.verify(), lambda: dataset[0], lambda: dataset.read_batch([0])):
+        with pytest.raises(ValueError, match="closed"):
+            use()
+    folder.close()  # twice is fine, as for files
+
+
+def test_a_closed_dataset_raises_value_error(archive: Path) -> None:
+    from packfs.dataset import PackedFiles
+
+    dataset = PackedFiles(archive)
+    assert dataset[0] is not None
+    dataset.close()
+    with pytest.raises(ValueError, match="closed"):
+        dataset[0]
+
+
+def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]:
+    tar = tmp_path / "data.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(archive, "a.ffr")
+    zipped = tmp_path / "data.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("a", b"b" * 100)
+    gz = tmp_path / "data.ffr.gz"
+    gz.write_bytes(gzip.compress(archive.read_bytes()))
+    empty = tmp_path / "empty.ffr"
+    empty.write_bytes(b"")
+    data = archive.read_bytes()
+    truncated = tmp_path / "truncated.ffr"
+    truncated.write_bytes(data[: len(data) // 2])
+    return {
+        "tar": (tar, "is a tar archive, not a packfs archive; to make one from it: packfs pack"),
+        "zip": (zipped, "is a zip archive, not a packfs archive"),
+        "gzip": (gz, "is gzip-compressed data, not a packfs archive"),
+        "empty": (empty, "is empty (0 bytes), not a packfs archive"),
+        "truncated": (truncated, f"truncated: {len(data) // 2} bytes, but its header puts the last "
+                                 f"record at offset {len(data) - 64}, so it must be at least {len(data)} bytes"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip", "gzip", "empty", "truncated"])
+@pytest.mark.parametrize("check_data", [True, False])
+def test_files_that_are_not_archives_say_what_they_are(archive: Path, tmp_path: Path, kind: str,
+                                                       check_data: bool) -> None:
+    path, message = _foreign_files(tmp_path, archive)[kind]
+    with pytest.raises(packfs.FormatError) as error:
+        PackedFolder(path, check_data=check_data)
+    assert message in str(error.value)
+    assert "checksum" not in str(error.value) and "records" not in str(error.value)
+
+
+@pytest.mark.parametrize("command", ["info", "ls", "verify", "find", "mount"])
+@pytest.mark.parametrize("kind", ["tar", "zip", "empty", "truncated", "missing", "directory"])
+def test_the_cli_says_it_in_one_line_and_exits_1(archive: Path, tmp_path: Path, command: str, kind: str) -> None:
+    files = _foreign_files(tmp_path, archive)
+    files["missing"] = (tmp_path / "missing.ffr", "no such file, expected an archive")
+    files["directory"] = (tmp_path, "is a directory, expected an archive file")
+    path, message = files[kind]
+    args = [command, path] + ([tmp_path / "mnt"] if command == "mount" else [])
+    (tmp_path / "mnt").mkdir(exist_ok=True)
+    result = packfs_cli(*args)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: "), result.stderr
+    assert message in result.stderr and "Usage" not in result.stderr
+
+
+def test_a_missing_pack_source_is_one_line_exit_1(tmp_path: Path) -> None:
+    result = packfs_cli("pack", tmp_path / "nope", tmp_path / "out.ffr")
+    assert result.returncode == 1 and result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+    assert "no such file or directory" in result.stderr
+    assert not (tmp_path / "out.ffr").exists()
+
+
+def test_usage_mistakes_still_exit_2(archive: Path) -> None:
+    assert packfs_cli("info").returncode == 2
+    assert packfs_cli("ls", archive, "--no-such-option").returncode == 2
+
+
+def test_a_pipe_given_as_the_source_is_read_as_a_stream(tree: Path, tmp_path: Path) -> None:
+    """packfs pack <(tar c ...) out.ffr: the pipe is read once, like '-'."""
+    out = tmp_path / "out.ffr"
+    script = f'packfs pack <(tar cf - -C "{tree}" .) "{out}"'
+    env = dict(os.environ, PATH=os.path.dirname(_packfs()) + os.pathsep + os.environ["PATH"])
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    with PackedFolder(out) as folder:
+        assert folder.read("hello.txt") == BLUEPRINT["hello.txt"]
+        assert folder.read("a/b/c/deep.bin") == BLUEPRINT["a/b/c/deep.bin"]
+
+
+def _packfs() -> str:
+    import shutil
+    import sys
+
+    return shutil.which("packfs", path=os.path.dirname(sys.executable)) or "packfs"
