@@ -529,21 +529,8 @@ class PathTable:
         children = self.children(entry)
         if not children:
             return children, [], []
-        start, stop = children.start, children.stop
-        self._entries_used += stop - start
-        # Children are never the root, so the name before the first child's exists.
-        ends = self._name_end[start - 1 : stop].tolist()
-        first = ends[0]
-        blob = bytes(self._mm[self._names_start + first : self._names_start + ends[-1]])
-        names = [blob[a - first : b - first] for a, b in zip(ends, ends[1:])]
-        modes = self._mode[start:stop].tolist()
-        # The per-entry rules of name() and file_type(), checked over the slice at once.
-        if (ends[-1] > self._names_size or any(a >= b for a, b in zip(ends, ends[1:]))
-                or b"/" in blob or b"\0" in blob or b"." in names or b".." in names
-                or any(mode & S_IFMT not in _VALID_TYPES for mode in modes)):
-            for child in children:
-                self.name(child), self.file_type(child)  # raises, naming the entry
-        return children, names, modes
+        self._entries_used += len(children)
+        return (children, *self._names_and_modes(children))
 
     def listing_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
                                                      list[int], list[int]]:
@@ -558,6 +545,15 @@ class PathTable:
         if self._entries_used >= _RELEASE_AFTER_ENTRIES:
             self._entries_used = 0
             self.release_pages()
+        names, modes = self._names_and_modes(part)
+        return (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
+                self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
+                self._nlink[start:stop].tolist())
+
+    def _names_and_modes(self, part: range) -> tuple[list[bytes], list[int]]:
+        """Names and modes of the (non-empty) run of siblings ``part``, each read as one
+        slice, with the per-entry rules of name() and file_type() checked at once."""
+        start, stop = part.start, part.stop
         # Children are never the root, so the name before the first child's exists.
         ends = self._name_end[start - 1 : stop].tolist()
         first = ends[0]
@@ -569,9 +565,7 @@ class PathTable:
                 or any(mode & S_IFMT not in _VALID_TYPES for mode in modes)):
             for child in part:
                 self.name(child), self.file_type(child)  # raises, naming the entry
-        return (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
-                self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
-                self._nlink[start:stop].tolist())
+        return names, modes
 
     def column(self, name: str) -> np.ndarray:
         return self.arrays[name]
