@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -374,7 +375,7 @@ def test_allow_other_without_user_allow_other(archive: Path, tmp_path: Path) -> 
     mountpoint = copy.parent / "m"
     mountpoint.mkdir()
     os.chown(mountpoint, 65534, 65534)
-    with cleared(mountpoint):
+    with cleared(mountpoint), _removed_after(copy.parent):
         result = _as_nobody(sys.executable, "-m", "packfs", "mount", "--allow-other", str(copy), str(mountpoint))
         assert result.returncode == 1, result.stderr
         assert result.stderr.strip().splitlines() == [
@@ -390,7 +391,14 @@ def test_allow_other_without_user_allow_other(archive: Path, tmp_path: Path) -> 
             conf.chmod(0o644)
             done = _as_nobody(sys.executable, "-c", check, str(conf))
             assert (done.returncode == 0) == allowed, (text, done.stderr)
-    shutil.rmtree(copy.parent)
+
+
+@contextlib.contextmanager
+def _removed_after(directory: Path) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- 18. logs, stale mounts, help -----------------------------------------------------------------
