@@ -19,6 +19,7 @@ from .errors import (
     PackError,
     PackfsError,
     PathNotFoundError,
+    UnpackDamagedError,
     UnpackError,
 )
 from .convert import convert
@@ -52,5 +53,6 @@ __all__ = [
     "NotASymlinkError",
     "PackError",
     "UnpackError",
+    "UnpackDamagedError",
     "__version__",
 ]

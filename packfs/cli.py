@@ -538,29 +538,55 @@ def verify(archive: str, quiet: bool) -> None:
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.argument("paths", nargs=-1)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool) -> None:
+@click.option("--skip-existing", is_flag=True,
+              help="Resume an earlier unpack: leave files already in DEST with the archive's size and "
+                   "mtime (symlinks: its target) as they are.  Anything else in the way is still an error.")
+@click.option("--stop-on-error", is_flag=True,
+              help="Stop at the first damaged file (by default everything intact is unpacked, each "
+                   "damaged path listed, and the exit status is 1).")
+def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_existing: bool,
+           stop_on_error: bool) -> None:
     """Extract ARCHIVE (or just PATHS in it) into the directory DEST.
 
     Restores modes, mtimes, symlinks, hard links and empty directories; never writes
-    outside DEST and never overwrites an existing file.
+    outside DEST and never overwrites an existing file.  A damaged file is left out
+    (never written in part) and listed as "damaged: PATH (why)"; everything intact is
+    unpacked, and the exit status is then 1.
 
     \b
     Example:
       packfs unpack data.ffr restored/ train/cat
+      packfs unpack --skip-existing data.ffr restored/   # resume
     """
+    from .errors import UnpackDamagedError
+
     progress = _TerminalProgress("unpacking", quiet)
+
+    def report(path: str, reason: str) -> None:
+        progress.close()  # blanks the progress line; the next update draws it again
+        click.echo(os.fsencode(f"damaged: {path} ({reason})"), err=True)
+
+    failure = None
     with PackedFolder(archive) as folder:
         progress.start(0, int(folder.info()["file_bytes"]))  # type: ignore[call-overload]
         try:
-            stats = unpack_archive(folder, dest, paths, progress=progress.add_bytes)
+            stats = unpack_archive(folder, dest, paths, progress=progress.add_bytes, skip_existing=skip_existing,
+                                   stop_on_error=stop_on_error, on_damaged=report)
+        except UnpackDamagedError as error:
+            stats, failure = error.stats, error
         finally:
             progress.close()
     if not quiet:
-        click.echo(
-            f"unpacked {stats.files + stats.hardlinks} files, {stats.dirs} dirs, "
-            f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}",
-            err=True,
-        )
+        summary = (f"unpacked {stats.files + stats.hardlinks} files, {stats.dirs} dirs, "
+                   f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}")
+        if stats.existing:
+            summary += f"; {stats.existing} already there, left as they were"
+        if stats.skipped:
+            summary += f"; skipped {stats.skipped} damaged"
+            summary += " file" if stats.skipped == 1 else " files"
+        click.echo(summary, err=True)
+    if failure is not None:
+        raise failure  # one "Error: ..." line and exit 1 (a traceback with --debug)
 
 
 def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:

@@ -7,6 +7,11 @@ keep writing ``except FileNotFoundError`` (the pattern zarr uses).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .extract import UnpackStats
+
 __all__ = [
     "PackfsError",
     "FormatError",
@@ -18,6 +23,7 @@ __all__ = [
     "NotASymlinkError",
     "PackError",
     "UnpackError",
+    "UnpackDamagedError",
     "MountError",
 ]
 
@@ -61,6 +67,16 @@ class PackError(PackfsError):
 
 class UnpackError(PackfsError):
     """Raised when extraction cannot write an entry safely inside the destination."""
+
+
+class UnpackDamagedError(UnpackError, ChecksumError):
+    """Raised by unpack once everything intact has been unpacked, when some files were
+    damaged and left out; ``stats`` (an UnpackStats) lists them in ``stats.damaged``,
+    with what was written."""
+
+    def __init__(self, message: str, stats: UnpackStats) -> None:
+        super().__init__(message)
+        self.stats = stats
 
 
 class MountError(PackfsError):

@@ -1,19 +1,36 @@
 """unpack(): restore an archive's tree on disk, never writing outside the destination.
 
-Every create is relative to an open directory descriptor and uses O_EXCL | O_NOFOLLOW
-(mkdir, symlink and link never follow a final symlink), and names are single
-components (the table forbids "/", ".", ".." and NUL).  So no symlink in the archive,
-or already in the destination, can redirect a write elsewhere.
+Every create is relative to an open directory descriptor and never follows a final
+symlink (O_EXCL | O_NOFOLLOW; mkdir, symlink and link never follow one), and names
+are single components (the table forbids "/", ".", ".." and NUL).  So no symlink in
+the archive, or already in the destination, can redirect a write elsewhere.
+
+A file is written under a temporary name in its directory and published under its
+own name (link, then unlink the temporary name) only once its CRC has matched and its
+attributes are set: a file under its archived name is always complete and correct,
+even after a crash, which is what lets ``skip_existing`` resume an earlier unpack.
+
+Damage is handled per file: a file (or symlink) whose contents fail their CRC, or
+whose table values are inconsistent, is left out and reported, everything intact is
+unpacked, and :class:`UnpackDamagedError` is raised at the end (``stop_on_error``
+stops at the first one instead).  Problems of the destination (something in the way,
+no space, no permission) stop at once: they would recur for every file after.
+
+The walk is iterative and holds a bounded number of directory descriptors (reopening
+a parent through ".." when it has to), and no path string is built per entry, so
+trees of any depth unpack: paths longer than PATH_MAX included.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
+import stat as stat_module
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
-from .errors import ChecksumError, UnpackError
+from .errors import ChecksumError, FormatError, UnpackDamagedError, UnpackError
 from .format import crc32
 from .pathtable import S_IFDIR, S_IFLNK
 from .reader import PackedFolder, PathArg, _key
@@ -21,101 +38,365 @@ from .reader import PackedFolder, PathArg, _key
 __all__ = ["unpack", "UnpackStats"]
 
 _CHUNK = 1 << 20
+# Directory descriptors held open at once on the way down a deep tree; the ones above
+# are closed and reopened through ".." on the way back up (ulimit -n is often 1024).
+_OPEN_DIRS = 64
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# link() failures that mean "this file system has no (more) hard links here", not
+# "something is in the way".
+_NO_LINKS = {errno.EPERM, errno.EMLINK, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
+_EXISTS_HINT = "unpack never overwrites; to resume an earlier unpack, skip existing files (--skip-existing)"
 
 
 @dataclass(frozen=True)
 class UnpackStats:
-    """What unpack wrote."""
+    """What unpack wrote, and what it left out."""
 
     files: int
     dirs: int
     symlinks: int
     hardlinks: int
     bytes: int
+    existing: int = 0  # files and symlinks already in the destination (skip_existing), left as they were
+    damaged: tuple[tuple[str, str], ...] = ()  # (path, why) of each entry left out because of damage
+
+    @property
+    def skipped(self) -> int:
+        """How many entries were left out as damaged."""
+        return len(self.damaged)
+
+
+class _Damaged(Exception):
+    """One entry is damaged: it is left out; ``reason`` says why."""
+
+    def __init__(self, reason: str, cause: FormatError | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.cause = cause
+
+
+def _reason(error: FormatError) -> str:
+    if isinstance(error, ChecksumError):
+        return "checksum mismatch"
+    return str(error)
+
+
+class _Frame:
+    """A directory being filled: its entry, descriptor (-1 while closed), identity
+    (to check a reopen through ".." found it again) and the children still to do."""
+
+    __slots__ = ("entry", "fd", "identity", "children")
+
+    def __init__(self, entry: int, fd: int, children: Iterator[int]) -> None:
+        self.entry = entry
+        self.fd = fd
+        st = os.fstat(fd)
+        self.identity = (st.st_dev, st.st_ino)
+        self.children = children
 
 
 class _Extractor:
     def __init__(self, folder: PackedFolder, dest_fd: int, dest: str,
-                 progress: Callable[[int], None] | None) -> None:
+                 progress: Callable[[int], None] | None, skip_existing: bool, stop_on_error: bool,
+                 on_damaged: Callable[[str, str], None] | None) -> None:
         self.folder = folder
         self.table = folder._table
         self.container = folder._container
         self.dest_fd = dest_fd
         self.dest = dest
         self.progress = progress
+        self.skip_existing = skip_existing
+        self.stop_on_error = stop_on_error
+        self.on_damaged = on_damaged
         self.as_root = os.geteuid() == 0
-        self.first_path: dict[int, bytes] = {}  # record -> where it was first written
-        self.counts = {"files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "bytes": 0}
+        self.first_entry: dict[int, int] = {}  # record -> the entry whose name holds it in DEST
+        self.damaged_records: dict[int, str] = {}  # record -> why it was left out
+        self.damaged: list[tuple[str, str]] = []
+        self.attempted = 0  # files and symlinks met
+        self.counts = {"files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "bytes": 0, "existing": 0}
+        self.frames: dict[int, _Frame] = {}  # directory entry -> its frame, for the stack's directories
 
-    def _error(self, relative: bytes, what: str) -> UnpackError:
-        return UnpackError(f"cannot unpack {os.fsdecode(relative)!r} into {self.dest!r}: {what}")
+    # -- helpers -----------------------------------------------------------------------
 
-    def _attributes(self, entry: int) -> tuple[int, int, int, int]:
-        mode, uid, gid, mtime_ns, _, _ = self.table.attributes(entry)
-        return mode & 0o7777, uid, gid, mtime_ns
+    def label(self, entry: int) -> str:
+        """The entry's path for messages (built only when one is needed: O(depth))."""
+        try:
+            return os.fsdecode(self.table.full_path(entry))
+        except FormatError:
+            return f"<entry {entry}>"
 
-    def open_dir(self, parent_fd: int, name: bytes, relative: bytes) -> int:
+    def _error(self, entry: int, what: str) -> UnpackError:
+        return UnpackError(f"cannot unpack {self.label(entry)!r} into {self.dest!r}: {what}")
+
+    def _advance(self, nbytes: int) -> None:
+        if self.progress is not None and nbytes:
+            self.progress(nbytes)
+
+    def _report_damage(self, entry: int, damage: _Damaged) -> None:
+        if self.stop_on_error:
+            if damage.cause is not None:
+                raise damage.cause
+            raise ChecksumError(f"{self.folder.path!r}: {self.label(entry)!r}: {damage.reason}; "
+                                f"the damaged file was not unpacked")
+        path = self.label(entry)
+        self.damaged.append((path, damage.reason))
+        if self.on_damaged is not None:
+            self.on_damaged(path, damage.reason)
+
+    def stats(self) -> UnpackStats:
+        c = self.counts
+        return UnpackStats(c["files"], c["dirs"], c["symlinks"], c["hardlinks"], c["bytes"],
+                           c["existing"], tuple(self.damaged))
+
+    # -- directories -------------------------------------------------------------------
+
+    def open_dir(self, parent_fd: int, name: bytes, entry: int) -> int:
+        """Create (or reuse) directory ``name`` and open it without following a symlink."""
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
         except FileExistsError:
             pass
         except OSError as error:
-            raise self._error(relative, error.strerror) from None
+            raise self._error(entry, error.strerror) from None
         try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                           dir_fd=parent_fd)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
         except OSError as error:
             if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise self._error(relative, "a non-directory is in the way") from None
-            raise self._error(relative, error.strerror) from None
+                raise self._error(entry, "a non-directory is in the way") from None
+            raise self._error(entry, error.strerror) from None
+        if not self.as_root:
+            # An earlier unpack may have made it read-only (its archived mode): open it
+            # up while filling it; its mode is set again once it is done.
+            mode = os.fstat(fd).st_mode
+            if mode & 0o700 != 0o700:
+                try:
+                    os.fchmod(fd, mode | 0o700)
+                except OSError:
+                    pass
+        return fd
 
-    def extract(self, entry: int, parent_fd: int, relative: bytes) -> None:
+    def _finish_dir(self, entry: int, fd: int) -> None:
+        # Attributes last: a read-only directory must not block its children.
+        mode, uid, gid, mtime_ns, _, _ = self.table.attributes(entry)
+        try:
+            if self.as_root:
+                os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode & 0o7777)
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+        except OSError as error:
+            raise self._error(entry, error.strerror or str(error)) from None
+        self.counts["dirs"] += 1
+
+    def walk(self, top: int, top_fd: int) -> None:
+        """Unpack directory ``top`` (already open as ``top_fd``, which this closes) and
+        everything below it, without recursion."""
         table = self.table
-        name = table.name(entry)
-        kind = table.file_type(entry)
-        mode, uid, gid, mtime_ns = self._attributes(entry)
-        if kind == S_IFDIR:
-            fd = self.open_dir(parent_fd, name, relative) if entry else os.dup(parent_fd)
+        stack: list[_Frame] = []
+        lowest_open = 0  # stack[lowest_open:] hold open descriptors
+        try:
             try:
-                for child in table.children(entry):
-                    child_name = table.name(child)
-                    self.extract(child, fd, relative + b"/" + child_name if relative else child_name)
-                # Attributes last: a read-only directory must not block its children.
-                if self.as_root:
-                    os.fchown(fd, uid, gid)
-                os.fchmod(fd, mode)
-                os.utime(fd, ns=(mtime_ns, mtime_ns))
-            finally:
+                children = iter(table.children(top))
+            except FormatError as error:
+                os.close(top_fd)
+                self._report_damage(top, _Damaged(_reason(error), error))
+                return
+            stack.append(_Frame(top, top_fd, children))
+            self.frames[top] = stack[-1]
+            while stack:
+                frame = stack[-1]
+                child = next(frame.children, None)
+                if child is None:
+                    parent = stack[-2] if len(stack) > 1 else None
+                    if parent is not None and parent.fd < 0:
+                        self._reopen_parent(frame, parent)
+                        lowest_open = len(stack) - 2
+                    self._finish_dir(frame.entry, frame.fd)
+                    os.close(frame.fd)
+                    frame.fd = -1
+                    del self.frames[frame.entry]
+                    stack.pop()
+                    continue
+                try:
+                    is_dir = table.file_type(child) == S_IFDIR
+                    if is_dir:
+                        name = table.name(child)
+                        children = iter(table.children(child))
+                except FormatError as error:
+                    self._report_damage(child, _Damaged(_reason(error), error))
+                    continue
+                if not is_dir:
+                    self.leaf(child, frame.fd)
+                    continue
+                fd = self.open_dir(frame.fd, name, child)
+                try:
+                    stack.append(_Frame(child, fd, children))
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self.frames[child] = stack[-1]
+                if len(stack) - lowest_open > _OPEN_DIRS:
+                    os.close(stack[lowest_open].fd)
+                    stack[lowest_open].fd = -1
+                    lowest_open += 1
+        finally:
+            for frame in stack:
+                self.frames.pop(frame.entry, None)
+                if frame.fd >= 0:
+                    os.close(frame.fd)
+
+    def _reopen_parent(self, frame: _Frame, parent: _Frame) -> None:
+        try:
+            fd = os.open("..", _DIR_FLAGS, dir_fd=frame.fd)
+        except OSError as error:
+            raise self._error(parent.entry, f"cannot reopen it: {error.strerror}") from None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != parent.identity:
+            os.close(fd)
+            raise self._error(parent.entry, "it was moved or replaced while unpacking")
+        parent.fd = fd
+
+    def _dir_fd_of(self, entry: int) -> tuple[int, bool]:
+        """A descriptor of directory ``entry`` in DEST (and whether the caller must
+        close it): one of the walk's, or opened a component at a time from DEST."""
+        if entry == 0:
+            return self.dest_fd, False
+        frame = self.frames.get(entry)
+        if frame is not None and frame.fd >= 0:
+            return frame.fd, False
+        fd = os.dup(self.dest_fd)
+        try:
+            for part in self.table.full_path(entry).split(b"/"):
+                below = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
-            self.counts["dirs"] += 1
+                fd = below
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, True
+
+    # -- files and symlinks --------------------------------------------------------------
+
+    def leaf(self, entry: int, parent_fd: int) -> None:
+        """Unpack file or symlink ``entry`` into ``parent_fd``; damage is reported and
+        left out, a problem of the destination raises UnpackError."""
+        self.attempted += 1
+        table = self.table
+        try:
+            name = table.name(entry)
+            kind = table.file_type(entry)
+            mode, uid, gid, mtime_ns, size, _ = table.attributes(entry)
+            record = table.record(entry)
+        except FormatError as error:
+            self._report_damage(entry, _Damaged(_reason(error), error))
             return
-        record = table.record(entry)
+        mode &= 0o7777
         try:
             if kind == S_IFLNK:
-                target = self.folder._link_target(entry, repr(os.fsdecode(relative)), check=True)
-                os.symlink(target, name, dir_fd=parent_fd)
-                if self.as_root:
-                    os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
-                os.utime(name, ns=(mtime_ns, mtime_ns), dir_fd=parent_fd, follow_symlinks=False)
-                self.counts["symlinks"] += 1
-            elif record in self.first_path:
-                os.link(self.first_path[record], name, src_dir_fd=self.dest_fd,
-                        dst_dir_fd=parent_fd, follow_symlinks=False)
-                self.counts["hardlinks"] += 1
+                self._symlink(entry, record, name, parent_fd, uid, gid, mtime_ns)
+            elif record in self.damaged_records:
+                self._advance(size)
+                raise _Damaged(self.damaged_records[record])
+            elif self._existing(entry, name, parent_fd, size, mtime_ns):
+                self.first_entry.setdefault(record, entry)
+                self._advance(size)
+            elif record in self.first_entry and self._link(record, name, parent_fd):
+                self._advance(size)
             else:
-                self._write_file(record, name, parent_fd, relative, mode, uid, gid, mtime_ns)
-                self.first_path[record] = relative
+                try:
+                    self._write_file(record, name, parent_fd, mode, uid, gid, mtime_ns)
+                except _Damaged as damage:
+                    self.damaged_records[record] = damage.reason
+                    raise
+                self.first_entry.setdefault(record, entry)
+        except _Damaged as damage:
+            self._report_damage(entry, damage)
         except FileExistsError:
-            raise self._error(relative, "it already exists (unpack never overwrites)") from None
+            raise self._error(entry, f"it already exists ({_EXISTS_HINT})") from None
         except OSError as error:
-            raise self._error(relative, error.strerror) from None
+            raise self._error(entry, error.strerror or str(error)) from None
 
-    def _write_file(self, record: int, name: bytes, parent_fd: int, relative: bytes,
-                    mode: int, uid: int, gid: int, mtime_ns: int) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o600, dir_fd=parent_fd)
+    def _existing(self, entry: int, name: bytes, parent_fd: int, size: int, mtime_ns: int) -> bool:
+        """False if nothing is at ``name``; True if a file the archive's is there and
+        ``skip_existing`` (counted); else UnpackError saying what is in the way."""
         try:
-            view = self.container.record_view(record)
+            st = os.lstat(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return False
+        if not self.skip_existing:
+            raise self._error(entry, f"it already exists ({_EXISTS_HINT})")
+        if not stat_module.S_ISREG(st.st_mode):
+            raise self._error(entry, f"a {_kind(st.st_mode)} is in the way, where the archive has a file "
+                                     f"(unpack never overwrites)")
+        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+            what = (f"{st.st_size} bytes, the archive's has {size}" if st.st_size != size
+                    else "its modification time differs from the archive's")
+            raise self._error(entry, f"a different file is in the way ({what}; unpack never overwrites)")
+        self.counts["existing"] += 1
+        return True
+
+    def _symlink(self, entry: int, record: int, name: bytes, parent_fd: int,
+                 uid: int, gid: int, mtime_ns: int) -> None:
+        try:
+            target = self.folder._link_target(entry, repr(self.label(entry)), check=True)
+        except FormatError as error:
+            raise _Damaged(_reason(error), error) from None
+        try:
+            os.symlink(target, name, dir_fd=parent_fd)
+        except FileExistsError:
+            if not self.skip_existing:
+                raise
+            st = os.lstat(name, dir_fd=parent_fd)
+            if not stat_module.S_ISLNK(st.st_mode):
+                raise self._error(entry, f"a {_kind(st.st_mode)} is in the way, where the archive has a "
+                                         f"symlink (unpack never overwrites)") from None
+            if os.readlink(name, dir_fd=parent_fd) != target:
+                raise self._error(entry, "a symlink to somewhere else is in the way "
+                                         "(unpack never overwrites)") from None
+            self.counts["existing"] += 1
+            return
+        if self.as_root:
+            os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
+        os.utime(name, ns=(mtime_ns, mtime_ns), dir_fd=parent_fd, follow_symlinks=False)
+        self.counts["symlinks"] += 1
+
+    def _link(self, record: int, name: bytes, parent_fd: int) -> bool:
+        """Hard-link ``name`` to the record's first name in DEST; False where the file
+        system refuses (the caller then writes a copy)."""
+        first = self.first_entry[record]
+        source_fd, close = self._dir_fd_of(self.table.parent(first))
+        try:
+            os.link(self.table.name(first), name, src_dir_fd=source_fd, dst_dir_fd=parent_fd,
+                    follow_symlinks=False)
+        except OSError as error:
+            if error.errno in _NO_LINKS:
+                return False
+            raise
+        finally:
+            if close:
+                os.close(source_fd)
+        self.counts["hardlinks"] += 1
+        return True
+
+    def _create_temporary(self, parent_fd: int) -> tuple[bytes, int]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        while True:
+            temporary = b".packfs-unpack-" + secrets.token_hex(6).encode()
+            try:
+                return temporary, os.open(temporary, flags, 0o600, dir_fd=parent_fd)
+            except FileExistsError:
+                continue
+
+    def _write_file(self, record: int, name: bytes, parent_fd: int,
+                    mode: int, uid: int, gid: int, mtime_ns: int) -> None:
+        """Write the record under a temporary name, check its CRC, set its attributes,
+        then publish it as ``name`` (never replacing anything there)."""
+        temporary, fd = self._create_temporary(parent_fd)
+        published = False
+        try:
+            try:
+                view = self.container.record_view(record)
+            except FormatError as error:
+                raise _Damaged(_reason(error), error) from None
             value = 0
             try:
                 for start in range(0, len(view), _CHUNK):
@@ -124,26 +405,88 @@ class _Extractor:
                     written = 0
                     while written < len(chunk):
                         written += os.write(fd, chunk[written:])
-                    if self.progress is not None:
-                        self.progress(len(chunk))
+                    self._advance(len(chunk))
+                length = len(view)
             finally:
                 view.release()
             if value != self.container.stored_crc(record):
-                raise ChecksumError(
-                    f"{self.folder.path!r}: {os.fsdecode(relative)!r}: checksum mismatch; "
-                    f"the damaged file was not unpacked"
-                )
+                raise _Damaged("checksum mismatch")
             if self.as_root:
                 os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
             os.utime(fd, ns=(mtime_ns, mtime_ns))
-        except BaseException:
             os.close(fd)
-            os.unlink(name, dir_fd=parent_fd)
-            raise
-        os.close(fd)
+            fd = -1
+            try:
+                os.link(temporary, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
+            except OSError as error:
+                if error.errno not in _NO_LINKS:
+                    raise
+                # No hard links here: rename, which would replace what is at ``name``,
+                # so only where nothing is (what a concurrent writer could still race).
+                try:
+                    os.lstat(name, dir_fd=parent_fd)
+                except FileNotFoundError:
+                    os.rename(temporary, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+                    published = True
+                else:
+                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST)) from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if not published:
+                try:
+                    os.unlink(temporary, dir_fd=parent_fd)
+                except FileNotFoundError:
+                    pass
         self.counts["files"] += 1
-        self.counts["bytes"] += self.container.record_length(record)
+        self.counts["bytes"] += length
+
+
+def _kind(mode: int) -> str:
+    if stat_module.S_ISDIR(mode):
+        return "directory"
+    if stat_module.S_ISLNK(mode):
+        return "symlink"
+    if stat_module.S_ISREG(mode):
+        return "file"
+    return "special file"
+
+
+def _selected(folder: PackedFolder, paths: Sequence[PathArg]) -> list[int]:
+    """The entries of ``paths`` (all of them checked to exist before anything is
+    created), without repeats or entries inside another selected directory."""
+    entries: list[int] = []
+    for path in paths or [""]:
+        entry = folder._find(_key(path), follow=False)  # PathNotFoundError names the path
+        if entry not in entries:
+            entries.append(entry)
+    chosen = set(entries)
+    table = folder._table
+    kept = []
+    for entry in entries:
+        above = table.parent(entry) if entry else -1
+        while above > 0 and above not in chosen:
+            above = table.parent(above)
+        if above == 0 and 0 in chosen and entry != 0 or above > 0:
+            continue  # unpacked with the selected directory above it
+        kept.append(entry)
+    return kept
+
+
+def _make_dest(dest: str) -> list[str]:
+    """Create ``dest`` and any missing parents; return the directories created, the
+    deepest first (what to remove again if nothing is unpacked)."""
+    created = []
+    path = os.path.abspath(dest)
+    while not os.path.lexists(path):
+        created.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    os.makedirs(dest, exist_ok=True)
+    return created
 
 
 def unpack(
@@ -151,46 +494,101 @@ def unpack(
     dest: PathArg,
     paths: Sequence[PathArg] = (),
     progress: Callable[[int], None] | None = None,
+    *,
+    skip_existing: bool = False,
+    stop_on_error: bool = False,
+    on_damaged: Callable[[str, str], None] | None = None,
 ) -> UnpackStats:
     """Extract ``paths`` (default: everything) from ``folder`` into ``dest``.
 
-    Modes, mtimes, symlinks, hard links and empty directories are restored, and owners
-    when running as root.  Existing files are never overwritten.
+    Each path lands at its own place below ``dest`` (its path in the archive, with
+    symlinks on the way resolved).  Modes, mtimes, symlinks, hard links and empty
+    directories are restored, and owners when running as root.  Existing files are
+    never overwritten, and symlinks already in ``dest`` are never followed.
+
+    Parameters
+    ----------
+    skip_existing
+        Resume an earlier unpack: a file already in ``dest`` with the archive's size
+        and mtime (a symlink: its target) is left as it is and counted in
+        ``existing``.  Anything else in the way is still an error.
+    stop_on_error
+        Raise at the first damaged file (its ChecksumError or FormatError) instead of
+        unpacking everything intact first.
+    on_damaged
+        Called with (path, reason) as each damaged entry is left out.
 
     Raises
     ------
+    PathNotFoundError
+        One of ``paths`` is not in the archive (checked before anything is created).
+    UnpackDamagedError
+        After everything intact was unpacked: some files were damaged and left out
+        (``error.stats``).  It is a ChecksumError and an UnpackError.
     UnpackError
-        Something is in the way, or the destination cannot be written.
-    ChecksumError
-        A file's contents fail their CRC (that file is removed again).
+        Something is in the way, or the destination cannot be written; unpacking
+        stops there.
+
+    A damaged file is never left in ``dest``, whole or in part.  If ``dest`` did not
+    exist and unpacking fails with nothing in it, ``dest`` is removed again.
     """
     dest_text = os.fsdecode(dest)
+    entries = _selected(folder, paths)
     try:
-        os.makedirs(dest_text, exist_ok=True)
+        created = _make_dest(dest_text)
         dest_fd = os.open(dest_text, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as error:
         raise UnpackError(f"cannot unpack into {dest_text!r}: {error.strerror}") from None
+    extractor = _Extractor(folder, dest_fd, dest_text, progress, skip_existing, stop_on_error, on_damaged)
     try:
-        extractor = _Extractor(folder, dest_fd, dest_text, progress)
-        for path in paths or [""]:
-            key = _key(path)
-            entry = folder._find(key, follow=False)
-            if entry == 0:
-                extractor.extract(0, dest_fd, b"")
-                continue
-            # Create the leading directories (with their archived attributes left to
-            # a full unpack), then the entry itself.
-            parts = key.split(b"/")
-            fd = os.dup(dest_fd)
+        try:
+            for entry in entries:
+                _unpack_entry(extractor, entry)
+        finally:
+            os.close(dest_fd)
+        stats = extractor.stats()
+        if stats.damaged:
+            path, reason = stats.damaged[0]
+            more = f", and {stats.skipped - 1} more" if stats.skipped > 1 else ""
+            written = stats.files + stats.hardlinks + stats.symlinks + stats.existing
+            raise UnpackDamagedError(
+                f"{stats.skipped} damaged {'file' if stats.skipped == 1 else 'files'} in {folder.path!r} "
+                f"not unpacked ({path!r}: {reason}{more}); {written} of {extractor.attempted} "
+                f"unpacked into {dest_text!r}", stats)
+        return stats
+    except BaseException:
+        for path in created:  # the deepest first; rmdir removes only what is empty
             try:
-                for depth in range(len(parts) - 1):
-                    next_fd = extractor.open_dir(fd, parts[depth], b"/".join(parts[: depth + 1]))
-                    os.close(fd)
-                    fd = next_fd
-                extractor.extract(entry, fd, key)
-            finally:
-                os.close(fd)
+                os.rmdir(path)
+            except OSError:
+                break
+        raise
+
+
+def _unpack_entry(extractor: _Extractor, entry: int) -> None:
+    table = extractor.table
+    if entry == 0:
+        extractor.walk(0, os.dup(extractor.dest_fd))
+        return
+    # Create the leading directories (their archived attributes are left to a full
+    # unpack) a component at a time, then the entry itself.
+    parts = table.full_path(entry).split(b"/")
+    above = []
+    walker = table.parent(entry)
+    while walker:
+        above.append(walker)
+        walker = table.parent(walker)
+    above.reverse()
+    fd = os.dup(extractor.dest_fd)
+    try:
+        for directory, part in zip(above, parts):
+            below = extractor.open_dir(fd, part, directory)
+            os.close(fd)
+            fd = below
+        if table.file_type(entry) == S_IFDIR:
+            below = extractor.open_dir(fd, parts[-1], entry)
+            extractor.walk(entry, below)
+        else:
+            extractor.leaf(entry, fd)
     finally:
-        os.close(dest_fd)
-    counts = extractor.counts
-    return UnpackStats(counts["files"], counts["dirs"], counts["symlinks"], counts["hardlinks"], counts["bytes"])
+        os.close(fd)

@@ -4,7 +4,6 @@ from the API, one clear line and exit 1 from the CLI."""
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import subprocess
 import tarfile

@@ -7,10 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import packfs
-from packfs import PackedFolder, UnpackError, pack_entries, unpack
-from tests.conftest import MTIME_NS
+from packfs import ChecksumError, PackedFolder, PathNotFoundError, UnpackDamagedError, UnpackError, pack_entries, unpack
+from packfs.cli import main
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS
 
 
 def _same_tree(left: Path, right: Path) -> None:
@@ -109,3 +111,317 @@ def test_a_hostile_archive_cannot_unpack_through_its_own_symlink(tmp_path: Path,
             unpack(folder, tmp_path / "out")
         assert not folder.verify().ok  # duplicate names, and a path hash that no longer matches
     assert list(outside.iterdir()) == []
+
+
+# -- damage: unpack everything intact, report every damaged path ---------------------------
+
+
+
+DAMAGED = ["a/b/c/deep.bin", "big/large.bin", "hello.txt"]  # hello.txt has the hard link hardlink.txt
+
+
+def _damage(archive: Path, out: Path, paths: list[str]) -> Path:
+    """A copy of ``archive`` with one bit flipped in the middle of each file's record
+    (as tests/test_corruption.py does)."""
+    data = bytearray(archive.read_bytes())
+    with PackedFolder(archive) as folder:
+        for path in paths:
+            record = folder._table.record(folder._table.lookup(os.fsencode(path)))
+            start, end = folder._container.record_span(record)
+            data[start + (end - start) // 2] ^= 0x01
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _all_paths(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _check_intact(out: Path, tree: Path, left_out: set[str]) -> None:
+    """Everything but ``left_out`` is in ``out`` as in ``tree``; nothing else is, no
+    temporary file included."""
+    expected = [p for p in _all_paths(tree) if p not in left_out]
+    assert _all_paths(out) == expected
+    for relative, contents in BLUEPRINT.items():
+        if contents is not None and relative not in left_out:
+            assert (out / relative).read_bytes() == contents, relative
+
+
+def test_unpack_goes_past_damaged_files_and_reports_each(archive: Path, tree: Path, tmp_path: Path) -> None:
+    bad = _damage(archive, tmp_path / "bad.ffr", DAMAGED)
+    seen: list[tuple[str, str]] = []
+    with PackedFolder(bad) as folder:
+        with pytest.raises(UnpackDamagedError) as caught:
+            unpack(folder, tmp_path / "out", on_damaged=lambda path, why: seen.append((path, why)))
+    error = caught.value
+    assert isinstance(error, ChecksumError) and isinstance(error, UnpackError)
+    damaged = sorted(DAMAGED + [HARDLINK[0]])  # the hard link shares hello.txt's record
+    assert sorted(error.stats.damaged) == sorted(seen) == [(p, "checksum mismatch") for p in damaged]
+    assert error.stats.skipped == 4
+    assert "4 damaged files" in str(error) and "12 of 16 unpacked" in str(error)
+    # 7 of the 11 files written, every symlink; no damaged file, whole or in part.
+    assert (error.stats.files, error.stats.symlinks, error.stats.hardlinks) == (7, 5, 0)
+    _check_intact(tmp_path / "out", tree, set(damaged))
+
+
+def test_stop_on_error_stops_at_the_first_damaged_file(archive: Path, tmp_path: Path) -> None:
+    bad = _damage(archive, tmp_path / "bad.ffr", DAMAGED)
+    first = "'a/b/c/deep.bin': checksum mismatch"
+    with PackedFolder(bad) as folder, pytest.raises(ChecksumError, match=first) as caught:
+        unpack(folder, tmp_path / "out", stop_on_error=True)
+    assert not isinstance(caught.value, UnpackDamagedError)
+    assert not (tmp_path / "out/a/b/c/deep.bin").exists()
+    assert not (tmp_path / "out/hello.txt").exists()  # never reached
+    assert not [p for p in _all_paths(tmp_path / "out") if ".packfs-unpack-" in p]
+
+
+def test_a_file_appears_under_its_name_only_once_written_and_checked(archive: Path, tmp_path: Path) -> None:
+    """Written under a temporary name and published whole: killed (here: interrupted)
+    in the middle of a file, unpack leaves neither the file nor the temporary one."""
+    out = tmp_path / "out"
+    written = []
+
+    def progress(nbytes: int) -> None:
+        written.append(nbytes)
+        if sum(written) > 1 << 20:  # inside big/large.bin, after its first chunk
+            assert not (out / "big" / "large.bin").exists()
+            assert [p.name for p in (out / "big").iterdir()][0].startswith(".packfs-unpack-")
+            raise KeyboardInterrupt
+
+    with PackedFolder(archive) as folder, pytest.raises(KeyboardInterrupt):
+        unpack(folder, out, ["big"], progress=progress)
+    assert list((out / "big").iterdir()) == []
+
+
+def test_a_damaged_first_name_of_a_hard_link_group(tmp_path: Path) -> None:
+    """The first name is damaged: every name of the group is reported (the record is
+    read once) and none is written; another group still links."""
+    pack_entries([packfs.Entry("a/first", b"shared bytes"), packfs.Entry("b/second", kind="hardlink", target="a/first"),
+                  packfs.Entry("c/third", kind="hardlink", target="a/first"),
+                  packfs.Entry("d/x", b"other"), packfs.Entry("e/y", kind="hardlink", target="d/x")],
+                 tmp_path / "h.ffr")
+    bad = _damage(tmp_path / "h.ffr", tmp_path / "bad.ffr", ["a/first"])
+    with PackedFolder(bad) as folder, pytest.raises(UnpackDamagedError) as caught:
+        unpack(folder, tmp_path / "out")
+    stats = caught.value.stats
+    assert [path for path, _ in stats.damaged] == ["a/first", "b/second", "c/third"]
+    assert (stats.files, stats.hardlinks) == (1, 1)
+    out = tmp_path / "out"
+    assert not any((out / p).exists() for p in ("a/first", "b/second", "c/third"))
+    assert os.stat(out / "d/x").st_ino == os.stat(out / "e/y").st_ino
+
+
+def test_unpack_cli_lists_damage_and_exits_1(archive: Path, tree: Path, tmp_path: Path) -> None:
+    bad = _damage(archive, tmp_path / "bad.ffr", DAMAGED)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["unpack", str(bad), str(out)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    lines = result.stderr.splitlines()
+    assert lines[:4] == [f"damaged: {p} (checksum mismatch)" for p in
+                         ["a/b/c/deep.bin", "big/large.bin", "hardlink.txt", "hello.txt"]]
+    assert lines[4].startswith("unpacked 7 files, 8 dirs, 5 symlinks")
+    assert lines[4].endswith("; skipped 4 damaged files")
+    assert lines[5].startswith("Error: 4 damaged files in ") and "12 of 16 unpacked" in lines[5]
+    assert len(lines) == 6 and "Traceback" not in result.output
+    _check_intact(out, tree, {"a/b/c/deep.bin", "big/large.bin", "hardlink.txt", "hello.txt"})
+    # -q: the damage and the error, no summary.
+    quiet = CliRunner().invoke(main, ["unpack", "-q", str(bad), str(tmp_path / "q")])
+    assert quiet.exit_code == 1 and len(quiet.stderr.splitlines()) == 5
+    stopped = CliRunner().invoke(main, ["unpack", "--stop-on-error", str(bad), str(tmp_path / "s")])
+    assert stopped.exit_code == 1
+    assert stopped.stderr.splitlines() == [f"Error: {str(bad)!r}: 'a/b/c/deep.bin': checksum mismatch; "
+                                           f"the damaged file was not unpacked"]
+    debug = CliRunner().invoke(main, ["--debug", "unpack", str(bad), str(tmp_path / "d")])
+    assert type(debug.exception).__name__ == "UnpackDamagedError"
+
+
+# -- resuming: --skip-existing -------------------------------------------------------------
+
+
+def test_a_rerun_resumes_with_skip_existing(archive: Path, tree: Path, tmp_path: Path) -> None:
+    bad = _damage(archive, tmp_path / "bad.ffr", DAMAGED)
+    out = tmp_path / "out"
+    with PackedFolder(bad) as folder:
+        with pytest.raises(UnpackDamagedError):
+            unpack(folder, out)
+        # Without skip_existing a rerun stops at the first file already there, naming the way out.
+        with pytest.raises(UnpackError, match=r"already exists \(unpack never overwrites; .*--skip-existing"):
+            unpack(folder, out)
+        with pytest.raises(UnpackDamagedError) as caught:
+            unpack(folder, out, skip_existing=True)  # the same damage, nothing else to do
+        assert caught.value.stats.existing == 12 and caught.value.stats.files == 0
+    with PackedFolder(archive) as folder:  # a sound copy fills in what was missing
+        stats = unpack(folder, out, skip_existing=True)
+        assert (stats.files, stats.hardlinks, stats.existing) == (3, 1, 12)
+        assert stats.skipped == 0
+    _same_tree(tree, out)
+    result = CliRunner().invoke(main, ["unpack", "--skip-existing", str(archive), str(out)])
+    assert result.exit_code == 0, result.output
+    assert "unpacked 0 files" in result.stderr and "16 already there, left as they were" in result.stderr
+
+
+def test_skip_existing_never_overwrites_or_follows(archive: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"precious")
+    with PackedFolder(archive) as folder:
+        unpack(folder, out, ["hello.txt", "a", "Zeta.txt", "link-to-hello"])
+        (out / "hello.txt").write_bytes(b"my own!  ..")  # another size
+        different = r"'hello.txt'.*a different file is in the way \(11 bytes, the archive's has 12"
+        with pytest.raises(UnpackError, match=different):
+            unpack(folder, out, ["hello.txt"], skip_existing=True)
+        assert (out / "hello.txt").read_bytes() == b"my own!  .."
+        (out / "hello.txt").write_bytes(b"my own!  ...")  # same size, another mtime
+        with pytest.raises(UnpackError, match="modification time differs"):
+            unpack(folder, out, ["hello.txt"], skip_existing=True)
+        assert (out / "hello.txt").read_bytes() == b"my own!  ..."
+        (out / "Zeta.txt").unlink()
+        os.symlink(outside / "victim", out / "Zeta.txt")  # a trap where the archive has a file
+        with pytest.raises(UnpackError, match="a symlink is in the way, where the archive has a file"):
+            unpack(folder, out, ["Zeta.txt"], skip_existing=True)
+        (out / "link-to-hello").unlink()
+        os.symlink("elsewhere", out / "link-to-hello")
+        with pytest.raises(UnpackError, match="a symlink to somewhere else is in the way"):
+            unpack(folder, out, ["link-to-hello"], skip_existing=True)
+        os.unlink(out / "a/b/c/deep.bin")
+        os.rmdir(out / "a/empty_nested")
+        (out / "a/empty_nested").write_bytes(b"file where a dir goes")
+        with pytest.raises(UnpackError, match="non-directory is in the way"):
+            unpack(folder, out, ["a"], skip_existing=True)
+    assert (outside / "victim").read_bytes() == b"precious" and os.listdir(outside) == ["victim"]
+    assert os.readlink(out / "Zeta.txt") == str(outside / "victim")
+
+
+# -- PATHS are checked first; a DEST made for nothing is removed -----------------------------
+
+
+def test_missing_paths_are_refused_before_anything_is_created(archive: Path, tmp_path: Path) -> None:
+    out = tmp_path / "new" / "out"
+    with PackedFolder(archive) as folder:
+        with pytest.raises(PathNotFoundError, match="'nope'"):
+            unpack(folder, out, ["hello.txt", "nope"])
+        with pytest.raises(packfs.NotADirectoryPathError):
+            unpack(folder, out, ["a", "hello.txt/x"])
+    assert not (tmp_path / "new").exists()
+    result = CliRunner().invoke(main, ["unpack", str(archive), str(out), "a", "nope"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [f"Error: 'nope': no such file or directory in {str(archive)!r}"]
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_dest_left_empty_by_an_error_is_removed_unless_it_was_there(tmp_path: Path) -> None:
+    pack_entries([packfs.Entry("only", b"the one file")], tmp_path / "one.ffr")
+    bad = _damage(tmp_path / "one.ffr", tmp_path / "bad.ffr", ["only"])
+    with PackedFolder(bad) as folder:
+        with pytest.raises(UnpackDamagedError):
+            unpack(folder, tmp_path / "made/for/it")
+        assert not (tmp_path / "made").exists()
+        (tmp_path / "mine").mkdir()
+        with pytest.raises(UnpackDamagedError):
+            unpack(folder, tmp_path / "mine")
+        assert (tmp_path / "mine").is_dir()
+
+
+def test_overlapping_paths_unpack_once(archive: Path, tmp_path: Path) -> None:
+    with PackedFolder(archive) as folder:
+        stats = unpack(folder, tmp_path / "out", ["a", "a/b/c", "a/", "./a/b"])
+        assert _all_paths(tmp_path / "out") == ["a", "a/b", "a/b/c", "a/b/c/deep.bin", "a/dirlink",
+                                                "a/empty_nested", "a/link-up"]
+        assert stats.files == 1
+        stats = unpack(folder, tmp_path / "all", ["a", "", "hello.txt"])
+        assert stats.files == 10 and stats.hardlinks == 1
+
+
+# -- depth: no recursion, no path longer than one name, bounded descriptors -----------------
+
+DEPTH = 10_000
+
+
+def _open_beneath(root: Path, parts: list[bytes]) -> int:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts:
+        below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    return fd
+
+
+def _remove_deep(root: Path) -> None:
+    """rm -r without recursion (shutil.rmtree recurses per level before Python 3.12, so
+    pytest's own clean-up of old temporary directories would fail on these trees)."""
+    if not root.exists():
+        return
+    names: list[str] = []
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    while True:
+        os.fchmod(fd, 0o700)
+        entries = list(os.scandir(fd))
+        below = next((e.name for e in entries if e.is_dir(follow_symlinks=False)), None)
+        if below is not None:
+            names.append(below)
+            next_fd = os.open(below, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+            continue
+        for entry in entries:
+            os.unlink(entry.name, dir_fd=fd)
+        if not names:
+            os.close(fd)
+            os.rmdir(root)
+            return
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        os.rmdir(names.pop(), dir_fd=parent)
+        fd = parent
+
+
+@pytest.fixture
+def deep_dir(tmp_path: Path):
+    yield tmp_path
+    for name in ("out", "alone"):
+        _remove_deep(tmp_path / name)
+
+
+def test_a_tree_10000_levels_deep_unpacks_with_few_descriptors(deep_dir: Path) -> None:
+    """Paths of 20,000 bytes (PATH_MAX is 4,096), ten times Python's recursion limit in
+    levels, with ulimit -n at 256; hard links whose first name's directory is no longer
+    open, both above and beside."""
+    import resource
+
+    deep = "/".join(["d"] * DEPTH)
+    pack_entries([
+        packfs.Entry("d/top", b"near the top"),
+        packfs.Entry(f"{deep}/leaf", b"at the bottom"),
+        packfs.Entry(f"{deep}/link", kind="symlink", target="leaf"),
+        packfs.Entry(f"{deep}/up", kind="hardlink", target="d/top"),  # d's descriptor is long closed
+        packfs.Entry("e/down", kind="hardlink", target=f"{deep}/leaf"),  # deep's directories are done
+        packfs.Entry("d/ro", kind="dir", mode=0o555),
+    ], deep_dir / "deep.ffr")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+    try:
+        with PackedFolder(deep_dir / "deep.ffr") as folder:
+            stats = unpack(folder, deep_dir / "out")
+            assert (stats.dirs, stats.files, stats.hardlinks, stats.symlinks) == (DEPTH + 3, 2, 2, 1)
+            again = unpack(folder, deep_dir / "out", skip_existing=True)
+            assert again.existing == 5 and again.files == 0
+            alone = unpack(folder, deep_dir / "alone", [f"{deep}/leaf"])
+            assert alone.files == 1 and alone.dirs == 0
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    out = deep_dir / "out"
+    bottom = _open_beneath(out, [b"d"] * DEPTH)
+    try:
+        leaf = os.stat("leaf", dir_fd=bottom)
+        assert os.readlink("link", dir_fd=bottom) == "leaf"
+        assert os.stat("up", dir_fd=bottom).st_ino == os.stat(out / "d/top").st_ino
+        assert leaf.st_ino == os.stat(out / "e/down").st_ino and leaf.st_nlink == 2
+    finally:
+        os.close(bottom)
+    assert os.stat(out / "d/ro").st_mode & 0o777 == 0o555
+    bottom = _open_beneath(deep_dir / "alone", [b"d"] * DEPTH)
+    try:
+        assert os.listdir(bottom) == ["leaf"]
+    finally:
+        os.close(bottom)
