@@ -211,23 +211,25 @@ class PackfsOperations:
         return self._attributes(self._entry(path))
 
     @_translated
-    def listing(self, path: bytes) -> tuple[int, range, list[bytes], list[int]]:
-        """Directory ``path`` (as FUSE passes it, bytes): its entry, its children's
-        entries, names and modes."""
+    def listing(self, path: bytes) -> tuple[int, list[int], list[bytes], list[int]]:
+        """Directory ``path`` (as FUSE passes it, bytes): its entry, and its children's
+        inode numbers, names and modes; every table value used is checked here, where
+        a damaged table becomes EIO."""
         entry = self.table.lookup(path[1:])
         if entry < 0:
             raise _FuseError(errno.ENOENT)
         if self.table.file_type(entry) != S_IFDIR:
             raise _FuseError(errno.ENOTDIR)
-        return (entry, *self.table.listing(entry))
+        children, names, modes = self.table.listing(entry)
+        return entry, self.table.inodes(children, modes), names, modes
 
     def readdir(self, path: str, fh: int) -> list[Any]:
         """The listing in the bindings' generic form.  Mounts use the faster readdir of
         ``_fuse_class``, which hands the same entries straight to libfuse."""
-        entry, children, names, modes = self.listing(os.fsencode(path))
+        entry, inodes, names, modes = self.listing(os.fsencode(path))
         listing: list[Any] = [(".", {"st_mode": S_IFDIR, "st_ino": entry + 1}, 0),
                               ("..", None, 0)]
-        for inode, name, mode in zip(self.table.inodes(children, modes), names, modes):
+        for inode, name, mode in zip(inodes, names, modes):
             # The file type lets find and os.walk skip a getattr per entry (d_type).
             listing.append((os.fsdecode(name), {"st_mode": mode, "st_ino": inode}, 0))
         return listing
@@ -331,7 +333,7 @@ def _fuse_class(binding: ModuleType) -> type:
     zero_offset, no_flags = ctypes.c_int64(0), ctypes.c_int(0)
 
     def direct_readdir(self: Any, path: bytes, buf: int | None, filler: Any, *_: Any) -> int:
-        entry, children, names, modes = self.operations.listing(path)
+        entry, inodes, names, modes = self.operations.listing(path)
         add = _UNCHECKED_FILLER(ctypes.cast(filler, ctypes.c_void_p).value)
         buffer = ctypes.c_void_p(buf)
         attributes = binding.c_stat()
@@ -341,7 +343,7 @@ def _fuse_class(binding: ModuleType) -> type:
         add(buffer, b".", attributes_ref, *extra)
         add(buffer, b"..", None, *extra)
         # The mode gives readers d_type, so find and os.walk need no getattr per entry.
-        for inode, name, mode in zip(self.operations.table.inodes(children, modes), names, modes):
+        for inode, name, mode in zip(inodes, names, modes):
             attributes.st_mode, attributes.st_ino = mode, inode
             if add(buffer, name, attributes_ref, *extra):
                 break
