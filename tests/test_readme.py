@@ -1,4 +1,5 @@
-"""The README's ImageNet recipe, run as written on a miniature ILSVRC2012 layout."""
+"""The ImageNet recipe (docs/pytorch.md, linked from the README), run as written on a
+miniature ILSVRC2012 layout."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ cv2 = require_extra("cv2", "test")
 
 
 def recipe(name: str) -> str:
-    readme = (REPO / "README.md").read_text()
-    match = re.search(rf"<!-- recipe: {re.escape(name)} -->\n```python\n(.*?)```", readme, re.DOTALL)
-    assert match, f"the README has no recipe {name}"
+    page = (REPO / "docs" / "pytorch.md").read_text()
+    match = re.search(rf"<!-- recipe: {re.escape(name)} -->\n```python\n(.*?)```", page, re.DOTALL)
+    assert match, f"docs/pytorch.md has no recipe {name}"
     return match.group(1)
 
 
@@ -66,3 +67,26 @@ def test_the_imagenet_recipe_packs_nested_class_tars_for_packed_image_folder(tmp
         assert folder.stat("train/n01440764/n01440764_0.JPEG").permissions == 0o644
     val = PackedDataset(tmp_path / "imagenet-val.ffr", "*.JPEG")
     assert [val.path(i) for i in range(3)] == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in (1, 2, 3)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_and_docs_link_only_to_files_and_headings_that_exist() -> None:
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    readme = pages[0].read_text()
+    assert "make demo" in readme and "make test" in readme
+    for page in pages[1:]:
+        assert f"docs/{page.name}" in readme, f"the README does not link {page.name}"
+    for page in pages:
+        for target in re.findall(r"\]\(([^)]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name} links to {target}, which does not exist"
+            if anchor and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
+                assert anchor in {slug(h) for h in headings}, f"{page.name} links to {target}: no such heading"
