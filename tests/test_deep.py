@@ -15,7 +15,7 @@ import pytest
 
 import packfs
 from packfs import PackedFolder
-from tests.conftest import mounted
+from tests.conftest import mounted, packfs_cli
 
 DEPTH = 10_000
 
@@ -89,8 +89,8 @@ def test_a_deep_tree_packs_lists_reads_and_verifies(deep: tuple[Path, bytes, Pat
 def test_a_deep_tree_through_the_cli(deep: tuple[Path, bytes, Path]) -> None:
     archive, bottom, _ = deep
     for command in (["verify", archive], ["find", archive], ["ls", "-R", archive], ["info", archive]):
-        result = subprocess.run(["packfs", *map(str, command)], capture_output=True)
-        assert result.returncode == 0, result.stderr.decode()[-500:]
+        result = packfs_cli(*command)
+        assert result.returncode == 0, result.stderr[-500:]
 
 
 def test_a_deep_tree_unpacks(deep: tuple[Path, bytes, Path]) -> None:
