@@ -134,6 +134,9 @@ def _read_only(self: PackfsOperations, *args: Any) -> None:
     raise _FuseError(errno.EROFS)
 
 
+_LOGGED_CHARACTERS = 1000
+
+
 class PackfsOperations:
     """FUSE callbacks for one archive.  Each looks the path up in the table and
     returns what the kernel needs; no state is kept per file.
@@ -178,6 +181,11 @@ class PackfsOperations:
         return method(*args)
 
     def _log_once(self, message: str) -> None:
+        # Bounded in bytes: a message names a path, and a hostile archive's paths can be
+        # megabytes long (10,000 of them would be gigabytes).  At most 10,000 messages
+        # of at most _LOGGED_CHARACTERS each are kept: under 10 MB.
+        if len(message) > _LOGGED_CHARACTERS:
+            message = message[: _LOGGED_CHARACTERS - 25] + f"... ({len(message)} characters)"
         if message not in self._logged and len(self._logged) < 10000:
             self._logged.add(message)
             log.error("%s", message)
