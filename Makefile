@@ -6,10 +6,14 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse2
+# What pip needs to build packfs._sigbus, the C extension that keeps readers alive when
+# an archive is overwritten in place.  Optional: without them (and not root) the
+# install goes on without it, and packfs falls back to its pure-Python checks.
+BUILD_PACKAGES := gcc python3-dev
 
-.PHONY: setup system-packages test demo bench bench-tools fuzz soak clean install-mount-helper
+.PHONY: setup system-packages build-packages apt-build-packages test demo bench bench-tools fuzz soak clean install-mount-helper
 
-setup: system-packages $(STAMP)
+setup: system-packages build-packages $(STAMP)
 
 # Installs the Debian packages in $(1) that are missing (as root; otherwise says how).
 define apt_install
@@ -30,17 +34,29 @@ endef
 system-packages:
 	$(call apt_install,$(SYSTEM_PACKAGES))
 
+# A C compiler and Python's headers, for packfs._sigbus: installed as root, only named
+# otherwise (a venv's Python may bring its own headers, as pyenv's does).
+build-packages:
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory apt-build-packages; \
+	else missing=""; for p in $(BUILD_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; [ -z "$$missing" ] || echo "note: without$$missing the optional C extension packfs._sigbus may not build"; fi
+
+apt-build-packages:
+	$(call apt_install,$(BUILD_PACKAGES))
+
 # torch first, pinned to the CPU build these machines carry (pip's find-links): asked
 # for unpinned, pip would fetch the newest build with gigabytes of CUDA packages.
 # Elsewhere: make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py packfs/_sigbus.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	@# setuptools announces every editable install with a 10-line notice; it is not a problem.
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test,demo]"
+	@$(PY) -c "import packfs._sigbus" 2>/dev/null || echo "note: packfs._sigbus was not built (no C compiler or Python headers?): packfs works, but an archive overwritten in place can kill its readers"
 	touch $(STAMP)
 
 test: setup

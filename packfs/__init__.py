@@ -11,7 +11,9 @@ The byte layout is specified in :mod:`packfs.format`.
 from __future__ import annotations
 
 from .errors import (
+    ArchiveChangedError,
     ChecksumError,
+    ClosedArchiveError,
     FormatError,
     NotADirectoryPathError,
     NotAFileError,
@@ -47,6 +49,8 @@ __all__ = [
     "PackfsError",
     "FormatError",
     "ChecksumError",
+    "ClosedArchiveError",
+    "ArchiveChangedError",
     "PathNotFoundError",
     "NotAFileError",
     "NotADirectoryPathError",

@@ -6,7 +6,8 @@ member of many GiB is copied in chunks.  Modes, owners, mtimes, symlinks and har
 are kept.  Unsafe member names are never followed out of the tree: a leading ``/`` is
 dropped and a name with a ``..`` component is skipped, each with a warning; devices,
 FIFOs and other special members are skipped with a warning, as ``pack`` does for a
-directory.
+directory, and so are symlinks whose target an archive cannot hold (empty, with a NUL
+byte, or longer than 4,095 bytes).
 
 From a seekable, uncompressed tar the entries are written in the order ``pack`` uses
 for a directory (depth-first, names sorted bytewise), so the archive is byte for byte
@@ -28,6 +29,7 @@ import zipfile
 from typing import BinaryIO, Iterator, cast
 
 from .errors import PackError
+from .format import MAX_SYMLINK_TARGET
 from .writer import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["archive_kind", "pack_archive"]
@@ -77,6 +79,26 @@ def _safe_name(name: str, source: str) -> str | None:
     return normal
 
 
+def _storable_target(target: str | bytes, name: str, source: str) -> bool:
+    """Whether a symlink member's target is one an archive can hold (format section 5:
+    non-empty, no NUL byte, at most 4,095 bytes); if not, the member is skipped with a
+    warning, as other members packfs cannot store are: one bad member of a tar or zip
+    should not cost the whole pack."""
+    raw = os.fsencode(target)
+    if len(raw) > MAX_SYMLINK_TARGET:
+        _warn_long_target(name, source, len(raw))
+        return False
+    if not raw or b"\0" in raw:
+        log.warning("%s: skipped %r: a symlink with an empty target or one with a NUL byte", source, name)
+        return False
+    return True
+
+
+def _warn_long_target(name: str, source: str, length: int) -> None:
+    log.warning("%s: skipped %r: a symlink whose target is %d bytes, longer than the %d a "
+                "symlink can hold", source, name, length, MAX_SYMLINK_TARGET)
+
+
 def _depth_first_key(name: str) -> bytes:
     # pack's order: each directory's names sorted bytewise, subtrees in place.
     return os.fsencode(name).replace(b"/", b"\0")
@@ -97,7 +119,8 @@ def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], sourc
         elif member.isreg():
             yield Entry(name, tar.extractfile(member), size=member.size, **_attributes(member))
         elif member.issym():
-            yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member))
+            if _storable_target(member.linkname, member.name, source):
+                yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member))
         elif member.islnk():
             target = _safe_name(member.linkname, source)
             if target is not None:
@@ -164,7 +187,13 @@ def _zip_entries(archive: zipfile.ZipFile, source: str) -> Iterator[Entry]:
         if info.is_dir():
             yield Entry(name, kind="dir", mode=(unix_mode & 0o7777) or 0o755, mtime_ns=mtime_ns)
         elif kind == stat_module.S_IFLNK:
-            yield Entry(name, kind="symlink", target=archive.read(info), mtime_ns=mtime_ns)
+            # The declared size first, so a huge "target" is not decompressed to be refused.
+            if info.file_size > MAX_SYMLINK_TARGET:
+                _warn_long_target(info.filename, source, info.file_size)
+                continue
+            target = archive.read(info)
+            if _storable_target(target, info.filename, source):
+                yield Entry(name, kind="symlink", target=target, mtime_ns=mtime_ns)
         elif kind in (0, stat_module.S_IFREG):
             yield Entry(name, lambda info=info: archive.open(info), size=info.file_size,
                         mode=(unix_mode & 0o7777) or 0o644, mtime_ns=mtime_ns)

@@ -19,10 +19,23 @@ from typing import TYPE_CHECKING, BinaryIO, Callable
 if TYPE_CHECKING:
     import numpy as np
 
-from .errors import ArchiveIOError, ChecksumError, FormatError, NotAFileError, PackError, PathNotFoundError
+from .errors import (ArchiveChangedError, ArchiveIOError, ChecksumError, FormatError, NotAFileError, PackError,
+                     PathNotFoundError)
 from .format import HEADER_PREFIX, SNIFF_BYTES, crc32, foreign_format, header_size
 
-__all__ = ["Container", "ContainerWriter", "TEMP_MARKER"]
+__all__ = ["Container", "ContainerWriter", "TEMP_MARKER", "GUARDED"]
+
+# The SIGBUS guard (packfs/_sigbus.c, built where a C compiler is found): with it, an
+# archive truncated under its map is an ArchiveChangedError from the next check, not a
+# dead process.  Without it, readers check the file's size before they touch the map,
+# which leaves a window (a truncation between that check and the access) that kills.
+try:
+    from . import _sigbus
+except ImportError:  # not built: no compiler or no Python headers at install time
+    _sigbus = None  # type: ignore[assignment]
+GUARDED = _sigbus is not None and not os.environ.get("PACKFS_NO_SIGBUS_GUARD")
+_CHANGED_WHY = {1: "it was truncated under its memory map", 2: "its size or mtime differ from when it was opened",
+                3: "it can no longer be examined (fstat failed)"}
 
 # Large enough to amortise per-call overhead, small enough that validation of a huge
 # header never holds more than this many pages in the process at once.
@@ -114,10 +127,22 @@ class Container:
                     f"{self.path!r}: truncated: {self.file_size} bytes, a container header "
                     f"needs at least {HEADER_PREFIX.size}"
                 ), self.path)
+            # What a write or truncation changes (ctime is not compared: unlinking the
+            # file, or a rename over its name, changes it too, and the contents stay).
+            self._identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._guard = _sigbus.register(self._mm, fd) if GUARDED else -1
         except BaseException:
             os.close(fd)
             raise
+        # Unguarded (no extension, or every slot taken): check the size before each use
+        # of the map, and compare fstat after; guarded, the handler makes the map safe.
+        self.guarded = self._guard >= 0
+        self._changed = ""
+        if self.guarded:
+            # Unregistered when the map itself goes (it may outlive this object: a
+            # read_view, a numpy column), or by close().
+            self._unguard = weakref.finalize(self._mm, _sigbus.unregister, self._guard)
         # Kept open for pread(): readers that must not grow RSS (the FUSE daemon) read
         # through it instead of the map.  Closed with the object if nobody calls close()
         # (datasets are dropped, not closed), as the map itself is.
@@ -146,6 +171,10 @@ class Container:
             )
         self.record_count = n
         self.data_start = header_size(n)
+        # Records below data_records are data and must end by data_end (format section
+        # 5); a plain container is all data.  set_data_area narrows both.
+        self.data_records = n
+        self.data_end = self.file_size
         if self.check_data:
             if checksum_meta == 0 and not self.allow_legacy_header:
                 raise FormatError(
@@ -207,20 +236,29 @@ class Container:
 
     # -- records ---------------------------------------------------------------------
 
+    def set_data_area(self, data_records: int) -> None:
+        """Records below ``data_records`` (< record_count) are data: from now on each
+        use of one checks that it ends by ``data_end``, the start of record
+        ``data_records`` (format section 5), so no data record reads table bytes."""
+        start, _ = self.record_span(data_records)
+        self.data_records, self.data_end = data_records, start
+
     def record_span(self, index: int) -> tuple[int, int]:
         """(start, end) file offsets of record ``index`` (``index`` already range-checked).
 
         Raises FormatError if the offset table puts the record outside the data area
-        or ends it before it starts: each use checks the offsets it reads, so opening
-        need not check all of them.
+        (a data record: past ``data_end``) or ends it before it starts: each use checks
+        the offsets it reads, so opening need not check all of them.
         """
         offsets = self._offset_items
         start = offsets[index]
         end = offsets[index + 1] if index + 1 < self.record_count else self.file_size
-        if not self.data_start <= start <= end <= self.file_size:
+        limit = self.data_end if index < self.data_records else self.file_size
+        if not self.data_start <= start <= end <= limit:
+            what = "data records end where the path table begins, and " if limit != self.file_size else ""
             raise FormatError(
                 f"{self.path!r}: record {index} spans [{start}, {end}), expected a range "
-                f"within [{self.data_start}, {self.file_size}] (offsets must be "
+                f"within [{self.data_start}, {limit}] ({what}offsets must be "
                 f"non-decreasing from the header end)"
             )
         return start, end
@@ -233,9 +271,10 @@ class Container:
         return self._crc_items[index]
 
     def record_bytes(self, index: int) -> bytes:
-        """A copy of record ``index``, unchecked."""
+        """A copy of record ``index``, unchecked (read with pread: a truncated file is a
+        FormatError here, never a SIGBUS)."""
         start, end = self.record_span(index)
-        return self._mm[start:end]
+        return self.pread(start, end)
 
     def record_view(self, index: int) -> memoryview:
         """A zero-copy read-only view of record ``index``, unchecked."""
@@ -268,10 +307,9 @@ class Container:
         while position < end:
             got = os.preadv(self.fd, [buffer[: min(len(buffer), end - position)]], position)
             if got <= 0:
-                raise FormatError(
-                    f"{self.path!r}: the archive changed while open: nothing to read at offset "
-                    f"{position}, expected {end - position} more bytes"
-                )
+                if not self._changed:
+                    self._changed = f"nothing to read at offset {position}, expected {end - position} more bytes"
+                raise self._changed_error(self._changed)
             value = crc32(buffer[:got], value)
             position += got
             if progress is not None:
@@ -283,19 +321,66 @@ class Container:
         self.check_crc(index, data, label)
         return data
 
-    def check_size(self) -> None:
-        """Raise FormatError if the file is now shorter than when it was opened.
+    # -- the archive changing under its readers ---------------------------------------
+    #
+    # ``cp new.ffr data.ffr`` truncates data.ffr and writes it again, in place.  Reading
+    # a mapped page past the file's new end is SIGBUS; reading one the writer already
+    # rewrote gives the new archive's bytes.  So every reader (1) reads file contents
+    # with pread, never the map; (2) reads the header and the path table through the
+    # map, guarded by packfs._sigbus when it is built (a fault there maps zeros over
+    # the map and counts); (3) calls check_unchanged() after each operation, which
+    # raises ArchiveChangedError if the map faulted or fstat shows another size or
+    # mtime than at open, before anything read is returned.  (A write or truncation
+    # sets mtime before it changes a byte.  Not detected: a rewrite that leaves size
+    # and mtime as they were, e.g. one within the same clock tick as the archive's own
+    # last write on a file system with coarse timestamps, or a `cp -p` of a file of
+    # the same size and mtime.)  Every value read from
+    # the map is checked before it indexes anything, so zeros read in between are
+    # harmless.  Once changed, always changed: the folder must be reopened.
 
-        Touching a mapped page past a file's new end is SIGBUS, which kills the
-        process; readers call this (one lseek, about 0.3 us) before they use the map,
-        so an archive truncated under them is an error instead.
+    def check_size(self) -> None:
+        """The check before a use of the map, for an unguarded container: raise
+        ArchiveChangedError if the file is now shorter than when it was opened (one
+        lseek, about 0.2 us).  Touching a mapped page past a file's new end is SIGBUS;
+        a truncation between this check and the access still is, which the guard closes.
         """
+        if self._changed:
+            raise self._changed_error(self._changed)
+        if self.guarded:
+            return
         size = os.lseek(self.fd, 0, os.SEEK_END)
         if size < self.file_size:
-            raise FormatError(
-                f"{self.path!r}: the archive shrank to {size} bytes while open (it had "
-                f"{self.file_size}): it was changed in place; reopen it"
-            )
+            self._changed = f"it shrank to {size} bytes (it had {self.file_size})"
+            raise self._changed_error(self._changed)
+
+    def check_unchanged(self) -> None:
+        """The check after an operation that read the archive: raise ArchiveChangedError
+        if it was truncated or rewritten since it was opened (a fault on the map, or
+        another size or mtime), so nothing read from a changed archive is
+        returned.  About 0.2 us (one fstat, in C) when guarded."""
+        if self.guarded:
+            reason = _sigbus.check(self._guard)
+            if reason:
+                self._changed = _CHANGED_WHY.get(reason, f"reason {reason}")
+        elif not self._changed:
+            info = os.fstat(self.fd)
+            if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != self._identity:
+                self._changed = _CHANGED_WHY[2]
+        if self._changed:
+            raise self._changed_error(self._changed)
+
+    def changed_instead(self) -> None:
+        """Called where an operation failed (with any PackfsError): if the archive
+        changed meanwhile, raise that instead, since the failure is its consequence."""
+        if not self.closed:
+            self.check_unchanged()
+
+    def _changed_error(self, why: str) -> ArchiveChangedError:
+        return ArchiveChangedError(
+            f"{self.path!r}: the archive changed while open (overwritten or truncated in place: "
+            f"{why}): reopen it; replace archives with a rename (packfs does), not by writing "
+            f"over them"
+        )
 
     def pread(self, start: int, end: int) -> bytes:
         """Bytes [start, end) read with pread(): no page joins this process's RSS."""
@@ -309,10 +394,9 @@ class Container:
                 parts.append(data)
                 got += len(data)
             if got != end - start:
-                raise FormatError(
-                    f"{self.path!r}: the archive changed while open: {got} bytes at offset "
-                    f"{start}, expected {end - start}"
-                )
+                if not self._changed:
+                    self._changed = f"{got} bytes at offset {start}, expected {end - start}"
+                raise self._changed_error(self._changed)
             data = b"".join(parts)
         return data
 
@@ -334,8 +418,12 @@ class Container:
             try:
                 mm.close()
             except BufferError:
-                # A caller still holds a read_view(); the map closes when it is released.
+                # A caller still holds a read_view(); the map closes when it is released
+                # (and stays guarded until then).
                 pass
+            else:
+                if self.guarded:
+                    self._unguard()
 
     @property
     def closed(self) -> bool:

@@ -6,6 +6,7 @@ import functools
 import os
 
 from .errors import PackError
+from .extract import check_claims
 from .pathtable import S_IFDIR, S_IFMT
 from .reader import PackedFolder
 from .writer import Entry, PackProgress, PackStats, PathLike, pack_entries
@@ -41,11 +42,14 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
     PackError
         ``archive`` is already a packfs archive, or OUT cannot be written.
     FormatError, ChecksumError
-        ``archive`` is damaged.
+        ``archive`` is damaged; records that overlap or a record named twice are refused
+        before OUT is begun (:func:`packfs.extract.check_claims`), so the output is
+        never larger than what the archive holds.
     """
     with PackedFolder(archive) as folder:
         if not folder.legacy:
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive: nothing to convert")
+        check_claims(folder)
         table = folder._table
         if progress is not None:
             has_data = (table.column("mode") & S_IFMT) != S_IFDIR

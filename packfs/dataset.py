@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import FormatError, NotADirectoryPathError, PathNotFoundError
+from .errors import ClosedArchiveError, FormatError, NotADirectoryPathError, PathNotFoundError
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .reader import PackedFolder, PathArg
 
@@ -161,19 +161,23 @@ def select_files(folder: PackedFolder, pattern: str = "**/*") -> tuple[np.ndarra
     links: dict[int, str] = {}
     # A depth-first walk with each open directory's match states: a name is matched
     # once, however many paths go through it, and a directory no path below could
-    # match is not entered.
-    stack = [(iter(_children_in_path_order(folder, folder._find(top), top + "/" if top else "")), states)]
+    # match is not entered.  Only names are kept per level (full paths per level cost
+    # O(depth**2) bytes in a deep tree of long names); a path is built for a symlink,
+    # which is resolved by it.
+    on_path = [top] if top else []
+    stack = [(iter(_children_in_path_order(folder, folder._find(top), "")), states)]
     while stack:
         children, states = stack[-1]
-        for path, child, kind in children:
-            name = path.rpartition("/")[2]
+        for name, child, kind in children:
             following = states if match_all else glob.step(states, name)
             if kind == S_IFDIR:
                 if following:
-                    stack.append((iter(_children_in_path_order(folder, child, path + "/")), following))
+                    stack.append((iter(_children_in_path_order(folder, child, "")), following))
+                    on_path.append(name)
                     break
                 continue
             if match_all or glob.accepts(following):
+                path = "/".join(on_path + [name]) if kind == S_IFLNK else ""
                 entry = _file_entry(folder, path, kind, child)
                 if entry >= 0:
                     if entry != child:
@@ -181,6 +185,8 @@ def select_files(folder: PackedFolder, pattern: str = "**/*") -> tuple[np.ndarra
                     selected.append(entry)
         else:
             stack.pop()
+            if stack:  # the level left was a directory entered below the top
+                on_path.pop()
     return np.array(selected, dtype=np.int64), links
 
 
@@ -261,7 +267,7 @@ class PackedFiles(Sequence):
     def folder(self) -> PackedFolder:
         """The open archive, re-opened in a process that did not open it (a worker)."""
         if self._closed:
-            raise ValueError(f"I/O operation on a closed dataset ({self.archive!r})")
+            raise ClosedArchiveError(f"I/O operation on a closed dataset ({self.archive!r})")
         if self._folder is None or self._pid != os.getpid():
             # A forked worker drops its copy of the parent's folder rather than sharing
             # its file offset.

@@ -16,6 +16,8 @@ __all__ = [
     "PackfsError",
     "FormatError",
     "ChecksumError",
+    "ArchiveChangedError",
+    "ClosedArchiveError",
     "PathNotFoundError",
     "ArchiveIOError",
     "NotAFileError",
@@ -38,6 +40,17 @@ class FormatError(PackfsError, ValueError):
 
 class ChecksumError(FormatError):
     """Raised when a stored CRC-32 does not match the bytes it covers."""
+
+
+class ArchiveChangedError(FormatError):
+    """Raised when an open archive was overwritten or truncated in place (``cp`` over
+    it): what it held can no longer be read.  Reopen it; replace archives with a
+    rename, as packfs itself does."""
+
+
+class ClosedArchiveError(PackfsError, ValueError):
+    """Raised when a closed archive (or a dataset over one) is used, as a closed file
+    raises ValueError."""
 
 
 class PathNotFoundError(PackfsError, FileNotFoundError):

@@ -16,6 +16,16 @@ unpacked, and :class:`UnpackDamagedError` is raised at the end (``stop_on_error`
 stops at the first one instead).  Problems of the destination (something in the way,
 no space, no permission) stop at once: they would recur for every file after.
 
+What is written is what the table claims, so before anything is created the whole
+archive is checked against the rules that bound it (format section 5, "before writing
+out a whole archive": offsets non-decreasing, and a record shared only by the names of
+one hard-linked file): each record is then written once, the other names of a file
+are hard links, and the bytes written are at most the archive's size.  A hostile
+archive whose records all cover the same bytes, each with a valid CRC, is a
+FormatError there, not a bomb.  Where DEST refuses a hard link, a copy is written
+instead, and later names link to that copy (EMLINK: the first name's inode is full);
+such copies together may not exceed the archive's size either.
+
 The walk is iterative and holds a bounded number of directory descriptors (reopening
 a parent through ".." when it has to), and no path string is built per entry, so
 trees of any depth unpack: paths longer than PATH_MAX included.
@@ -35,7 +45,7 @@ from .format import crc32
 from .pathtable import S_IFDIR, S_IFLNK
 from .reader import PackedFolder, PathArg, _key
 
-__all__ = ["unpack", "UnpackStats"]
+__all__ = ["unpack", "UnpackStats", "check_claims"]
 
 _CHUNK = 1 << 20
 # Directory descriptors held open at once on the way down a deep tree; the ones above
@@ -113,6 +123,9 @@ class _Extractor:
         self.damaged_records: dict[int, str] = {}  # record -> why it was left out
         self.damaged: list[tuple[str, str]] = []
         self.attempted = 0  # files and symlinks met
+        # Bytes of copies written where DEST refused a hard link: at most the archive's size.
+        self.copied = 0
+        self.copy_budget = self.container.file_size
         self.counts = {"files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "bytes": 0, "existing": 0}
         self.frames: dict[int, _Frame] = {}  # directory entry -> its frame, for the stack's directories
 
@@ -302,18 +315,32 @@ class _Extractor:
             elif record in self.first_entry and self._link(record, name, parent_fd):
                 self._advance(size)
             else:
+                if record in self.first_entry:  # DEST refused a hard link to its first name
+                    self._charge_copy(entry, size)
                 try:
                     self._write_file(record, name, parent_fd, mode, uid, gid, mtime_ns)
                 except _Damaged as damage:
                     self.damaged_records[record] = damage.reason
                     raise
-                self.first_entry.setdefault(record, entry)
+                # Later names link to this name: after EMLINK, to the newest copy.
+                self.first_entry[record] = entry
         except _Damaged as damage:
             self._report_damage(entry, damage)
         except FileExistsError:
             raise self._error(entry, f"it already exists ({_EXISTS_HINT})") from None
         except OSError as error:
             raise self._error(entry, error.strerror or str(error)) from None
+
+    def _charge_copy(self, entry: int, size: int) -> None:
+        """Count a copy written because DEST refused a hard link; UnpackError once the
+        copies would add up to more than the archive's size (hard links cost an archive
+        nothing, so a copy per name is an amplification the archive did not pay for)."""
+        self.copied += size
+        if self.copied > self.copy_budget:
+            raise self._error(
+                entry, f"the destination refuses hard links, and a copy of each name of the archive's "
+                       f"hard-linked files would write more than the archive's {self.copy_budget} bytes "
+                       f"(unpack onto a file system with hard links)")
 
     def _existing(self, entry: int, name: bytes, parent_fd: int, size: int, mtime_ns: int) -> bool:
         """False if nothing is at ``name``; True if a file the archive's is there and
@@ -394,21 +421,20 @@ class _Extractor:
         published = False
         try:
             try:
-                view = self.container.record_view(record)
+                begin, end = self.container.record_span(record)
             except FormatError as error:
                 raise _Damaged(_reason(error), error) from None
             value = 0
-            try:
-                for start in range(0, len(view), _CHUNK):
-                    chunk = view[start : start + _CHUNK]
-                    value = crc32(chunk, value)
-                    written = 0
-                    while written < len(chunk):
-                        written += os.write(fd, chunk[written:])
-                    self._advance(len(chunk))
-                length = len(view)
-            finally:
-                view.release()
+            # pread, not the map: an archive overwritten in place under us is then an
+            # ArchiveChangedError from the short read, never a fault in write().
+            for start in range(begin, end, _CHUNK):
+                chunk = self.container.pread(start, min(end, start + _CHUNK))
+                value = crc32(chunk, value)
+                written = 0
+                while written < len(chunk):
+                    written += os.write(fd, memoryview(chunk)[written:])
+                self._advance(len(chunk))
+            length = end - begin
             if value != self.container.stored_crc(record):
                 raise _Damaged("checksum mismatch")
             if self.as_root:
@@ -474,6 +500,24 @@ def _selected(folder: PackedFolder, paths: Sequence[PathArg]) -> list[int]:
     return kept
 
 
+def check_claims(folder: PackedFolder) -> int:
+    """Check what writing out the whole of ``folder`` trusts (format section 5, "before
+    writing out a whole archive") and return the bytes that writes: the distinct data
+    records' total, at most the archive's size.
+
+    The offsets are checked non-decreasing (so data records are disjoint and end where
+    the table begins), and each record is named by one entry or by the names of one
+    hard-linked file.  O(records + entries) with numpy, in chunks; 8 bytes per data
+    record.  FormatError names the first rule broken."""
+    container = folder._container
+    container.check_offsets()
+    total = folder._table.check_records()
+    if total > container.file_size:  # implied by the rules above; the invariant itself
+        raise FormatError(f"{folder.path!r}: its records add up to {total} bytes, more than the "
+                          f"archive's {container.file_size}")
+    return total
+
+
 def _make_dest(dest: str) -> list[str]:
     """Create ``dest`` and any missing parents; return the directories created, the
     deepest first (what to remove again if nothing is unpacked)."""
@@ -520,6 +564,10 @@ def unpack(
 
     Raises
     ------
+    FormatError
+        Before anything is created: the archive's offsets or its table claim more than
+        it holds (records overlapping, or one shared by names that are not hard links
+        of one file; :func:`check_claims`).
     PathNotFoundError
         One of ``paths`` is not in the archive (checked before anything is created).
     UnpackDamagedError
@@ -534,6 +582,7 @@ def unpack(
     """
     dest_text = os.fsdecode(dest)
     entries = _selected(folder, paths)
+    check_claims(folder)
     try:
         created = _make_dest(dest_text)
         dest_fd = os.open(dest_text, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

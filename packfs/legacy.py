@@ -47,14 +47,20 @@ _EMPTY_TUPLE = _EmptyTuple()
 
 
 class _Directory(dict):
-    """A decoded OrderedDict (dicts keep insertion order)."""
+    """A decoded OrderedDict (dicts keep insertion order), keyed by names as the bytes
+    they stand for."""
 
     placed = False  # already the value of some name: a second use would make a DAG
 
 
 def parse_tree(data: bytes | memoryview, where: str) -> _Directory:
     """Decode a pack_folder metadata pickle (the bytes after the magic) into nested
-    dicts of name (bytes) -> record index (int) or sub-directory, without unpickling."""
+    dicts of name (bytes) -> record index (int) or sub-directory, without unpickling.
+
+    A name is the string pack_folder got from os.listdir, so its bytes are its UTF-8
+    with surrogateescape; names are compared as those bytes, because different
+    strings can stand for the same bytes ("\\u00e9" and "\\udcc3\\udca9" are both
+    b"\\xc3\\xa9"), and a second such name would silently hide the first."""
     data = bytes(data)
 
     def fail(message: str) -> FormatError:
@@ -89,15 +95,19 @@ def parse_tree(data: bytes | memoryview, where: str) -> _Directory:
             raise fail("an item is set on something that is not an OrderedDict")
         if not isinstance(key, str):
             raise fail(f"a name is a {type(key).__name__}, expected a string")
+        try:
+            name = key.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise fail(f"the name {key!r} is not a file name") from None
         if isinstance(value, _Directory):
             if value.placed or value is directory:
                 raise fail("a directory appears twice in the tree")
             value.placed = True
         elif type(value) is not int:
             raise fail(f"{key!r} maps to a {type(value).__name__}, expected a record index or a directory")
-        if key in directory:
-            raise fail(f"the name {key!r} appears twice in one directory")
-        directory[key] = value
+        if name in directory:
+            raise fail(f"the name {key!r} appears twice in one directory (as the bytes {name!r})")
+        directory[name] = value
 
     first = True
     while True:
@@ -205,13 +215,9 @@ def legacy_rows(tree: object, file_records: int, where: str):
         if depth > MAX_DEPTH:
             raise fail(f"directories nested deeper than {MAX_DEPTH}")
         children = []
-        for name, value in directory.items():  # type: ignore[attr-defined]
-            try:
-                raw = name.encode("utf-8", "surrogateescape")
-            except UnicodeEncodeError:
-                raise fail(f"the name {name!r} is not a file name") from None
+        for raw, value in directory.items():  # type: ignore[attr-defined]
             if not raw or b"/" in raw or b"\0" in raw or raw in (b".", b"..") or len(raw) > MAX_NAME_BYTES:
-                raise fail(f"the name {name!r} is not a valid file name")
+                raise fail(f"the name {os.fsdecode(raw)!r} is not a valid file name")
             path = prefix + raw
             budget -= len(path)
             if budget < 0:
@@ -249,4 +255,7 @@ def legacy_table(container, metadata: bytes, where: str):
             start, end = container.record_span(record)
             rows.add(path, FILE_MODE, *owner, end - start, record)
     footer = Footer(1, 0, 0, len(rows), file_records, SECTION_COUNT)
-    return footer, PathTable(container, footer, image=table_image(build_tables(rows)))
+    image, spans = table_image(build_tables(rows))
+    # bytes, not the bytearray it was built in: names sliced from it must be bytes, as
+    # they are from an archive's map (os.fsdecode refuses a bytearray).
+    return footer, PathTable(container, footer, image=(bytes(image), spans))

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any, Callable, TypeVar
 
 from .errors import (
+    ArchiveChangedError,
     ChecksumError,
     MountError,
     NotADirectoryPathError,
@@ -110,7 +111,12 @@ def _translated(method: Callback) -> Callback:
     @functools.wraps(method)
     def wrapper(self: PackfsOperations, *args: Any) -> Any:
         try:
-            return method(self, *args)
+            result = method(self, *args)
+            # Nothing read from an archive changed in place (cp over it) is answered:
+            # the table and header are read through the map, which the SIGBUS guard
+            # keeps from killing the daemon; this check turns what was read into EIO.
+            self.container.check_unchanged()
+            return result
         except _FuseError:
             raise
         except PathNotFoundError:
@@ -119,6 +125,9 @@ def _translated(method: Callback) -> Callback:
             raise _FuseError(errno.ENOTDIR) from None
         except NotAFileError:
             raise _FuseError(errno.EISDIR) from None
+        except ArchiveChangedError as error:
+            self._log_once(f"archive changed in place; remount: {error}")
+            raise _FuseError(errno.EIO) from None
         except PackfsError as error:
             self._log_once(f"{method.__name__} {args[0] if args else ''}: {error}")
             raise _FuseError(errno.EIO) from None
@@ -128,6 +137,11 @@ def _translated(method: Callback) -> Callback:
             raise _FuseError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# The largest st_size (loff_t) and st_uid/st_gid ((uid_t)-1 means "none") a kernel takes.
+_MAX_SIZE = 2**63 - 1
+_MAX_ID = 2**32 - 2
 
 
 def _read_only(self: PackfsOperations, *args: Any) -> None:
@@ -199,6 +213,16 @@ class PackfsOperations:
 
     def _attributes(self, entry: int) -> dict[str, int]:
         mode, uid, gid, mtime, size, nlink = self.table.attributes(entry)
+        # Clamped to what the kernel represents: it answers EIO for a whole stat whose
+        # size exceeds 2**63 - 1 (a hostile table's, which would hide even a directory),
+        # and 2**32 - 1 is (uid_t)-1, "no owner".  mtime needs nothing: any i64 of
+        # nanoseconds is a (seconds, nanoseconds) pair the kernel and libfuse accept.
+        if size > _MAX_SIZE:
+            size = _MAX_SIZE
+        if uid > _MAX_ID:
+            uid = _MAX_ID
+        if gid > _MAX_ID:
+            gid = _MAX_ID
         return {
             "st_mode": mode,
             "st_ino": self.table.inode(entry),  # hard links share their first name's
@@ -228,8 +252,8 @@ class PackfsOperations:
             raise _FuseError(errno.ENOENT)
         if self.table.file_type(entry) != S_IFDIR:
             raise _FuseError(errno.ENOTDIR)
-        children, names, modes = self.table.listing(entry)
-        return entry, self.table.inodes(children, modes), names, modes
+        _, names, modes, inodes = self.table.listing_with_inodes(entry)
+        return entry, inodes, names, modes
 
     def readdir(self, path: str, fh: int) -> list[Any]:
         """The listing in the bindings' generic form.  Mounts use the faster readdir of

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import stat as stat_module
 from bisect import bisect_left
-from os import SEEK_END, lseek
 from typing import TYPE_CHECKING
 
 from .container import Container, release_pages
-from .errors import ChecksumError, FormatError
+from .errors import ChecksumError, FormatError, PackfsError
 from .format import NO_RECORD, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
 
 if TYPE_CHECKING:
@@ -75,6 +74,8 @@ class PathTable:
         self._derived_first_link: dict[int, int] | None = None
         self._entries_used = 0
         self._fd, self._file_size = container.fd, container.file_size
+        # From here every use of a data record checks it ends before the table.
+        container.set_data_area(footer.data_records)
         self._in_memory = image is not None
         if image is not None:
             mm, self._section_span = image[0], dict(image[1])
@@ -257,7 +258,69 @@ class PathTable:
                 self.release_pages()
         if count > _CHUNK:
             self.release_pages()
+        self.check_records()
         self._validate_paths()
+
+    def check_records(self) -> int:
+        """Check that the records the entries name are what writing them out may trust
+        (format section 5, "before writing out a whole archive"), and return the bytes
+        an unpack writes: the total length of the distinct records named.
+
+        A record is named by one entry, or by every name of one hard-linked file:
+        regular files whose ``nlink`` is the number of entries naming it and whose
+        ``first_link`` is the same (all 0 in a 1.0 table); a regular file's ``nlink``
+        is the number of entries naming its record.  With the container's offsets
+        non-decreasing (``Container.check_offsets``, which callers run first) distinct
+        records do not overlap, so the total is at most the data area.
+
+        Two passes over the columns in chunks and 8 bytes per data record (how many
+        entries name each record, and the first_link they give).  FormatError names
+        the first entry that breaks the rule."""
+        import numpy as np
+
+        a = self.arrays
+        count, data_records = self.entry_count, self.data_records
+        users = np.zeros(data_records, np.uint32)
+        link_of = np.zeros(data_records, np.uint32)
+        mode, record, nlink, first_link = a["mode"], a["record"], a["nlink"], a["first_link"]
+        for start in range(0, count, _CHUNK):
+            end = min(count, start + _CHUNK)
+            has_data = (mode[start:end] & S_IFMT) != S_IFDIR
+            theirs = record[start:end][has_data]
+            if np.any(theirs >= data_records):
+                bad = start + int(np.flatnonzero(has_data)[np.argmax(theirs >= data_records)])
+                self._fail(f"entry {bad} names record {int(record[bad])}, outside the {data_records} data records")
+            theirs = theirs.astype(np.int64)
+            named, times = np.unique(theirs, return_counts=True)
+            users[named] += times.astype(np.uint32)
+            link_of[theirs] = first_link[start:end][has_data]
+            if count > _CHUNK:
+                self.release_pages()
+        total = 0
+        for start in range(0, count, _CHUNK):
+            end = min(count, start + _CHUNK)
+            entries = start + np.flatnonzero((mode[start:end] & S_IFMT) != S_IFDIR)
+            theirs = record[entries].astype(np.int64)
+            sharing = users[theirs]
+            is_file = (mode[entries] & S_IFMT) == S_IFREG
+            wrong = ((sharing > 1) & ~is_file) | (is_file & (nlink[entries] != sharing)) \
+                | (first_link[entries] != link_of[theirs])
+            if wrong.any():
+                bad = int(entries[np.argmax(wrong)])
+                self._fail(
+                    f"record {int(record[bad])} is named by {int(users[record[bad]])} entries, entry {bad} "
+                    f"among them, that are not the names of one hard-linked file (a record is named by "
+                    f"one entry, or by regular files whose nlink counts them and whose first_link agrees)")
+            if count > _CHUNK:
+                self.release_pages()
+        offsets = self._container.offsets
+        for low in range(0, data_records, _CHUNK * 16):
+            high = min(data_records, low + _CHUNK * 16)
+            lengths = offsets[low + 1 : high + 1] - offsets[low:high]
+            total += int(lengths[users[low:high] > 0].sum())
+            if data_records > _CHUNK:
+                release_pages(self._container.mmap, 0, self._container.data_start)
+        return total
 
     def _validate_paths(self) -> None:
         """Sibling names strictly increasing (sorted, so no two alike) and every stored
@@ -310,20 +373,30 @@ class PathTable:
     # -- access ----------------------------------------------------------------------
 
     def lookup(self, key: bytes) -> int:
-        """Entry index of full path ``key`` (no leading or trailing slash), or -1.
+        """Entry index of full path ``key`` (no leading or trailing slash), or -1;
+        ArchiveChangedError if the archive changed in place (Container.check_unchanged)."""
+        container = self._container
+        if not container.guarded:
+            container.check_size()  # raises instead of a SIGBUS on the map
+        try:
+            entry = self._lookup(key)
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return entry
+
+    def _lookup(self, key: bytes) -> int:
+        """:meth:`lookup` without the checks that the archive is unchanged (the caller's
+        to make, after everything it reads).
 
         One CRC and a binary search find the candidates; the parent directory (from a
         small cache, or by walking up the table) and the last name confirm one.  No
         recursion and no per-component hashing, so a path 10,000 levels deep costs
         one pass over its bytes."""
-        if lseek(self._fd, 0, SEEK_END) < self._file_size:
-            self._container.check_size()  # raises instead of a SIGBUS on the map
         if not key:
             return 0
-        self._entries_used += 1
-        if self._entries_used >= _RELEASE_AFTER_ENTRIES:
-            self._entries_used = 0
-            self.release_pages()
+        self._note_use(1)
         hashes = self._path_hash
         digest = crc32(key)
         j = bisect_left(hashes, digest)
@@ -395,8 +468,18 @@ class PathTable:
     def lookup_child(self, directory: int, name: bytes) -> int:
         """Entry index of ``name`` in directory entry ``directory``, or -1: a binary
         search of its children, which are sorted by name (format section 4)."""
-        if lseek(self._fd, 0, SEEK_END) < self._file_size:
-            self._container.check_size()
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            entry = self._lookup_child(directory, name)
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return entry
+
+    def _lookup_child(self, directory: int, name: bytes) -> int:
         start, count = self._child_start[directory], self._child_count[directory]
         if self._mode[directory] & S_IFMT != S_IFDIR or not count:
             return -1
@@ -486,8 +569,14 @@ class PathTable:
 
     def attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
         """(mode, uid, gid, mtime_ns, size, nlink) of ``entry``, its file type checked."""
-        return (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
-                self._size[entry], self._nlink[entry])
+        try:
+            values = (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
+                      self._size[entry], self._nlink[entry])
+        except PackfsError:
+            self._container.changed_instead()
+            raise
+        self._container.check_unchanged()
+        return values
 
     def record(self, entry: int) -> int:
         """The data record of file or symlink ``entry``: one that exists and is as long
@@ -510,7 +599,18 @@ class PathTable:
         return parent
 
     def children(self, entry: int) -> range:
-        self._container.check_size()  # a walk may outlive the lookup that began it
+        container = self._container
+        if not container.guarded:
+            container.check_size()  # a walk may outlive the lookup that began it
+        try:
+            children = self._children(entry)
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return children
+
+    def _children(self, entry: int) -> range:
         start, count = self._child_start[entry], self._child_count[entry]
         # Children come after their directory (walks move forward and end) and name it
         # as their parent (each entry is reached from one directory only: without this,
@@ -526,11 +626,36 @@ class PathTable:
     def listing(self, entry: int) -> tuple[range, list[bytes], list[int]]:
         """A directory's children, their names and their modes, read in three slices
         rather than three lookups per child (a readdir of a large directory)."""
+        children, names, modes, _ = self._listing(entry, inodes=False)
+        return children, names, modes
+
+    def listing_with_inodes(self, entry: int) -> tuple[range, list[bytes], list[int], list[int]]:
+        """:meth:`listing` and the children's inode numbers (what readdir hands on)."""
+        return self._listing(entry, inodes=True)
+
+    def _listing(self, entry: int, inodes: bool) -> tuple[range, list[bytes], list[int], list[int]]:
         children = self.children(entry)
         if not children:
-            return children, [], []
-        self._entries_used += len(children)
-        return (children, *self._names_and_modes(children))
+            return children, [], [], []
+        try:
+            names, modes = self._names_and_modes(children)
+            numbers = self.inodes(children, modes) if inodes else []
+        except PackfsError:
+            self._container.changed_instead()
+            raise
+        self._container.check_unchanged()
+        self._note_use(len(children))
+        return children, names, modes, numbers
+
+    def _note_use(self, entries: int) -> None:
+        """Count entries whose table pages were just read; past _RELEASE_AFTER_ENTRIES,
+        release the pages, right after the read that crossed the line (so a walk ends
+        with little of the table mapped, whatever the size of the page cache's folios:
+        releasing before the next read left the last ones, 12-20 MiB at 1M entries)."""
+        self._entries_used += entries
+        if self._entries_used >= _RELEASE_AFTER_ENTRIES:
+            self._entries_used = 0
+            self.release_pages()
 
     def listing_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
                                                      list[int], list[int]]:
@@ -541,14 +666,20 @@ class PathTable:
         start, stop = part.start, part.stop
         if start >= stop:
             return [], [], [], [], [], [], []
-        self._entries_used += stop - start
-        if self._entries_used >= _RELEASE_AFTER_ENTRIES:
-            self._entries_used = 0
-            self.release_pages()
-        names, modes = self._names_and_modes(part)
-        return (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
-                self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
-                self._nlink[start:stop].tolist())
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            names, modes = self._names_and_modes(part)
+            columns = (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
+                       self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
+                       self._nlink[start:stop].tolist())
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        self._note_use(stop - start)
+        return columns
 
     def _names_and_modes(self, part: range) -> tuple[list[bytes], list[int]]:
         """Names and modes of the (non-empty) run of siblings ``part``, each read as one

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import stat as stat_module
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple, Sequence, Union, overload
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, Union, overload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from . import legacy
 from .container import Container, explain_foreign
 from .errors import (
+    ChecksumError,
+    ClosedArchiveError,
     FormatError,
     NotADirectoryPathError,
-    NotASymlinkError,
     NotAFileError,
+    NotASymlinkError,
+    PackfsError,
     PathNotFoundError,
 )
-from .format import FOOTER_SIZE, crc32, record_count_for, unpack_footer
+from .format import FOOTER_SIZE, MAX_SYMLINK_TARGET, crc32, record_count_for, unpack_footer
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, PathTable
 
 __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttributes"]
@@ -27,12 +32,19 @@ __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttri
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 _MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
+# One resolution expands at most this many bytes of symlink targets (40 targets of at
+# most 4,095 bytes: about 82,000 components), so a hostile archive cannot make one
+# lookup walk megabytes of "d/../d/..": the bound holds even if a target's own length
+# check were bypassed.
+_MAX_EXPANDED_BYTES = _MAX_SYMLINK_HOPS * MAX_SYMLINK_TARGET
 # A batch read joins adjacent files into one pread while the run stays this small
 # (packfs.dataset): that saves a system call per small file, but a large run is one
 # large allocation, faulted in page by page and then copied again into the files'
 # own bytes objects, which cost more than the calls saved (bench/dataloader.py).
 _BATCH_RUN_BYTES = 64 << 10
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
+# Smaller files are copied out of the (guarded) map, larger ones read with pread.
+_MAP_COPY_BYTES = 1 << 20
 # list_attributes reads a directory's columns this many entries at a time.
 _LIST_PART = 1 << 14
 
@@ -110,10 +122,11 @@ def _key(path: PathArg) -> bytes:
 
 class _Closed:
     """Stands in for a closed folder's table and container: every use raises
-    ValueError, as a closed file does, at no cost to the open folder's hot paths."""
+    ClosedArchiveError (a ValueError, as a closed file raises), at no cost to the open
+    folder's hot paths."""
 
     def __getattr__(self, name: str) -> object:
-        raise ValueError("I/O operation on a closed archive")
+        raise ClosedArchiveError("I/O operation on a closed archive")
 
     def close(self) -> None:
         pass
@@ -203,12 +216,21 @@ class PackedFolder:
     # -- lifecycle -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the map; views from :meth:`read_view` keep it alive until released.
-        Any later use raises ValueError, as a closed file does."""
-        table, container = self.__dict__.get("_table"), self._container
-        if isinstance(table, PathTable):
-            table.close()
-        container.close()
+        """Close the archive: any later call raises ValueError("I/O operation on a
+        closed archive"), as a closed file does, and the map and the descriptor are
+        released as soon as nothing uses them (at once, unless another thread is
+        still inside a call, or a file from :meth:`open` or a view from
+        :meth:`read_view` is still open: those keep working until they are closed).
+
+        Nothing is released here by hand.  A call already running in another thread
+        holds the table and the container in its own locals; releasing their views
+        under it gave "released memoryview" and AttributeError, and closing the
+        descriptor gave EBADF, or a pread from whatever file next reused the number.
+        So close() only drops the folder's references; the objects free themselves
+        (views, map, and the descriptor through Container's finalizer) when the last
+        holder drops them, which for an idle folder is this call.  Calls that start
+        later meet the _CLOSED sentinel.  The open folder's read paths pay nothing.
+        """
         self._table = self._container = _CLOSED  # type: ignore[assignment]
 
     @property
@@ -249,7 +271,7 @@ class PackedFolder:
         pending = key.split(b"/") if key else []
         pending.reverse()
         current = 0
-        hops = 0
+        hops = expanded = 0
         trail: list[int] = []  # the directories above ``current``, for ".."
         while pending:
             part = pending.pop()
@@ -270,6 +292,12 @@ class PackedFolder:
                 if hops > _MAX_SYMLINK_HOPS:
                     raise PathNotFoundError(f"{os.fsdecode(original)!r}: too many levels of symbolic links")
                 target = self._link_target(candidate, repr(os.fsdecode(original)))
+                expanded += len(target)
+                if expanded > _MAX_EXPANDED_BYTES:
+                    raise PathNotFoundError(
+                        f"{os.fsdecode(original)!r}: too many levels of symbolic links (their targets "
+                        f"add up to more than {_MAX_EXPANDED_BYTES} bytes)"
+                    )
                 if target.startswith(b"/"):
                     raise PathNotFoundError(
                         f"{os.fsdecode(original)!r}: symlink to {os.fsdecode(target)!r} "
@@ -322,7 +350,7 @@ class PackedFolder:
     def _file_span(self, path: PathArg) -> tuple[int, int, int]:
         """(record, start, end) of file ``path``, its table values checked as they are used."""
         table = self._table
-        entry = table.lookup(_key(path))
+        entry = table._lookup(_key(path))  # the caller checks the archive is unchanged
         # The hot path reads the table's and the container's memoryviews directly;
         # method calls cost more than the lookup itself for small files.
         if entry < 0 or table._mode[entry] & S_IFMT != S_IFREG:
@@ -338,7 +366,7 @@ class PackedFolder:
             # record + 1 is in range.
             offsets = container._offset_items
             start, end = offsets[record], offsets[record + 1]
-            if end - start == table._size[entry] and container.data_start <= start and end <= container.file_size:
+            if end - start == table._size[entry] and container.data_start <= start and end <= container.data_end:
                 return record, start, end
         # What the fast path refused: this raises FormatError saying which rule broke.
         record = table.record(entry)
@@ -356,11 +384,27 @@ class PackedFolder:
         FormatError
             The table is inconsistent where this file is concerned.
         """
-        record, start, end = self._file_span(path)
         container = self._container
-        data = container._mm[start:end]
-        if self.check_data and crc32(data) != container._crc_items[record]:
-            container.check_crc(record, data, repr(os.fsdecode(path)))  # raises, with details
+        if not container.guarded:
+            container.check_size()  # the table is read through the map
+        # Guarded (packfs._sigbus), contents are copied from the map: a truncation
+        # under the copy reads zeros instead of killing, and the check after it raises.
+        # Unguarded, and for large files, with pread: a short read or other bytes,
+        # never a SIGBUS, and no page of a large file stays in this process's RSS.
+        # bench/overwrite.py: the map copy and the guard's check cost 4 KiB reads about
+        # what the lseek did; pread costs 0.5 us more (and is faster from 1 MiB up).
+        try:
+            record, start, end = self._file_span(path)
+            if container.guarded and end - start < _MAP_COPY_BYTES:
+                data = container._mm[start:end]
+            else:
+                data = container.pread(start, end)
+            if self.check_data and crc32(data) != container._crc_items[record]:
+                container.check_crc(record, data, repr(os.fsdecode(path)))  # raises, with details
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
         return data
 
     @overload
@@ -379,26 +423,45 @@ class PackedFolder:
         """A zero-copy, read-only view of a file's bytes in the map (checked if
         ``check_data``).  Release it (or let it go) before closing the folder.
 
-        The view is the map itself: if the archive file is truncated in place while
-        you hold it, touching it is SIGBUS, as with any memory map.  ``read`` and
-        ``open`` check for that; packfs itself only ever replaces archives whole.
+        The view is the map itself, the one read that is not protected from the
+        archive being overwritten in place (``cp`` over it) while you hold the view:
+        its bytes may become the new file's, or zeros (with packfs's SIGBUS guard,
+        while the folder is open), or touching them is SIGBUS (without the guard, or
+        after the folder is closed).  ``read`` and ``open`` raise ArchiveChangedError
+        instead; packfs itself only ever replaces archives whole.
         """
-        record, start, end = self._file_span(path)
-        view = self._container._view[start:end]
-        if self.check_data:
-            self._container.check_crc(record, view, repr(os.fsdecode(path)))
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            record, start, end = self._file_span(path)
+            view = container._view[start:end]
+            if self.check_data:
+                container.check_crc(record, view, repr(os.fsdecode(path)))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
         return view
 
     def open(self, path: PathArg) -> PackedFile:
-        """A seekable, read-only binary file object over the map.
+        """A seekable, read-only binary file object (reads are preads of the archive).
 
-        The CRC is checked once here, not on every read.
+        The CRC is checked once here, not on every read; each read checks that the
+        archive was not changed in place since it was opened.
         """
-        record, start, end = self._file_span(path)
-        view = self._container._view[start:end]
-        if self.check_data:
-            self._container.check_crc(record, view, repr(os.fsdecode(path)))
-        return PackedFile(view, os.fsdecode(path), self._container.check_size)
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            record, start, end = self._file_span(path)
+            if self.check_data and container.crc_of_span(start, end) != container._crc_items[record]:
+                raise ChecksumError(f"{self.path!r}: {os.fsdecode(path)!r}: checksum mismatch")
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return PackedFile(container, start, end, os.fsdecode(path))
 
     # Reads by entry index, with pread rather than through the map, for packfs.dataset:
     # no path resolution, and no page of file data joins this process's RSS.
@@ -406,13 +469,19 @@ class PackedFolder:
     def _pread_entry(self, entry: int) -> bytes:
         """The contents of file ``entry``, checked like :meth:`read_one`."""
         table, container = self._table, self._container
-        container.check_size()  # the table is read through the map: no SIGBUS
-        if not 0 <= entry < table.entry_count or table.file_type(entry) != S_IFREG:
-            raise NotAFileError(f"{self.path!r}: entry {entry} is not a file")
-        record, start, end = self._entry_span(entry)
-        data = container.pread(start, end)
-        if self.check_data and crc32(data) != container._crc_items[record]:
-            container.check_crc(record, data, repr(os.fsdecode(table.full_path(entry))))
+        if not container.guarded:
+            container.check_size()  # the table is read through the map
+        try:
+            if not 0 <= entry < table.entry_count or table.file_type(entry) != S_IFREG:
+                raise NotAFileError(f"{self.path!r}: entry {entry} is not a file")
+            record, start, end = self._entry_span(entry)
+            data = container.pread(start, end)
+            if self.check_data and crc32(data) != container._crc_items[record]:
+                container.check_crc(record, data, repr(os.fsdecode(table.full_path(entry))))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
         return data
 
     def _pread_entries(self, entries: Sequence[int]) -> Iterator[tuple[int, bytes]]:
@@ -426,9 +495,19 @@ class PackedFolder:
         of adjacent small files is read with one pread of up to 64 KiB."""
         import numpy as np
 
+        container = self._container
+        if not container.guarded:
+            container.check_size()  # the table is read through the map
+        try:
+            yield from self._pread_checked_entries(np.asarray(entries, dtype=np.int64))
+        except PackfsError:
+            container.changed_instead()
+            raise
+
+    def _pread_checked_entries(self, entries: np.ndarray) -> Iterator[tuple[int, bytes]]:
+        import numpy as np
+
         table, container = self._table, self._container
-        container.check_size()  # the table is read through the map: no SIGBUS
-        entries = np.asarray(entries, dtype=np.int64)
         if not len(entries):
             return
         if entries.min() < 0 or entries.max() >= table.entry_count:
@@ -444,7 +523,7 @@ class PackedFolder:
             starts = container.offsets[records]
             ends = container.offsets[records + 1]  # a data record is never the last record
             refused = ((ends - starts != sizes) | (ends < starts) | (starts < container.data_start)
-                       | (ends > container.file_size))
+                       | (ends > container.data_end))
         if refused.any():
             bad = int(entries[np.argmax(refused)])
             self._pread_entry(bad)  # raises, naming the rule
@@ -458,6 +537,9 @@ class PackedFolder:
             while j < count and starts_list[j] == run_end and ends_list[j] - run_start <= _BATCH_RUN_BYTES:
                 run_end, j = ends_list[j], j + 1
             block = container.pread(run_start, run_end)
+            # Unchanged after the read: the block, and every table value used above,
+            # are the archive's as it was opened.
+            container.check_unchanged()
             view = memoryview(block)
             for k in range(i, j):
                 position = order_list[k]
@@ -477,8 +559,15 @@ class PackedFolder:
 
     def _link_target(self, entry: int, label: str, check: bool | None = None) -> bytes:
         """Symlink ``entry``'s target, CRC-checked if ``check`` (default: ``check_data``),
-        and one a symlink can hold: non-empty, without a NUL byte (format section 5)."""
+        and one a symlink can hold: non-empty, without a NUL byte, at most 4,095 bytes
+        (format section 5)."""
         record = self._table.record(entry)
+        # Refused before any byte is copied or checked: a long target costs its length
+        # to read and, as path components, to walk.
+        length = self._table.size(entry)
+        if length > MAX_SYMLINK_TARGET:
+            raise FormatError(f"{self.path!r}: {label}: symlink target of {length} bytes, "
+                              f"expected at most {MAX_SYMLINK_TARGET}")
         if self.check_data if check is None else check:
             target = self._container.checked_record_bytes(record, label)
         else:
@@ -527,20 +616,26 @@ class PackedFolder:
         ]
 
     def _iter_tree(self, entry: int, recursive: bool) -> Iterator[tuple[bytes, int]]:
-        """(path relative to ``entry``, child entry) depth first, names in table order;
-        iterative, so a tree of any depth walks."""
+        """(path relative to ``entry``, child entry) depth first, names in table order.
+        Iterative, with one running prefix (not one per level, which costs O(depth**2)
+        bytes in a deep tree of long names): any depth walks in memory proportional to
+        the longest path."""
         table = self._table
-        stack = [(iter(table.children(entry)), b"")]
+        prefix = bytearray()
+        stack = [(iter(table.children(entry)), 0)]  # (children, len(prefix) at that level)
         while stack:
-            children, prefix = stack[-1]
+            children, level_start = stack[-1]
             child = next(children, None)
             if child is None:
                 stack.pop()
+                del prefix[level_start:]
                 continue
-            relative = prefix + table.name(child)
-            yield relative, child
+            del prefix[level_start:]  # the previous sibling's subtree left its name here
+            name = table.name(child)
+            yield bytes(prefix) + name, child
             if recursive and table.file_type(child) == S_IFDIR:
-                stack.append((iter(table.children(child)), relative + b"/"))
+                stack.append((iter(table.children(child)), len(prefix) + len(name) + 1))
+                prefix += name + b"/"
 
     def scandir(self, path: PathArg = "") -> Iterator[tuple[str, FileStat]]:
         """(name, FileStat) for each child of directory ``path``."""
@@ -559,38 +654,36 @@ class PackedFolder:
         iterator is returned; FormatError (a damaged table) while iterating."""
         entry = self._entry_of_kind(path, S_IFDIR)
         if not recursive:
-            return itertools.chain.from_iterable(items for _, items in self._attribute_parts(entry, b""))
+            return (EntryAttributes._make(item[1:]) for item in self._attribute_items(entry))
         return self._list_recursively(entry)
 
     def _list_recursively(self, entry: int) -> Iterator[EntryAttributes]:
-        # Depth first with a stack of iterators, not recursion: a tree may be deeper
-        # than Python's recursion limit.
-        def children_of(directory: int, prefix: bytes) -> Iterator[tuple[int, EntryAttributes]]:
-            return itertools.chain.from_iterable(
-                zip(part, items) for part, items in self._attribute_parts(directory, prefix))
-
-        stack = [children_of(entry, b"")]
+        # Depth first with a stack of iterators, not recursion (a tree may be deeper than
+        # Python's recursion limit), and one running prefix, not one per level (which
+        # costs O(depth**2) bytes in a deep tree of long names).
+        prefix = bytearray()
+        stack = [(self._attribute_items(entry), 0)]  # (children, len(prefix) at that level)
         while stack:
-            for child, item in stack[-1]:
-                yield item
-                if item.mode & S_IFMT == S_IFDIR:
-                    stack.append(children_of(child, item.name + b"/"))
-                    break
-            else:
+            items, level_start = stack[-1]
+            item = next(items, None)
+            if item is None:
                 stack.pop()
+                continue
+            del prefix[level_start:]  # the previous sibling's subtree left its name here
+            child, name, *columns = item
+            yield EntryAttributes(bytes(prefix) + name, *columns)
+            if columns[0] & S_IFMT == S_IFDIR:
+                stack.append((self._attribute_items(child), len(prefix) + len(name) + 1))
+                prefix += name + b"/"
 
-    def _attribute_parts(self, entry: int, prefix: bytes) -> Iterator[tuple[range, Iterator[EntryAttributes]]]:
-        """(entries, their EntryAttributes) for directory ``entry``'s children, a part of
-        at most _LIST_PART entries at a time, names after ``prefix``."""
+    def _attribute_items(self, entry: int) -> Iterator[tuple]:
+        """(child, name, mode, uid, gid, mtime_ns, size, nlink) for each child of
+        directory ``entry``, its columns read _LIST_PART entries at a time."""
         table = self._table
         children = table.children(entry)
-        make = EntryAttributes._make
         for low in range(children.start, children.stop, _LIST_PART):
             part = range(low, min(low + _LIST_PART, children.stop))
-            names, *columns = table.listing_columns(part)
-            if prefix:
-                names = [prefix + name for name in names]
-            yield part, map(make, zip(names, *columns))
+            yield from zip(part, *table.listing_columns(part))
 
     def walk(self, top: PathArg = "") -> Iterator[tuple[str, list[str], list[str]]]:
         """Like os.walk (top-down): (dirpath, dirnames, filenames); symlinks are
@@ -668,17 +761,19 @@ class PackedFolder:
 
 
 class PackedFile(io.RawIOBase):
-    """A read-only, seekable binary file over one record of the map.
+    """A read-only, seekable binary file over one record of an archive.
 
-    ``check_size`` runs before each read, so an archive truncated while the file is
-    open gives FormatError rather than a SIGBUS from the map.
+    Reads are preads of the archive file, not copies out of its memory map: an archive
+    overwritten or truncated in place while the file is open gives ArchiveChangedError
+    (a FormatError), never a SIGBUS, and never the new file's bytes.
     """
 
-    def __init__(self, view: memoryview, name: str, check_size: Callable[[], None]) -> None:
+    def __init__(self, container: Container, start: int, end: int, name: str) -> None:
         super().__init__()
-        self._view = view
+        self._container: Container | None = container
+        self._start = start
+        self._length = end - start
         self._position = 0
-        self._check_size = check_size
         self.name = name
 
     def readable(self) -> bool:
@@ -687,34 +782,54 @@ class PackedFile(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def read(self, size: int | None = -1) -> bytes:
-        self._check_closed()
-        self._check_size()
+    def _span(self, size: int | None) -> tuple[int, int]:
         start = self._position
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), start + size)
+        end = self._length if size is None or size < 0 else min(self._length, start + size)
+        return start, end
+
+    def read(self, size: int | None = -1) -> bytes:
+        container = self._open_container()
+        start, end = self._span(size)
         if end <= start:
             return b""
+        data = container.pread(self._start + start, self._start + end)
+        container.check_unchanged()
         self._position = end
-        return self._view[start:end].tobytes()
+        return data
 
     def readall(self) -> bytes:
         return self.read(-1)
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(memoryview(buffer).cast("B")))
-        memoryview(buffer).cast("B")[: len(data)] = data
-        return len(data)
+        container = self._open_container()
+        with memoryview(buffer) as raw, raw.cast("B") as target:
+            start, end = self._span(len(target))
+            if end <= start:
+                return 0
+            got = os.preadv(container.fd, [target[: end - start]], self._start + start)
+            if got != end - start:  # a short read: the file is shorter than it was
+                data = container.pread(self._start + start + got, self._start + end)  # raises
+                target[got : end - start] = data
+        container.check_unchanged()
+        self._position = end
+        return end - start
 
     def readline(self, size: int | None = -1) -> bytes:
-        self._check_closed()
-        self._check_size()
-        view = self._view
-        start = self._position
-        limit = len(view) if size is None or size < 0 else min(len(view), start + size)
-        newline = bytes(view[start:limit]).find(b"\n")
-        end = limit if newline < 0 else start + newline + 1
-        self._position = end
-        return view[start:end].tobytes()
+        container = self._open_container()
+        start, limit = self._span(size)
+        parts, position = [], start
+        while position < limit:
+            chunk = container.pread(self._start + position, self._start + min(limit, position + 8192))
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                parts.append(chunk[: newline + 1])
+                position += newline + 1
+                break
+            parts.append(chunk)
+            position += len(chunk)
+        container.check_unchanged()
+        self._position = position
+        return b"".join(parts)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._check_closed()
@@ -723,7 +838,7 @@ class PackedFile(io.RawIOBase):
         elif whence == io.SEEK_CUR:
             position = self._position + offset
         elif whence == io.SEEK_END:
-            position = len(self._view) + offset
+            position = self._length + offset
         else:
             raise ValueError(f"invalid whence {whence!r}")
         if position < 0:
@@ -736,9 +851,17 @@ class PackedFile(io.RawIOBase):
         return self._position
 
     def close(self) -> None:
-        if not self.closed:
-            self._view.release()
+        # A closed file must not keep the archive's descriptor open after its folder
+        # is closed.
+        self._container = None
         super().close()
+
+    def _open_container(self) -> Container:
+        self._check_closed()
+        container = self._container
+        if container is None or container.closed:
+            raise ClosedArchiveError("I/O operation on a closed archive")
+        return container
 
     def _check_closed(self) -> None:
         if self.closed:
@@ -783,6 +906,11 @@ def verify_container(
                 if int(records[entry]) in bad:
                     bad_paths.append(os.fsdecode(table.full_path(int(entry))))
             for entry in (file_type == S_IFLNK).nonzero()[0].tolist():
+                if container.record_length(int(records[entry])) > MAX_SYMLINK_TARGET:
+                    problems.append(f"symlink {os.fsdecode(table.full_path(entry))!r} has a target of "
+                                    f"{container.record_length(int(records[entry]))} bytes, expected at "
+                                    f"most {MAX_SYMLINK_TARGET}")
+                    continue
                 target = container.record_bytes(int(records[entry]))
                 if not target or b"\0" in target:
                     problems.append(f"symlink {os.fsdecode(table.full_path(entry))!r} has the target {target!r}")

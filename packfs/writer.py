@@ -16,7 +16,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Se
 
 from .container import TEMP_MARKER, ContainerWriter
 from .errors import PackError
-from .format import NO_RECORD, SECTION_ALIGNMENT, pack_footer, record_count_for
+from .format import MAX_SYMLINK_TARGET, NO_RECORD, SECTION_ALIGNMENT, pack_footer, record_count_for
 from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 
 __all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
@@ -151,6 +151,11 @@ class _ArchiveBuilder:
             target = os.fsencode(entry.target)
             if not target or b"\0" in target:
                 raise PackError(f"symlink {label!r} has an empty target or one with a NUL byte")
+            if len(target) > MAX_SYMLINK_TARGET:
+                # Readers refuse it (format section 5): no kernel makes one, and
+                # following it would cost time in proportion to its length.
+                raise PackError(f"symlink {label!r} has a target of {len(target)} bytes, "
+                                f"expected at most {MAX_SYMLINK_TARGET}")
             self._new_record()
             self.writer.write(target)
             record, size = self.writer.end_record(), len(target)

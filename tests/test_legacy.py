@@ -157,6 +157,32 @@ def test_a_directory_placed_twice_is_refused(tmp_path: Path) -> None:
         PackedFolder(_legacy_archive(tmp_path / "dag.ffr", data))
 
 
+@pytest.mark.parametrize("names", [("\u00e9", "\udcc3\udca9"), ("\udcc3\udca9", "\u00e9"),
+                                   ("\u00e9", "\udcc3\u00a9")])
+def test_names_that_are_the_same_bytes_are_refused(tmp_path: Path, names: tuple[str, str]) -> None:
+    r"""pack_folder's names come from os.listdir, where an undecodable byte is a lone
+    surrogate ("\udcc3"), so different strings can stand for the same bytes: "\u00e9"
+    and "\udcc3\udca9" are both b"\xc3\xa9".  Compared as strings, the second file hid
+    the first and verify saw nothing.  ("\udcc3\u00a9" is another name, b"\xc3\xc2\xa9".)"""
+    for level, tree in enumerate((OrderedDict([(names[0], 0), (names[1], 1)]),
+                                  OrderedDict(d=OrderedDict([(names[0], 0), (names[1], 1)])))):
+        archive = _legacy_archive(tmp_path / f"{level}.ffr", pickle.dumps(tree, protocol=4), files=2)
+        if os.fsencode(names[0]) != os.fsencode(names[1]):  # b"\xc3\xc2\xa9": another name
+            with PackedFolder(archive) as folder:
+                assert folder.num_files() == 2 and folder.verify().ok
+            continue
+        with pytest.raises(FormatError, match=r"appears twice in one directory \(as the bytes b'\\xc3\\xa9'\)"):
+            PackedFolder(archive)
+
+
+def test_an_undecodable_name_reads_as_its_bytes(tmp_path: Path) -> None:
+    data = pickle.dumps(OrderedDict([("\udcff.bin", 0), ("\u00e9", 1)]), protocol=4)
+    with PackedFolder(_legacy_archive(tmp_path / "bytes.ffr", data, files=2)) as folder:
+        assert folder.read(b"\xff.bin") == b"file 0" and folder.read("\u00e9") == b"file 1"
+        assert [entry.name for entry in folder.list_attributes()] == [b"\xc3\xa9", b"\xff.bin"]
+        assert folder.verify().ok
+
+
 # -- packfs convert, and the CLI on legacy archives -----------------------------------------
 
 
@@ -204,3 +230,12 @@ def test_cli_reads_legacy_archives(tmp_path: Path) -> None:
     for path, info in expected.items():
         assert hashlib.sha256((tmp_path / "out" / path).read_bytes()).hexdigest() == info["sha256"]
     assert (tmp_path / "out" / "empty_dir").is_dir()
+
+
+def test_a_legacy_archive_walks_and_lists_attributes() -> None:
+    """Its table is built in memory: names must come out as bytes there too."""
+    with PackedFolder(VECTORS / "packed_folder.ffr") as folder:
+        walked = list(folder.walk())
+        assert walked and all(isinstance(top, str) for top, _, _ in walked)
+        assert sorted(folder.list(recursive=True)) == sorted(
+            os.fsdecode(item.name) for item in folder.list_attributes("", recursive=True))
