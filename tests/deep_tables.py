@@ -43,6 +43,7 @@ def chain_archive(out: Path, depth: int, name_length: int, contents: bytes = b"a
         value = crc32((b"/" if i > 1 else b"") + (file_name if i == count - 1 else name), value)
         hashes[i] = value
     by_hash = np.argsort(hashes, kind="stable")
+    out.unlink(missing_ok=True)
     columns = {
         "parent": parent, "mode": mode, "uid": np.zeros(count, "<u4"), "gid": np.zeros(count, "<u4"),
         "mtime_ns": np.zeros(count, "<i8"), "size": size, "record": record, "child_start": child_start,
@@ -61,3 +62,48 @@ def chain_archive(out: Path, depth: int, name_length: int, contents: bytes = b"a
         records.append(b"")
     records.append(pack_footer(count, 1))
     return write_records(out, records)
+
+
+def long_target_archive(out: Path, target: bytes) -> Path:
+    """An archive whose symlink ``s`` has ``target`` as its text, however long (the
+    packer refuses targets over 4,095 bytes; a hostile archive need not): the
+    symlink's record and size are rewritten, every CRC recomputed."""
+    from packfs import Entry, pack_entries
+    from tests.conftest import read_records
+
+    base = out.with_name(out.name + ".base")
+    pack_entries([Entry("d/x", b"x"), Entry("s", kind="symlink", target="d")], base, force=True)
+    records = read_records(base)
+    base.unlink()
+    data_records = int.from_bytes(records[-1][24:32], "little")
+    assert data_records == 2  # d/x's contents, then s's target
+    records[1] = target
+    size_record = data_records + 2 * [name for name, _ in SECTIONS].index("size") + 1
+    sizes = np.frombuffer(records[size_record], "<u8").copy()
+    entry_of_s = 2  # root, d, s, d/x
+    sizes[entry_of_s] = len(target)
+    records[size_record] = sizes.tobytes()
+    out.unlink(missing_ok=True)
+    return write_records(out, realigned(records, data_records))
+
+
+def realigned(records: list[bytes], data_records: int) -> list[bytes]:
+    """``records`` with each table section's padding record recomputed, after a data
+    record changed length (format section 2: sections start at multiples of 64)."""
+    records = list(records)
+    position = 12 + 12 * len(records) + sum(map(len, records[:data_records]))
+    for k in range(len(SECTIONS)):
+        padding = -position % SECTION_ALIGNMENT
+        records[data_records + 2 * k] = bytes(padding)
+        position += padding + len(records[data_records + 2 * k + 1])
+    return records
+
+
+def wide_long_names_archive(out: Path, directories: int, name_length: int) -> Path:
+    """``directories`` sibling directories with ``name_length``-byte names, each holding
+    one file: every lookup of a file caches its directory's path (cache-bloating)."""
+    from packfs import Entry, pack_entries
+
+    entries = [Entry(f"{i:08d}{'n' * (name_length - 8)}/f", b"%d" % i) for i in range(directories)]
+    pack_entries(entries, out, force=True)
+    return out

@@ -33,6 +33,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,10 +48,23 @@ from packfs.dataset import PackedFiles  # noqa: E402
 from packfs.format import SECTIONS  # noqa: E402
 from packfs.mount import PackfsOperations  # noqa: E402
 from tests.conftest import read_records, write_records  # noqa: E402
+from tests.deep_tables import chain_archive, long_target_archive, wide_long_names_archive  # noqa: E402
+from tests.hostile import HOSTILE_KINDS, hostile_structure  # noqa: E402
 
 # The errnos a FUSE callback may answer with on a damaged archive.
 _FUSE_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
 _KINDS = ("flip", "flips", "truncate", "extend", "garbage", "zero", "hostile")
+# Every STRUCTURE_EVERY-th case is instead a hostile structure built whole (not a mutation
+# of the seed): a deep chain of long names, many long-named directories, a long symlink
+# target, records aliasing each other.  Each operation on it must stay within a time and
+# memory budget: these are the shapes that once cost quadratic time or memory.
+STRUCTURE_EVERY = 32
+_STRUCTURES = ("deep_chain", "long_names", "long_target") + HOSTILE_KINDS
+# Generous: each operation takes milliseconds here; the attacks took 20 s to minutes and
+# gigabytes.  The time budget is a hang and complexity detector, not a speed test.
+OPERATION_SECONDS = 5.0
+MEMORY_BASE = 64 << 20  # plus MEMORY_PER_ARCHIVE_BYTE times the archive's size
+MEMORY_PER_ARCHIVE_BYTE = 8
 
 
 def build_seed(path: Path) -> dict[str, bytes]:
@@ -134,6 +148,9 @@ class Counts:
     wrong_bytes: int = 0
     crashes: int = 0
     escapes: int = 0
+    structures: int = 0
+    slowest_operation: float = 0.0  # seconds, over the structure cases
+    largest_peak: int = 0  # bytes traced, over the structure cases
     by_kind: dict[str, int] = field(default_factory=dict)
 
     def failures(self) -> int:
@@ -190,7 +207,7 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
     shutil.rmtree(dest, ignore_errors=True)
     operations = PackfsOperations(folder, check_data=folder.check_data, no_open=True)
     for path in ["/" + p for p in list(files) + ["", "a", "a/b", "empty_dir", "link", "missing"]]:
-        for call in (lambda: operations.getattr(path), lambda: operations.readdir(path, 0),
+        for call in (lambda: _kernel_attributes(path, operations.getattr(path)), lambda: operations.readdir(path, 0),
                      lambda: operations.read(path, 1 << 20, 0, 0), lambda: operations.readlink(path),
                      lambda: operations.open(path, os.O_RDONLY)):
             try:
@@ -199,6 +216,14 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
                 if error.errno not in _FUSE_ERRNOS:
                     raise Failure(f"FUSE callback answered errno {error.errno}") from error
     return errors, wrong
+
+
+def _kernel_attributes(path: str, attributes: dict[str, int]) -> None:
+    """A getattr answer the kernel takes: it refuses a whole stat (EIO) whose size is
+    above 2**63 - 1, and (uid_t)-1 means no owner (a hostile table's values are clamped)."""
+    if not (0 <= attributes["st_size"] <= 2**63 - 1 and 0 <= attributes["st_uid"] <= 2**32 - 2
+            and 0 <= attributes["st_gid"] <= 2**32 - 2 and -(2**63) <= attributes["st_mtime"] < 2**63):
+        raise Failure(f"getattr {path}: attributes the kernel cannot represent: {attributes}")
 
 
 def run_case(damaged: bytes, original: bytes, files: dict[str, bytes], kind: str, work: Path,
@@ -242,6 +267,115 @@ def run_case(damaged: bytes, original: bytes, files: dict[str, bytes], kind: str
     setattr(counts, outcome, getattr(counts, outcome) + 1)
 
 
+def build_structure(kind: str, rng: random.Random, work: Path) -> tuple[Path, list[str]]:
+    """A hostile structure and the paths worth asking for in it."""
+    path = work / f"{kind}.ffr"
+    path.unlink(missing_ok=True)
+    if kind in HOSTILE_KINDS:  # records aliasing each other, or running over the table
+        return path, hostile_structure(kind, path, rng)
+    if kind == "deep_chain":
+        # Mostly past Python's recursion limit (about 1,000 levels), sometimes far past it.
+        depth = rng.randint(2, 1200) if rng.random() < 0.9 else rng.randint(1200, 3000)
+        length = rng.choice([1, 2, 16, 255, rng.randint(1, 255)])
+        chain_archive(path, depth, length)
+        top = "/".join(["d" * length] * depth)
+        middle = "/".join(["d" * length] * (depth // 2))
+        return path, [top, top + "/" + "f" * length, middle, top + "/../" + "d" * length]
+    if kind == "long_names":
+        count, length = rng.randint(1, 600), rng.randint(9, 255)
+        wide_long_names_archive(path, count, length)
+        return path, [f"{i:08d}{'n' * (length - 8)}/f" for i in range(count)]
+    # long_target: a symlink whose text runs past Linux's 4,095 bytes, walking up and
+    # down ("d/.." repeated) so that following it would cost time proportional to it.
+    length = rng.choice([4096, 5000, 100_000, 1_000_000])
+    target = (b"d/.." * (length // 4 + 1))[: length - 4] + b"/d/x"
+    long_target_archive(path, target)
+    return path, ["s", "d/x"]
+
+
+def _bytes_under(directory: Path) -> int:
+    """Bytes of the regular files under ``directory``, each inode once (find: it walks
+    a tree of any depth, which a recursive Python walk does not)."""
+    if not directory.exists():
+        return 0
+    result = subprocess.run(["find", str(directory), "-type", "f", "-printf", "%i %s\\n"], capture_output=True,
+                            text=True, check=True)
+    sizes = dict(line.split() for line in result.stdout.splitlines())  # inode -> size
+    return sum(int(size) for size in sizes.values())
+
+
+def run_structure(kind: str, path: Path, paths: list[str], work: Path, counts: Counts) -> None:
+    """Drive every reader over a hostile structure; each operation must end in a result
+    or a PackfsError (an errno from the FUSE callbacks) within the time budget, and the
+    whole case within the memory budget."""
+    import tracemalloc
+
+    counts.structures += 1
+    budget = MEMORY_BASE + MEMORY_PER_ARCHIVE_BYTE * path.stat().st_size
+    sandbox = work / "sandbox"
+    sandbox.mkdir(exist_ok=True)
+
+    def bounded(name: str, function, *args):
+        started = time.perf_counter()
+        try:
+            return function(*args)
+        except packfs.PackfsError:
+            return None
+        except OSError as error:  # only FUSE callbacks answer with an errno
+            if getattr(function, "__self__", None).__class__ is not PackfsOperations:
+                raise
+            if error.errno not in _FUSE_ERRNOS:
+                raise Failure(f"{name}: FUSE callback answered errno {error.errno}") from error
+            return None
+        finally:
+            seconds = time.perf_counter() - started
+            counts.slowest_operation = max(counts.slowest_operation, seconds)
+            if seconds > OPERATION_SECONDS:
+                raise Failure(f"{kind}: {name} took {seconds:.1f} s (budget {OPERATION_SECONDS} s)")
+
+    tracemalloc.start()
+    try:
+        for check_data in (True, False):
+            folder = bounded("open", PackedFolder, path, check_data)
+            if folder is None:
+                continue
+            with folder:
+                bounded("verify", folder.verify)
+                bounded("walk", lambda: sum(1 for _ in folder.walk()))
+                bounded("list_attributes", lambda: sum(1 for _ in folder.list_attributes("", True)))
+                bounded("select files", lambda: len(PackedFiles(folder)))
+                for relative in paths:
+                    bounded("stat", folder.stat, relative)
+                    bounded("is_dir", folder.is_dir, relative)
+                    bounded("read", folder.read, relative)
+                    bounded("readlink", folder.readlink, relative)
+                dest = sandbox / "dest"
+                bounded("unpack", packfs.unpack, folder, dest)
+                if sorted(os.listdir(sandbox)) not in ([], ["dest"]):
+                    raise Failure(f"unpack wrote outside its destination: {sorted(os.listdir(sandbox))}")
+                # No bomb: what unpack writes is bounded by the archive (hard links it
+                # cannot make are copied, within the archive's size again).
+                written = _bytes_under(dest)
+                if written > 2 * path.stat().st_size:
+                    raise Failure(f"{kind}: unpack wrote {written:,} bytes from a {path.stat().st_size:,}-byte archive")
+                # rm -rf, not shutil.rmtree: it recurses per level.
+                subprocess.run(["rm", "-rf", str(dest)], check=True)
+                operations = PackfsOperations(folder, check_data=check_data, no_open=True)
+                for relative in paths[:8]:
+                    fuse_path = "/" + relative
+                    bounded("getattr", operations.getattr, fuse_path)
+                    bounded("readdir", operations.readdir, fuse_path, 0)
+                    bounded("fuse read", operations.read, fuse_path, 1 << 17, 0, 0)
+                    bounded("fuse readlink", operations.readlink, fuse_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    counts.largest_peak = max(counts.largest_peak, peak)
+    if peak > budget:
+        raise Failure(f"{kind}: {peak / 2**20:.0f} MiB traced (budget {budget / 2**20:.0f} MiB for a "
+                      f"{path.stat().st_size:,}-byte archive)")
+
+
 def fuzz(cases: int, seed: int, work: Path, progress: bool = False) -> Counts:
     # The FUSE callbacks log each damaged file once; here that is thousands of lines.
     mount_log = logging.getLogger("packfs.mount")
@@ -262,11 +396,17 @@ def _fuzz(cases: int, seed: int, work: Path, progress: bool) -> Counts:
     started = time.monotonic()
     for case in range(cases):
         rng = random.Random(seed * 1_000_003 + case)
-        kind = _KINDS[case % len(_KINDS)]
-        damaged = mutate(original, records, data_records, rng, kind)
-        signal.alarm(30)  # a hang is a failure too
+        structure = case % STRUCTURE_EVERY == STRUCTURE_EVERY - 1
+        kind = _STRUCTURES[(case // STRUCTURE_EVERY) % len(_STRUCTURES)] if structure else _KINDS[case % len(_KINDS)]
+        signal.alarm(60)  # a hang is a failure too
         try:
-            run_case(damaged, original, files, kind, work, counts)
+            if structure:
+                counts.cases += 1
+                counts.by_kind[kind] = counts.by_kind.get(kind, 0) + 1
+                run_structure(kind, *build_structure(kind, rng, work), work, counts)
+            else:
+                run_case(mutate(original, records, data_records, rng, kind), original, files, kind, work,
+                         counts)
         except Failure as failure:
             raise Failure(f"case {case} (seed {seed}, {kind}): {failure}") from failure
         except Exception as error:
@@ -295,8 +435,10 @@ def main() -> int:
     seconds = time.monotonic() - started
     print(f"fuzz: {counts.cases:,} cases (seed {args.seed}) in {seconds:.0f} s")
     for name in ("unchanged", "refused_at_open", "detected_at_use", "detected_by_verify_only", "benign",
-                 "hostile_remaps", "undetected", "wrong_bytes", "crashes", "escapes"):
+                 "hostile_remaps", "undetected", "wrong_bytes", "crashes", "escapes", "structures"):
         print(f"  {name.replace('_', ' ')}: {getattr(counts, name):,}")
+    print(f"  structures: slowest operation {counts.slowest_operation:.2f} s (budget {OPERATION_SECONDS} s), "
+          f"largest traced peak {counts.largest_peak / 2**20:.1f} MiB")
     print("  by kind: " + ", ".join(f"{k} {v:,}" for k, v in counts.by_kind.items()))
     return 0 if counts.failures() == 0 else 1
 
