@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import click
 
 from . import __version__
+from .container import remove_unfinished
 from .errors import PackfsError
 from .extract import unpack as unpack_archive
 from .reader import PackedFolder
@@ -156,6 +157,9 @@ def _exit_on_signals(what: str) -> Iterator[None]:
     try:
         yield
     except _Signalled as interrupted:
+        # The unwinding removed the temporary file, unless the signal came between its
+        # creation and the `with` that would remove it: this covers every such window.
+        remove_unfinished()
         click.echo(f"Interrupted by {signal.Signals(interrupted.signum).name}: {what} not written", err=True)
         sys.exit(128 + interrupted.signum)
     finally:

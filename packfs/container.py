@@ -430,6 +430,21 @@ class Container:
         return "_mm" not in self.__dict__
 
 
+# Temporary files of this process's writers that are neither published nor removed yet.
+_UNFINISHED: set[Path] = set()
+
+
+def remove_unfinished() -> None:
+    """Remove every temporary file this process's writers have not finished: for a
+    signal handler's last step, whichever point of a write the signal interrupted."""
+    for path in list(_UNFINISHED):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        _UNFINISHED.discard(path)
+
+
 def _remove_stale_temporaries(out: Path) -> None:
     """Delete temporary files that a killed writer of ``out`` left behind (their pid is
     in the name, and that process is gone); live writers' files are left alone."""
@@ -514,11 +529,19 @@ class ContainerWriter:
             raise PackError(
                 f"cannot create {str(self.temp_path)!r} next to the output: {error.strerror}"
             ) from None
+        # Registered at once: whatever interrupts from here on (a signal turned into an
+        # exception before the caller's `with` is entered, say), remove_unfinished()
+        # finds the file.
+        _UNFINISHED.add(self.temp_path)
         self._file: BinaryIO = os.fdopen(fd, "wb", buffering=_COPY_CHUNK)
-        self._crcs = array("I")
-        self._offsets = array("q")
-        self.position = header_size(record_count)
-        self._file.seek(self.position)
+        try:
+            self._crcs = array("I")
+            self._offsets = array("q")
+            self.position = header_size(record_count)
+            self._file.seek(self.position)
+        except BaseException:
+            self.abort()
+            raise
         self._record_start = -1
         self._record_crc = 0
 
@@ -575,6 +598,7 @@ class ContainerWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             self._publish()
+            _UNFINISHED.discard(self.temp_path)
         except OSError as error:
             self.abort()
             raise PackError(f"cannot write {str(self.out)!r}: {error.strerror}") from None
@@ -620,4 +644,5 @@ class ContainerWriter:
             os.unlink(self.temp_path)
         except FileNotFoundError:
             pass
+        _UNFINISHED.discard(self.temp_path)
 
