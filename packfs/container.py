@@ -14,13 +14,13 @@ import sys
 import weakref
 from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TypeVar, TYPE_CHECKING, BinaryIO, Callable
 
 if TYPE_CHECKING:
     import numpy as np
 
 from .errors import (ArchiveChangedError, ArchiveIOError, ChecksumError, FormatError, NotAFileError, PackError,
-                     PathNotFoundError)
+                     PackfsError, PathNotFoundError)
 from .format import HEADER_PREFIX, SNIFF_BYTES, crc32, foreign_format, header_size
 
 __all__ = ["Container", "ContainerWriter", "TEMP_MARKER", "GUARDED"]
@@ -49,6 +49,7 @@ _RELEASE_THRESHOLD = 1 << 20
 TEMP_MARKER = ".packfs-tmp-"
 
 ProgressCallback = Callable[[int], None]
+_T = TypeVar("_T")
 
 
 def release_pages(mm: mmap.mmap, start: int, end: int) -> None:
@@ -368,6 +369,22 @@ class Container:
                 self._changed = _CHANGED_WHY[2]
         if self._changed:
             raise self._changed_error(self._changed)
+
+    def checked(self, read: Callable[..., _T], *args: object) -> _T:
+        """``read(*args)``, an operation that reads the map, with what every such use
+        needs: the size check first where no guard catches a fault, and afterwards
+        :meth:`check_unchanged`; a PackfsError it raised becomes ArchiveChangedError
+        when the archive changed meanwhile (the failure is its consequence).  The
+        hottest read paths (PackedFolder.read_one and its kin) inline the same steps."""
+        if not self.guarded:
+            self.check_size()
+        try:
+            result = read(*args)
+        except PackfsError:
+            self.changed_instead()
+            raise
+        self.check_unchanged()
+        return result
 
     def changed_instead(self) -> None:
         """Called where an operation failed (with any PackfsError): if the archive

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from .container import Container, release_pages
-from .errors import ChecksumError, FormatError, PackfsError
+from .errors import ChecksumError, FormatError
 from .format import NO_RECORD, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
 
 if TYPE_CHECKING:
@@ -375,16 +375,7 @@ class PathTable:
     def lookup(self, key: bytes) -> int:
         """Entry index of full path ``key`` (no leading or trailing slash), or -1;
         ArchiveChangedError if the archive changed in place (Container.check_unchanged)."""
-        container = self._container
-        if not container.guarded:
-            container.check_size()  # raises instead of a SIGBUS on the map
-        try:
-            entry = self._lookup(key)
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
-        return entry
+        return self._container.checked(self._lookup, key)
 
     def _lookup(self, key: bytes) -> int:
         """:meth:`lookup` without the checks that the archive is unchanged (the caller's
@@ -468,16 +459,7 @@ class PathTable:
     def lookup_child(self, directory: int, name: bytes) -> int:
         """Entry index of ``name`` in directory entry ``directory``, or -1: a binary
         search of its children, which are sorted by name (format section 4)."""
-        container = self._container
-        if not container.guarded:
-            container.check_size()
-        try:
-            entry = self._lookup_child(directory, name)
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
-        return entry
+        return self._container.checked(self._lookup_child, directory, name)
 
     def _lookup_child(self, directory: int, name: bytes) -> int:
         start, count = self._child_start[directory], self._child_count[directory]
@@ -569,14 +551,11 @@ class PathTable:
 
     def attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
         """(mode, uid, gid, mtime_ns, size, nlink) of ``entry``, its file type checked."""
-        try:
-            values = (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
-                      self._size[entry], self._nlink[entry])
-        except PackfsError:
-            self._container.changed_instead()
-            raise
-        self._container.check_unchanged()
-        return values
+        return self._container.checked(self._attributes, entry)
+
+    def _attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
+        return (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
+                self._size[entry], self._nlink[entry])
 
     def record(self, entry: int) -> int:
         """The data record of file or symlink ``entry``: one that exists and is as long
@@ -599,16 +578,8 @@ class PathTable:
         return parent
 
     def children(self, entry: int) -> range:
-        container = self._container
-        if not container.guarded:
-            container.check_size()  # a walk may outlive the lookup that began it
-        try:
-            children = self._children(entry)
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
-        return children
+        # Checked on its own: a walk may outlive the lookup that began it.
+        return self._container.checked(self._children, entry)
 
     def _children(self, entry: int) -> range:
         start, count = self._child_start[entry], self._child_count[entry]
@@ -637,15 +608,13 @@ class PathTable:
         children = self.children(entry)
         if not children:
             return children, [], [], []
-        try:
-            names, modes = self._names_and_modes(children)
-            numbers = self.inodes(children, modes) if inodes else []
-        except PackfsError:
-            self._container.changed_instead()
-            raise
-        self._container.check_unchanged()
+        names, modes, numbers = self._container.checked(self._read_listing, children, inodes)
         self._note_use(len(children))
         return children, names, modes, numbers
+
+    def _read_listing(self, children: range, inodes: bool) -> tuple[list[bytes], list[int], list[int]]:
+        names, modes = self._names_and_modes(children)
+        return names, modes, (self.inodes(children, modes) if inodes else [])
 
     def _note_use(self, entries: int) -> None:
         """Count entries whose table pages were just read; past _RELEASE_AFTER_ENTRIES,
@@ -666,20 +635,17 @@ class PathTable:
         start, stop = part.start, part.stop
         if start >= stop:
             return [], [], [], [], [], [], []
-        container = self._container
-        if not container.guarded:
-            container.check_size()
-        try:
-            names, modes = self._names_and_modes(part)
-            columns = (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
-                       self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
-                       self._nlink[start:stop].tolist())
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
+        columns = self._container.checked(self._read_columns, part)
         self._note_use(stop - start)
         return columns
+
+    def _read_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
+                                                  list[int], list[int]]:
+        start, stop = part.start, part.stop
+        names, modes = self._names_and_modes(part)
+        return (names, modes, self._uid[start:stop].tolist(), self._gid[start:stop].tolist(),
+                self._mtime_ns[start:stop].tolist(), self._size[start:stop].tolist(),
+                self._nlink[start:stop].tolist())
 
     def _names_and_modes(self, part: range) -> tuple[list[bytes], list[int]]:
         """Names and modes of the (non-empty) run of siblings ``part``, each read as one

@@ -181,15 +181,7 @@ class RecordReader:
 
     def record_length(self, index: int) -> int:
         container, local = self._locate(index)
-        if not container.guarded:
-            container.check_size()
-        try:
-            length = container.record_length(local)
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
-        return length
+        return container.checked(container.record_length, local)
 
     def close(self) -> None:
         for container in self._containers:
