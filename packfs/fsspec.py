@@ -27,6 +27,9 @@ _TYPES = {"dir": "directory", "file": "file", "symlink": "link"}
 
 
 class PackfsFileSystem(AbstractFileSystem):
+    """A read-only fsspec file system over one archive: ``packfs://PATH`` with
+    ``fo=ARCHIVE`` (``storage_options={"fo": "data.ffr"}``); ls, info, cat, glob and seekable
+    ``open`` work, every write is refused."""
     protocol = "packfs"
     root_marker = ""
 
@@ -41,6 +44,7 @@ class PackfsFileSystem(AbstractFileSystem):
         return super()._strip_protocol(path).strip("/")
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Attributes of ``path`` in fsspec's form (name, size, type, mode, mtime, uid, gid, nlink)."""
         path = self._strip_protocol(path)
         try:
             stat = self.folder.stat(path)
@@ -53,6 +57,7 @@ class PackfsFileSystem(AbstractFileSystem):
         return info
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        """The entries of directory ``path`` (with ``detail``, their info dicts)."""
         path = self._strip_protocol(path)
         info = self.info(path)
         if info["type"] != "directory":
@@ -62,6 +67,7 @@ class PackfsFileSystem(AbstractFileSystem):
         return entries if detail else [entry["name"] for entry in entries]
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        """The bytes of file ``path``, or of [start, end) of it."""
         return self.folder.read(self._strip_protocol(path))[start:end]
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:

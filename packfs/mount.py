@@ -240,6 +240,7 @@ class PackfsOperations:
 
     @_translated
     def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
+        """GETATTR: the entry's attributes, with values the kernel cannot take clamped."""
         return self._attributes(self._entry(path))
 
     @_translated
@@ -268,6 +269,7 @@ class PackfsOperations:
 
     @_translated
     def readlink(self, path: str) -> str:
+        """READLINK: the target, checked like every reader's; EINVAL for a non-symlink."""
         entry = self._entry(path)
         if self.table.file_type(entry) != S_IFLNK:
             raise _FuseError(errno.EINVAL)
@@ -294,6 +296,7 @@ class PackfsOperations:
 
     @_translated
     def open(self, path: str, flags: int) -> int:
+        """OPEN: EROFS for writes; ENOSYS for files with ``no_open`` (the kernel then stops asking)."""
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_CREAT):
             raise _FuseError(errno.EROFS)
         entry = self._entry(path)
@@ -310,6 +313,7 @@ class PackfsOperations:
 
     @_translated
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        """READ: up to ``size`` bytes at ``offset``, with pread; the file's CRC is checked once, at its first read."""
         if fh:
             record = fh - 1
             if record >= self.folder.footer.data_records:
@@ -333,10 +337,12 @@ class PackfsOperations:
 
     @_translated
     def statfs(self, path: str) -> dict[str, int]:
+        """STATFS: the archive's size in blocks and the entry count; nothing free."""
         return self._statfs
 
     @_translated
     def access(self, path: str, mode: int) -> None:
+        """ACCESS: ENOENT for a missing path, EROFS when asked for write access."""
         self._entry(path)
         if mode & os.W_OK:
             raise _FuseError(errno.EROFS)

@@ -522,6 +522,7 @@ class PathTable:
         return first
 
     def name(self, entry: int) -> bytes:
+        """Entry ``entry``'s name (the root's is empty), checked: non-empty, no '/' or NUL, not '.' or '..'."""
         if entry == 0:
             return b""
         start, end = self._name_end[entry - 1], self._name_end[entry]
@@ -533,6 +534,7 @@ class PathTable:
         return name
 
     def full_path(self, entry: int) -> bytes:
+        """Entry ``entry``'s path from the root, names joined by '/'."""
         parts = []
         while entry:
             parts.append(self.name(entry))
@@ -540,12 +542,14 @@ class PathTable:
         return b"/".join(reversed(parts))
 
     def file_type(self, entry: int) -> int:
+        """Entry ``entry``'s file type bits (S_IFDIR, S_IFREG or S_IFLNK), checked."""
         kind = self._mode[entry] & S_IFMT
         if kind != S_IFREG and kind != S_IFDIR and kind != S_IFLNK:
             self._fail(f"entry {entry} has file type {kind:#o}")
         return kind
 
     def mode(self, entry: int) -> int:
+        """Entry ``entry``'s st_mode, its file type checked."""
         self.file_type(entry)
         return self._mode[entry]
 
@@ -569,15 +573,18 @@ class PathTable:
         return record
 
     def size(self, entry: int) -> int:
+        """Entry ``entry``'s size as stored (files: bytes; symlinks: the target's length)."""
         return self._size[entry]
 
     def parent(self, entry: int) -> int:
+        """Entry ``entry``'s parent directory, checked to come before it (so walks up end)."""
         parent = self._parent[entry]
         if entry and parent >= entry:
             self._fail(f"entry {entry}'s parent {parent} does not come before it")
         return parent
 
     def children(self, entry: int) -> range:
+        """Directory ``entry``'s children as a range of entries, checked (format section 5)."""
         # Checked on its own: a walk may outlive the lookup that began it.
         return self._container.checked(self._children, entry)
 
@@ -665,4 +672,5 @@ class PathTable:
         return names, modes
 
     def column(self, name: str) -> np.ndarray:
+        """Section ``name`` as a numpy array (numpy is imported on first use)."""
         return self.arrays[name]

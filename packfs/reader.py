@@ -235,6 +235,7 @@ class PackedFolder:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._container is _CLOSED
 
     def __enter__(self) -> PackedFolder:
@@ -319,6 +320,7 @@ class PackedFolder:
         return entry
 
     def exists(self, path: PathArg) -> bool:
+        """Whether ``path`` names an entry (symlinks followed; a broken one does not exist)."""
         try:
             self._find(path)
         except (PathNotFoundError, NotADirectoryPathError):
@@ -328,18 +330,21 @@ class PackedFolder:
     __contains__ = exists
 
     def is_file(self, path: PathArg) -> bool:
+        """Whether ``path`` is a regular file (symlinks followed)."""
         try:
             return self._table.file_type(self._find(path)) == S_IFREG
         except (PathNotFoundError, NotADirectoryPathError):
             return False
 
     def is_dir(self, path: PathArg) -> bool:
+        """Whether ``path`` is a directory (symlinks followed)."""
         try:
             return self._table.file_type(self._find(path)) == S_IFDIR
         except (PathNotFoundError, NotADirectoryPathError):
             return False
 
     def is_symlink(self, path: PathArg) -> bool:
+        """Whether ``path`` itself is a symlink (not followed)."""
         try:
             return self._table.file_type(self._find(path, follow=False)) == S_IFLNK
         except (PathNotFoundError, NotADirectoryPathError):
@@ -552,6 +557,7 @@ class PackedFolder:
             i = j
 
     def readlink(self, path: PathArg) -> str:
+        """The target of symlink ``path``, as stored; NotASymlinkError for anything else."""
         entry = self._find(path, follow=False)
         if self._table.file_type(entry) != S_IFLNK:
             raise NotASymlinkError(f"{os.fsdecode(path)!r} is not a symlink")
@@ -721,6 +727,7 @@ class PackedFolder:
 
     @property
     def entry_count(self) -> int:
+        """Entries in the path table: directories, files and symlinks, the root included."""
         return self.footer.entry_count
 
     def info(self) -> dict[str, object]:
