@@ -571,7 +571,9 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
         click.echo(os.fsencode(f"damaged: {path} ({reason})"), err=True)
 
     failure = None
-    with PackedFolder(archive) as folder:
+    # A signal stops it cleanly: the file being written is removed (each file appears
+    # under its name only once whole), and a rerun with --skip-existing resumes.
+    with _exit_on_signals(f"the rest of {dest!r} (--skip-existing resumes)"), PackedFolder(archive) as folder:
         progress.start(0, int(folder.info()["file_bytes"]))  # type: ignore[call-overload]
         try:
             stats = unpack_archive(folder, dest, paths, progress=progress.add_bytes, skip_existing=skip_existing,
@@ -646,6 +648,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     from . import mount as fuse_mount  # the only importer of a FUSE binding
 
     extra = _parse_options(options)
+    fuse_mount.check_options(extra)
     if threads > 1 and binding == "fusepy":
         raise click.UsageError("--threads N with N > 1 needs --binding mfusepy "
                                "(libfuse2 always serves with up to 10 threads)")

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import shutil
+import shlex
 import signal
 import stat as stat_module
 import re
@@ -425,11 +426,17 @@ _STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)  # libfuse's exit
 
 
 class _CapturedStderr:
-    """Send fd 2 (where libfuse and fusermount write) to a file while setting up."""
+    """Send fd 2 (where libfuse and fusermount write) to a file while setting up.
+
+    fd 2 belongs to the process: one capture at a time (mounts set up in several
+    threads take turns), and what other threads write meanwhile is captured too, then
+    replayed, or part of the reason for a failure."""
 
     text = ""
+    _one_at_a_time = threading.Lock()
 
     def __enter__(self) -> _CapturedStderr:
+        self._one_at_a_time.acquire()
         sys.stderr.flush()
         self._file = tempfile.TemporaryFile()
         self._saved = os.dup(2)
@@ -437,11 +444,14 @@ class _CapturedStderr:
         return self
 
     def __exit__(self, *_: Any) -> None:
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._file.seek(0)
-        self.text = self._file.read().decode(errors="replace")
-        self._file.close()
+        try:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._file.seek(0)
+            self.text = self._file.read().decode(errors="replace")
+            self._file.close()
+        finally:
+            self._one_at_a_time.release()
 
     def replay(self) -> None:
         """Show what was said after all (debug output, warnings) where it would have gone."""
@@ -482,6 +492,23 @@ def _libfuse3_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: A
     # The bindings pass: name, [-f] [-d] [-s], -o OPTIONS, MOUNTPOINT.
     foreground, debug, single = (flag in argv for flag in (b"-f", b"-d", b"-s"))
     options, mountpoint = argv[argv.index(b"-o") + 1], argv[-1]
+    # The loop's own options, which fuse_main's command-line parsing takes out before
+    # fuse_new (which would call them unknown): applied to the loop's config below.
+    loop_options: dict[bytes, bytes] = {}
+    rest = []
+    for item in options.split(b","):
+        key, _, value = item.partition(b"=")
+        if key in (b"clone_fd", b"max_idle_threads", b"max_threads"):
+            loop_options[key] = value
+        else:
+            rest.append(item)
+    options = b",".join(rest)
+    try:
+        idle = int(loop_options[b"max_idle_threads"]) if b"max_idle_threads" in loop_options else None
+        most = int(loop_options[b"max_threads"]) if b"max_threads" in loop_options else run.threads
+    except ValueError:
+        run.error = "libfuse rejected the options: max_threads and max_idle_threads take a number"
+        return 3
     kept = [argv[0], b"-o", options] + ([b"-d"] if debug else [])
     args = _FuseArgs(len(kept), (ctypes.c_char_p * len(kept))(*kept), 0)
     with _CapturedStderr() as said:
@@ -513,8 +540,12 @@ def _libfuse3_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: A
                     try:
                         # max_idle_threads keeps the config's default (-1: idle workers
                         # stay), which is what fuse_main means by UINT_MAX.
-                        if run.threads:
-                            lib.fuse_loop_cfg_set_max_threads(config, run.threads)
+                        if most:
+                            lib.fuse_loop_cfg_set_max_threads(config, most)
+                        if idle is not None:
+                            lib.fuse_loop_cfg_set_idle_threads(config, idle)
+                        if b"clone_fd" in loop_options:
+                            lib.fuse_loop_cfg_set_clone_fd(config, 1)
                         result = lib.fuse_loop_mt(fuse, config)
                     finally:
                         lib.fuse_loop_cfg_destroy(config)
@@ -556,6 +587,7 @@ _LIBFUSE3_CALLS = {
     "fuse_set_signal_handlers": (_INT, [_P]), "fuse_remove_signal_handlers": (None, [_P]),
     "fuse_loop": (_INT, [_P]), "fuse_loop_mt": (_INT, [_P, _P]), "fuse_loop_cfg_create": (_P, []),
     "fuse_loop_cfg_set_max_threads": (None, [_P, _UINT]), "fuse_loop_cfg_destroy": (None, [_P]),
+    "fuse_loop_cfg_set_idle_threads": (None, [_P, _UINT]), "fuse_loop_cfg_set_clone_fd": (None, [_P, _UINT]),
     "fuse_unmount": (None, [_P]), "fuse_destroy": (None, [_P]), "fuse_opt_free_args": (None, [_P]),
 }
 _LIBFUSE2_CALLS = {
@@ -717,6 +749,18 @@ def _ignored(key: str) -> bool:
     return key in _IGNORED_OPTIONS or key.startswith(("x-", "comment="))
 
 
+# Options packfs sets itself: unmount (and `mount`'s output) recognise packfs mounts by them.
+_RESERVED_OPTIONS = ("fsname", "subtype")
+
+
+def check_options(extra: dict[str, Any]) -> None:
+    """Raise MountError for a -o option the user may not set."""
+    for key in _RESERVED_OPTIONS:
+        if key in extra:
+            raise MountError(f"-o {key} is set by packfs itself (packfs unmount recognises its "
+                             f"mounts by it); leave it out")
+
+
 def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding: str) -> dict[str, Any]:
     """The mount options: read-only, long caches, our inode numbers, then ``extra``
     (the user's -o) without what only mount(8) or packfs itself uses."""
@@ -735,6 +779,7 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
         options["max_read"] = 131072  # libfuse2's largest read request
     if allow_other:
         options["allow_other"] = True
+    check_options(extra)
     for key, value in extra.items():
         if _ignored(key):
             continue
@@ -787,7 +832,7 @@ def mount(
     archive = folder.path
     operations = PackfsOperations(folder, check_data=check_data, no_open=True)
     pidfile = state_file(path, ".pid")
-    with open(pidfile, "w") as f:
+    with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
         f.write(str(os.getpid()))
     run = _current.run = _Run(threads)
     try:
@@ -812,10 +857,35 @@ def mount(
 
 
 def state_directory() -> str:
-    """Where daemons keep their pid files and logs: $TMPDIR/packfs-<uid>."""
+    """Where daemons keep their pid files and logs: $TMPDIR/packfs-<uid>, which must be
+    a real directory of this user's, private to them.
+
+    Raises
+    ------
+    MountError
+        Something else has that name (another user may have made it first, in a shared
+        /tmp, with links planted in it for root to write through)."""
     directory = os.path.join(tempfile.gettempdir(), f"packfs-{os.getuid()}")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise MountError(f"cannot create the state directory {directory!r}: {error.strerror}") from None
+    info = os.lstat(directory)
+    if (not stat_module.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or stat_module.S_IMODE(info.st_mode) & 0o077):
+        raise MountError(
+            f"the state directory {directory!r} is not a private directory of this user's "
+            f"(expected a directory owned by uid {os.getuid()} with mode 0700): remove it, or "
+            f"set TMPDIR to a directory of your own"
+        )
     return directory
+
+
+def _open_state_file(path: str, flags: int) -> int:
+    """Open a pid or log file in the state directory without following a symlink."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def state_file(mountpoint: str, suffix: str) -> str:
@@ -894,7 +964,11 @@ def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, ti
     path = os.path.abspath(mountpoint)
     own_log = os.path.abspath(log_path) == state_file(path, ".log")
     remove_old_logs()
-    with open(log_path, "ab") as log_file:
+    log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    # A log file the user named is theirs to point anywhere; ours never follows a link.
+    log_fd = (_open_state_file(log_path, log_flags) if os.path.dirname(os.path.abspath(log_path)) == state_directory()
+              else os.open(log_path, log_flags | os.O_CLOEXEC, 0o644))
+    with os.fdopen(log_fd, "ab") as log_file:
         pid = os.fork()
         if pid == 0:  # the daemon
             status = 1
@@ -1057,7 +1131,9 @@ def helper_script(python: str | None = None) -> str:
     """The text of MOUNT_HELPER: runs mount_helper with this interpreter (so this
     installation serves the mount, whatever is on root's PATH at boot)."""
     python = python or sys.executable
+    # -I: root runs this from any directory (mount -a, a user's home): with -c, Python
+    # would import a packfs/ found in the working directory, or on PYTHONPATH, first.
+    code = "import sys; from packfs.mount import mount_helper; sys.exit(mount_helper(sys.argv[1:]))"
     return ("#!/bin/sh\n"
             "# mount(8) runs this for file systems of type fuse.packfs (packfs.mount.mount_helper).\n"
-            f"exec '{python}' -c 'import sys; from packfs.mount import mount_helper; "
-            "sys.exit(mount_helper(sys.argv[1:]))' \"$@\"\n")
+            f"exec {shlex.quote(python)} -I -c {shlex.quote(code)} \"$@\"\n")
