@@ -119,6 +119,7 @@ class _Extractor:
         self.stop_on_error = stop_on_error
         self.on_damaged = on_damaged
         self.as_root = os.geteuid() == 0
+        self.dest_created = False  # set by unpack(): only a DEST it made gets the root's attributes
         self.first_entry: dict[int, int] = {}  # record -> the entry whose name holds it in DEST
         self.damaged_records: dict[int, str] = {}  # record -> why it was left out
         self.damaged: list[tuple[str, str]] = []
@@ -190,6 +191,12 @@ class _Extractor:
 
     def _finish_dir(self, entry: int, fd: int) -> None:
         # Attributes last: a read-only directory must not block its children.
+        if entry == 0 and not self.dest_created:
+            # DEST was there before: it stays the user's.  An archive's root attributes
+            # (owner 1234, mode 0777, no sticky bit) would otherwise take over an
+            # existing directory, /tmp included, when root unpacks into it.
+            self.counts["dirs"] += 1
+            return
         mode, uid, gid, mtime_ns, _, _ = self.table.attributes(entry)
         try:
             if self.as_root:
@@ -589,6 +596,7 @@ def unpack(
     except OSError as error:
         raise UnpackError(f"cannot unpack into {dest_text!r}: {error.strerror}") from None
     extractor = _Extractor(folder, dest_fd, dest_text, progress, skip_existing, stop_on_error, on_damaged)
+    extractor.dest_created = bool(created)
     try:
         try:
             for entry in entries:

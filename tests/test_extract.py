@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import packfs
-from packfs import ChecksumError, PackedFolder, PathNotFoundError, UnpackDamagedError, UnpackError, pack_entries, unpack
+from packfs import (ChecksumError, PackedFolder, PathNotFoundError, UnpackDamagedError, UnpackError, pack_entries,
+                    pack_folder, unpack)
 from packfs.cli import main
 from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS
 
@@ -425,3 +426,29 @@ def test_a_tree_10000_levels_deep_unpacks_with_few_descriptors(deep_dir: Path) -
         assert os.listdir(bottom) == ["leaf"]
     finally:
         os.close(bottom)
+
+
+def test_an_existing_dest_keeps_its_owner_and_mode(tmp_path: Path) -> None:
+    """The archive's root attributes (another owner, 0777) are not applied to a DEST
+    that was there before: unpacked into /tmp by root, they would take it over."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    os.chmod(src, 0o777)
+    if os.geteuid() == 0:
+        os.chown(src, 1234, 1234)
+    archive = tmp_path / "a.ffr"
+    pack_folder(src, archive)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.chmod(dest, 0o1755)
+    before = os.stat(dest)
+    with PackedFolder(archive) as folder:
+        unpack(folder, dest)
+    after = os.stat(dest)
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
+    assert (dest / "f").read_bytes() == b"x"
+    # A DEST that unpack creates is the archive's root, attributes and all.
+    with PackedFolder(archive) as folder:
+        unpack(folder, tmp_path / "new")
+    assert os.stat(tmp_path / "new").st_mode & 0o7777 == 0o777

@@ -121,3 +121,36 @@ def test_a_finished_writer_is_not_touched_by_the_clean_up(tmp_path: Path) -> Non
     packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "x.ffr")
     remove_unfinished()
     assert os.listdir(tmp_path) == ["x.ffr"]
+
+
+_SIGNAL_MID_UNPACK = """
+import os, signal, sys
+import packfs.cli
+sent = []
+def add_bytes(self, nbytes):
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+packfs.cli._TerminalProgress.add_bytes = add_bytes
+sys.argv = ["packfs"] + sys.argv[1:]
+packfs.cli.main()
+"""
+
+
+def test_a_signal_mid_unpack_leaves_no_partial_file(tmp_path: Path) -> None:
+    """SIGTERM while a large file is being written: exit 143, no temporary file and no
+    partial file in DEST; a rerun with --skip-existing finishes the job."""
+    big = bytes(range(256)) * 40_000  # 10 MB: several chunks, the signal lands in the first
+    packfs.pack_entries([packfs.Entry("a/small", b"small"), packfs.Entry("b/big", big)], tmp_path / "x.ffr")
+    dest = tmp_path / "dest"
+    result = subprocess.run([sys.executable, "-c", _SIGNAL_MID_UNPACK, "unpack", str(tmp_path / "x.ffr"), str(dest)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert "Interrupted by SIGTERM" in result.stderr and "Traceback" not in result.stderr
+    left = [str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()]
+    assert all(".packfs-unpack-" not in name for name in left), left
+    assert "b/big" not in left or (dest / "b" / "big").read_bytes() == big
+    done = subprocess.run([sys.executable, "-m", "packfs", "unpack", "--skip-existing", str(tmp_path / "x.ffr"),
+                           str(dest)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert (dest / "b" / "big").read_bytes() == big and (dest / "a" / "small").read_bytes() == b"small"
