@@ -47,6 +47,7 @@ typedef struct {
     unsigned long faults;     /* bumped by the handler */
     int fd;
     int changed;              /* sticky reason, once check() saw one */
+    int stale;                /* deactivated by a register() over its addresses */
     dev_t dev;
     ino_t ino;
     off_t size;
@@ -58,9 +59,12 @@ static int free_slots[CAPACITY];
 static int free_count;
 static int high_water;        /* every active slot is below it */
 static struct sigaction previous;
-/* Set once a SIGBUS that is not ours went to the previous handler.  If one comes back
- * (faulthandler, or anything installed after us that saved our handler as its own
- * "previous", restores it and raises again), the default action ends it: no loop. */
+/* Set once a real fault (si_code > 0) that is not ours went to the previous handler:
+ * the process is going down, and if a SIGBUS comes back (faulthandler restores our
+ * handler and raises again; the faulting access runs again), the default action ends
+ * it, with no loop.  For a SIGBUS someone sent (kill), which a handler can survive (a
+ * Python handler), it is set only while that handler runs, so the next one reaches it
+ * too. */
 static volatile sig_atomic_t chained;
 static int recheck;           /* checks left that re-install the handler first */
 static unsigned checks;
@@ -111,6 +115,7 @@ static void on_sigbus(int signal_number, siginfo_t *info, void *context)
         errno = saved_errno;
         return;
     }
+    int sent = info == NULL || info->si_code <= 0;
     chained = 1;
     if (previous.sa_flags & SA_SIGINFO) {
         if (previous.sa_sigaction != NULL)
@@ -124,6 +129,8 @@ static void on_sigbus(int signal_number, siginfo_t *info, void *context)
     } else {
         previous.sa_handler(signal_number);
     }
+    if (sent)
+        chained = 0;
     errno = saved_errno;
 }
 
@@ -206,6 +213,18 @@ static PyObject *sigbus_register(PyObject *module, PyObject *args)
         index = high_water;
     else
         return PyLong_FromLong(-1);
+    /* An active slot over any of these addresses is stale: the kernel hands out an
+     * address again only after it was unmapped, and a map can be unmapped (by the
+     * garbage collector) a moment before its slot is released.  A fault there must
+     * not be taken for that old map's. */
+    int top = high_water;
+    for (int i = 0; i < top; i++) {
+        Slot *other = &slots[i];
+        if (other->active && other->base < base + length && base < other->base + other->length) {
+            __atomic_store_n(&other->active, 0, __ATOMIC_RELEASE);
+            other->stale = 1;  /* freed when its own unregister() comes */
+        }
+    }
     Slot *slot = &slots[index];
     if (identity_of(fd, slot) != 0) {
         if (index < high_water)
@@ -216,6 +235,7 @@ static PyObject *sigbus_register(PyObject *module, PyObject *args)
     slot->length = length;
     slot->fd = fd;
     slot->changed = UNCHANGED;
+    slot->stale = 0;
     __atomic_store_n(&slot->faults, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&slot->active, 1, __ATOMIC_RELEASE);
     if (index == high_water)
@@ -228,6 +248,14 @@ PyDoc_STRVAR(unregister_doc,
 
 static PyObject *sigbus_unregister(PyObject *module, PyObject *argument)
 {
+    long index = PyLong_AsLong(argument);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    if (index >= 0 && index < high_water && slots[index].stale) {
+        slots[index].stale = 0;
+        free_slots[free_count++] = (int) index;
+        Py_RETURN_NONE;
+    }
     Slot *slot = slot_of(argument);
     if (slot == NULL)
         return NULL;

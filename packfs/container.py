@@ -19,7 +19,7 @@ from typing import TypeVar, TYPE_CHECKING, BinaryIO, Callable
 if TYPE_CHECKING:
     import numpy as np
 
-from .errors import (ArchiveChangedError, ArchiveIOError, ChecksumError, FormatError, NotAFileError, PackError,
+from .errors import (ArchiveChangedError, ArchiveIOError, ChecksumError, ClosedArchiveError, FormatError, NotAFileError, PackError,
                      PackfsError, PathNotFoundError)
 from .format import HEADER_PREFIX, SNIFF_BYTES, crc32, foreign_format, header_size
 
@@ -428,23 +428,35 @@ class Container:
                 view.release()
         self.__dict__.pop("crcs", None)
         self.__dict__.pop("offsets", None)
-        if self.__dict__.pop("fd", None) is not None:
-            self._close_fd()
         mm = self.__dict__.pop("_mm", None)
         if mm is not None:
+            if self.guarded:
+                # Before the unmap, never after: a slot over addresses that are no longer
+                # this map would take another mapping's SIGBUS for its own.
+                self._unguard()
             try:
                 mm.close()
             except BufferError:
-                # A caller still holds a read_view(); the map closes when it is released
-                # (and stays guarded until then).
-                pass
-            else:
-                if self.guarded:
-                    self._unguard()
+                # A caller still holds a read_view(): the map closes when it is released,
+                # so guard it again until then.
+                if self.guarded and "fd" in self.__dict__:
+                    self._guard = _sigbus.register(mm, self.fd)
+                    if self._guard >= 0:
+                        self._unguard = weakref.finalize(mm, _sigbus.unregister, self._guard)
+        if self.__dict__.pop("fd", None) is not None:
+            self._close_fd()
 
     @property
     def closed(self) -> bool:
         return "_mm" not in self.__dict__
+
+    def __getattr__(self, name: str) -> object:
+        # Only for attributes that are missing: after close(), those of the map and
+        # the descriptor.  A closed container is then a ClosedArchiveError, as a
+        # closed PackedFolder is, not an AttributeError.
+        if name != "_mm" and "_mm" not in self.__dict__ and "path" in self.__dict__:
+            raise ClosedArchiveError(f"{self.path!r}: I/O operation on a closed archive")
+        raise AttributeError(name)
 
 
 # Temporary files of this process's writers that are neither published nor removed yet.

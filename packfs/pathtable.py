@@ -38,6 +38,7 @@ _GATHER = 1 << 11
 # Bounded in bytes of keys (each counted with a dict slot's overhead), so memory is
 # independent of the archive's size and of how long its paths are.
 _DIRECTORY_CACHE_BYTES = 4 << 20
+_MAX_CANDIDATES = 64
 _CACHE_ITEM_OVERHEAD = 100
 # Table pages that lookups and listings fault in stay mapped, and count in RSS, until
 # released: a find through a mount of 10M entries left 290 MiB of them in the daemon.
@@ -399,7 +400,11 @@ class PathTable:
         parent = 0 if slash < 0 else self._directory_cache.get(head, -1)
         parents, entries, name_end, mm = self._parent, self._path_entry, self._name_end, self._mm
         base = self._names_start
-        while j < count and hashes[j] == digest:
+        # Different paths may share a CRC, but a table that gives thousands of entries
+        # one hash is hostile: each candidate costs a walk up the table, so their
+        # number is capped (a sound table has a handful at most).
+        last = min(count, j + _MAX_CANDIDATES)
+        while j < last and hashes[j] == digest:
             entry = entries[j]
             if entry >= count:
                 self._fail(f"path index slot {j} names entry {entry}, beyond the {count} entries")
@@ -423,11 +428,14 @@ class PathTable:
         return -1
 
     def _path_is(self, entry: int, key: bytes) -> bool:
-        """Whether ``entry``'s full path is ``key``: names compared from the end up,
-        each parent checked to come before its child (so the walk ends)."""
-        names, name_end, base = self._mm, self._name_end, self._names_start
+        """Whether directory ``entry``'s full path is ``key``: names compared from the end
+        up, each parent checked to come before its child (so the walk ends) and to be
+        a directory (so no path resolves below a file or a symlink)."""
+        names, name_end, base, mode = self._mm, self._name_end, self._names_start, self._mode
         end_of_key = len(key)
         while entry:
+            if mode[entry] & S_IFMT != S_IFDIR:
+                return False
             start, end = name_end[entry - 1], name_end[entry]
             if not start < end <= self._names_size:
                 self.name(entry)  # raises, saying what is wrong
