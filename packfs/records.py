@@ -8,7 +8,7 @@ from bisect import bisect_right
 from typing import Iterable, Sequence, Union, overload
 
 from .container import Container, ContainerWriter
-from .errors import PackError, PackfsError
+from .errors import ClosedArchiveError, PackError, PackfsError
 
 __all__ = ["RecordWriter", "RecordReader"]
 
@@ -132,16 +132,19 @@ class RecordReader:
         return self.n
 
     def _locate(self, index: int) -> tuple[Container, int]:
+        containers = self._containers
+        if not containers:
+            raise ClosedArchiveError(f"{self.paths[0]!r}: I/O operation on a closed archive")
         if not isinstance(index, int):
             raise TypeError(f"record index must be an int, got {type(index).__name__}")
         if index < 0:
             index += self.n
         if not 0 <= index < self.n:
             raise IndexError(f"record index out of range for {self.n} records")
-        if len(self._containers) == 1:
-            return self._containers[0], index
+        if len(containers) == 1:
+            return containers[0], index
         shard = bisect_right(self._starts, index) - 1
-        return self._containers[shard], index - self._starts[shard]
+        return containers[shard], index - self._starts[shard]
 
     def read_one(self, index: int) -> bytes:
         """Record ``index`` (negative counts from the end)."""
@@ -184,8 +187,12 @@ class RecordReader:
         return container.checked(container.record_length, local)
 
     def close(self) -> None:
-        for container in self._containers:
-            container.close()
+        """Close the reader: later calls raise ClosedArchiveError.  Calls already running
+        in other threads finish with the right bytes; each file's descriptor and map are
+        released when nothing uses them any more (at once, when nothing runs), so a
+        descriptor is never closed under a read, where its number could meanwhile name
+        another file."""
+        self._containers = []
 
     def __enter__(self) -> RecordReader:
         return self

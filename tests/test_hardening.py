@@ -102,3 +102,42 @@ def test_libfuse_loop_options_are_accepted(tmp_path: Path, option: str) -> None:
     packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "a.ffr")
     with mounted(tmp_path / "a.ffr", tmp_path / "m", "-o", option) as root:
         assert (root / "a").read_bytes() == b"x"
+
+
+def test_closing_a_record_reader_under_concurrent_reads(tmp_path: Path) -> None:
+    """Readers in flight finish with the right bytes or get ClosedArchiveError; the
+    descriptors are released once nothing reads (none is closed under a read)."""
+    import threading
+
+    records = [os.urandom(1000 + i) for i in range(200)]
+    with packfs.RecordWriter(tmp_path / "r.ffr", len(records)) as writer:
+        for record in records:
+            writer.write_one(record)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        reader = packfs.RecordReader(tmp_path / "r.ffr")
+        problems: list[str] = []
+        start = threading.Barrier(5)
+
+        def read() -> None:
+            start.wait()
+            for i in range(2000):
+                try:
+                    if reader.read_one(i % len(records)) != records[i % len(records)]:
+                        problems.append("wrong bytes")
+                except packfs.ClosedArchiveError:
+                    return
+                except Exception as error:  # anything else is the bug
+                    problems.append(repr(error))
+                    return
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        start.wait()
+        reader.close()
+        for thread in threads:
+            thread.join()
+        assert problems == []
+        del reader
+    assert len(os.listdir("/proc/self/fd")) <= fds_before
