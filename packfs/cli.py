@@ -44,7 +44,7 @@ class _Group(click.Group):
         # runs "packfs ARCHIVE DIR -o OPTIONS".  An archive is never a command's name.
         if len(args) >= 2 and args[0] not in self.commands and not args[0].startswith("-") \
                 and os.path.isfile(args[0]):
-            from .mount import mount_helper
+            from .fuse import mount_helper
 
             ctx.exit(mount_helper(list(args)))
         return super().parse_args(ctx, args)
@@ -645,7 +645,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     Example:
       packfs mount data.ffr /mnt/data && ls /mnt/data
     """
-    from . import mount as fuse_mount  # the only importer of a FUSE binding
+    from . import fuse as fuse_mount  # the only importer of a FUSE binding
 
     extra = _parse_options(options)
     fuse_mount.check_options(extra)
@@ -686,7 +686,7 @@ def unmount(mountpoint: str, lazy: bool) -> None:
     Example:
       packfs unmount /mnt/data
     """
-    from . import mount as fuse_mount
+    from . import fuse as fuse_mount
 
     stale = fuse_mount.is_stale(mountpoint)
     fuse_mount.unmount(mountpoint, lazy=lazy)

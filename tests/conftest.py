@@ -94,7 +94,7 @@ REPO = Path(__file__).resolve().parent.parent
 def fuse_unavailable_reason(binding: str = "mfusepy") -> str | None:
     """Why FUSE cannot work here, or None (the same checks packfs mount makes)."""
     from packfs.errors import MountError
-    from packfs.mount import check_fuse
+    from packfs.fuse import check_fuse
 
     try:
         check_fuse(binding)
@@ -126,7 +126,7 @@ def packfs_cli(*args: object, check: bool = False, timeout: float = 60) -> subpr
 
 
 def force_unmount(mountpoint: Path) -> None:
-    from packfs.mount import is_mounted
+    from packfs.fuse import is_mounted
 
     if is_mounted(str(mountpoint)):
         subprocess.run(["fusermount", "-u", "-z", str(mountpoint)], capture_output=True)
@@ -137,7 +137,7 @@ def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = "mfus
     """Mount in the background as a user would; always unmount, and on a failure show
     the daemon's log and the mount table."""
     require_fuse(binding)
-    from packfs.mount import is_mounted, state_file
+    from packfs.fuse import is_mounted, state_file
 
     mountpoint.mkdir(parents=True, exist_ok=True)
     result = packfs_cli("mount", archive, mountpoint, "--binding", binding, *options)

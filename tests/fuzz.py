@@ -46,7 +46,7 @@ import packfs  # noqa: E402
 from packfs import PackedFolder  # noqa: E402
 from packfs.dataset import PackedFiles  # noqa: E402
 from packfs.format import SECTIONS  # noqa: E402
-from packfs.mount import PackfsOperations  # noqa: E402
+from packfs.fuse import PackfsOperations  # noqa: E402
 from tests.conftest import read_records, write_records  # noqa: E402
 from tests.deep_tables import chain_archive, long_target_archive, wide_long_names_archive  # noqa: E402
 from tests.hostile import HOSTILE_KINDS, hostile_structure  # noqa: E402

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import packfs  # noqa: E402
-from packfs.mount import is_mounted, state_file  # noqa: E402
+from packfs.fuse import is_mounted, state_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ import packfs
 from packfs import FormatError, PackedFolder, UnpackError, unpack
 from packfs.dataset import PackedFiles
 from packfs import extract
-from packfs.mount import PackfsOperations
+from packfs.fuse import PackfsOperations
 from tests.conftest import packfs_cli, rewrite_section
 from tests.hostile import (
     aliasing_archive,

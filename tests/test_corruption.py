@@ -267,7 +267,7 @@ def test_a_symlink_target_with_a_nul_byte_is_refused_everywhere(tmp_path: Path) 
     as a ValueError.  Every reader now refuses it with a FormatError (EIO when mounted)."""
     import errno
 
-    from packfs.mount import PackfsOperations
+    from packfs.fuse import PackfsOperations
 
     packfs.pack_entries([packfs.Entry("l", kind="symlink", target="aXb"), packfs.Entry("f", b"data")],
                         tmp_path / "ok.ffr")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from packfs import PackedFolder
-from packfs.mount import PackfsOperations, _FuseError
+from packfs.fuse.operations import PackfsOperations, _FuseError
 from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8, rewrite_section
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import packfs
-from packfs.mount import helper_script
+from packfs.fuse import helper_script
 from tests.conftest import mounted, packfs_cli, require_fuse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ def test_a_state_directory_that_is_not_ours_is_refused(tmp_path: Path) -> None:
     planted = shared / f"packfs-{os.getuid()}"
     planted.mkdir(mode=0o777)
     os.chmod(planted, 0o777)
-    code = "from packfs.mount import state_directory; state_directory()"
+    code = "from packfs.fuse import state_directory; state_directory()"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             env=dict(os.environ, TMPDIR=str(shared)))
     assert result.returncode != 0 and "not a private directory" in result.stderr
@@ -139,5 +139,5 @@ def test_closing_a_record_reader_under_concurrent_reads(tmp_path: Path) -> None:
         for thread in threads:
             thread.join()
         assert problems == []
-        del reader
+        reader = None  # the last reference: its descriptors go now
     assert len(os.listdir("/proc/self/fd")) <= fds_before

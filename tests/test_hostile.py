@@ -24,7 +24,7 @@ import packfs
 from packfs import FormatError, PackedFolder, PackError, PathNotFoundError
 from packfs.format import MAX_SYMLINK_TARGET, SECTION_ALIGNMENT, SECTIONS, header_size
 from packfs.archives import pack_archive
-from packfs.mount import PackfsOperations
+from packfs.fuse import PackfsOperations
 from tests.conftest import mounted, read_records, rewrite_section, write_records
 
 _CLOSED_MESSAGE = "I/O operation on a closed archive"

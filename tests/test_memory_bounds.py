@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from packfs import PackedFolder
-from packfs.mount import PackfsOperations
+from packfs.fuse import PackfsOperations
 from tests.conftest import mounted
 from tests.deep_tables import chain_archive
 

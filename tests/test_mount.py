@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import packfs
-from packfs.mount import is_mounted, is_stale, state_file
+from packfs.fuse import is_mounted, is_stale, state_file
 from tests.conftest import BLUEPRINT, force_unmount, mounted, packfs_cli, require_fuse
 
 pytestmark = pytest.mark.fuse
@@ -239,7 +239,7 @@ def test_fuse_unavailable_is_reported(archive: Path, tmp_path: Path) -> None:
 
 
 def test_check_fuse_names_what_is_missing(monkeypatch) -> None:
-    from packfs import mount
+    from packfs.fuse import process as mount
     from packfs.errors import MountError
 
     monkeypatch.setattr(mount.os.path, "exists", lambda path: False)

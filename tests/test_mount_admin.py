@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 import packfs
-from packfs.mount import MOUNT_HELPER, helper_script, is_mounted, is_stale, remove_old_logs, state_file
+from packfs.fuse import MOUNT_HELPER, helper_script, is_mounted, is_stale, remove_old_logs, state_file
 from tests.conftest import REPO, force_unmount, mounted, packfs_cli, require_fuse
 
 pytestmark = pytest.mark.fuse
@@ -384,7 +384,7 @@ def test_allow_other_without_user_allow_other(archive: Path, tmp_path: Path) -> 
         assert not is_mounted(str(mountpoint))
         # The check reads fuse.conf as fusermount does: an uncommented line of its own.
         conf = copy.parent / "fuse.conf"
-        check = "import sys; from packfs.mount import check_allow_other; check_allow_other(sys.argv[1])"
+        check = "import sys; from packfs.fuse import check_allow_other; check_allow_other(sys.argv[1])"
         for text, allowed in [("#user_allow_other\n", False), ("mount_max = 10\n", False),
                               ("  user_allow_other  # users may\n", True)]:
             conf.write_text(text)

@@ -248,7 +248,7 @@ def test_overwrite_in_place_under_readers(tmp_path: Path, mode: str) -> None:
 def test_overwrite_under_a_mount(tmp_path: Path) -> None:
     """8 threads read through ``packfs mount`` while cp / copyfile write over the
     archive: the daemon answers EIO (never dies, never a wrong byte), also later."""
-    from packfs.mount import is_mounted, is_stale
+    from packfs.fuse import is_mounted, is_stale
     from tests.conftest import mounted
 
     require_guard()

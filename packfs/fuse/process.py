@@ -1,0 +1,532 @@
+"""Mounts as processes: the mount table, the checks made before anything detaches,
+mount() and its background daemon, pid and log files, unmount, and mount(8)'s helper."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import shlex
+import signal
+import stat as stat_module
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from types import ModuleType
+from typing import Any
+
+from ..errors import (
+    MountError,
+)
+from ..reader import PackedFolder
+
+from .libfuse import _Run, _current, _load_binding
+from .operations import CACHE_SECONDS, DEFAULT_BINDING, PackfsOperations, _CODEC, _fuse_class, log
+
+__all__ = ["mount", "mount_in_background", "unmount", "check_mountpoint", "check_fuse", "check_allow_other",
+           "check_options", "fuse_options", "is_mounted", "is_stale", "state_file", "state_directory",
+           "remove_old_logs", "mount_helper", "helper_script", "MOUNT_HELPER", "FSTYPE", "FSNAME_PREFIX"]
+
+# What our mounts look like in the mount table (fuse_options sets both).
+FSTYPE = "fuse.packfs"
+FSNAME_PREFIX = "packfs:"
+
+
+def _unescape(field: bytes) -> str:
+    # /proc/self/mounts writes space, tab, newline and backslash as octal escapes.
+    return os.fsdecode(field.decode("unicode_escape").encode("latin-1"))
+
+
+def _mount_table() -> list[tuple[str, str, str]]:
+    """(source, mountpoint, fstype) from /proc/self/mounts, in mount order."""
+    entries = []
+    try:
+        with open("/proc/self/mounts", "rb") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) >= 3:
+                    entries.append((_unescape(fields[0]), _unescape(fields[1]), fields[2].decode()))
+    except OSError:
+        pass
+    return entries
+
+
+def mount_entry(mountpoint: str) -> tuple[str, str] | None:
+    """(source, fstype) of what is mounted at ``mountpoint`` (the topmost of stacked
+    mounts), or None."""
+    target = os.path.abspath(mountpoint)
+    found = None
+    for source, point, fstype in _mount_table():
+        if point == target:
+            found = (source, fstype)
+    return found
+
+
+def is_mounted(mountpoint: str) -> bool:
+    """True if ``mountpoint`` is in the mount table (also when its daemon is dead)."""
+    return mount_entry(mountpoint) is not None
+
+
+def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType:
+    """Raise MountError naming what is missing unless FUSE can work here."""
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("FUSE is not available: /dev/fuse does not exist (load the fuse module)")
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as error:
+        raise MountError(f"FUSE is not available: cannot open /dev/fuse: {error.strerror}") from None
+    if not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        raise MountError("FUSE is not available: no fusermount or fusermount3 (install fuse3)")
+    return _load_binding(binding)
+
+
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def check_allow_other(conf: str = FUSE_CONF) -> None:
+    """Raise MountError unless the caller may mount with allow_other: root always; other
+    users only when ``conf`` has a ``user_allow_other`` line (fusermount's rule, which it
+    would otherwise report in words of its own, after the daemon has started)."""
+    if os.geteuid() == 0:
+        return
+    try:
+        with open(conf, encoding="utf-8", errors="replace") as lines:
+            if any(line.split("#", 1)[0].strip() == "user_allow_other" for line in lines):
+                return
+    except OSError:
+        pass
+    raise MountError(f"--allow-other (-o allow_other) needs a line 'user_allow_other' in {conf} "
+                     f"for users other than root (ask root to add it)")
+
+
+def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
+    """Raise MountError unless ``mountpoint`` is an existing, empty directory that is
+    not already a mount; return its absolute path.
+
+    A non-empty directory needs ``nonempty`` (``-o nonempty``): what is in it is hidden
+    while mounted, which is seldom meant.  packfs makes this check for both bindings, so
+    the option works the same on libfuse3 (which has no such option and mounts over
+    anything) as on libfuse2."""
+    path = os.path.abspath(mountpoint)
+    if is_mounted(path):
+        raise MountError(f"{mountpoint!r} is already a mount point (packfs unmount it first)")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise MountError(f"mount point {mountpoint!r} does not exist, expected a directory") from None
+    except OSError as error:
+        raise MountError(f"mount point {mountpoint!r}: {error.strerror}") from None
+    if not stat_module.S_ISDIR(info.st_mode):
+        raise MountError(f"mount point {mountpoint!r} is not a directory")
+    if not nonempty and os.listdir(path):
+        raise MountError(f"mount point {mountpoint!r} is not empty (add -o nonempty to mount over "
+                         f"its contents, which stay hidden while mounted)")
+    return path
+
+
+# Options mount(8), fstab and mount.fuse3 pass that mean nothing to a read-only FUSE
+# mount or to libfuse (which rejects what it does not know): accepted and dropped.
+# "rw" is among them: the archive is read-only, and mount(8) adds "rw" unless told "ro".
+_IGNORED_OPTIONS = {
+    "defaults", "rw", "auto", "noauto", "user", "nouser", "users", "owner", "group", "nofail",
+    "_netdev", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
+    "diratime", "nodiratime", "iversion", "noiversion", "mand", "nomand", "loud", "silent",
+}
+
+
+def _ignored(key: str) -> bool:
+    return key in _IGNORED_OPTIONS or key.startswith(("x-", "comment="))
+
+
+# Options packfs sets itself: unmount (and `mount`'s output) recognise packfs mounts by them.
+_RESERVED_OPTIONS = ("fsname", "subtype")
+
+
+def check_options(extra: dict[str, Any]) -> None:
+    """Raise MountError for a -o option the user may not set."""
+    for key in _RESERVED_OPTIONS:
+        if key in extra:
+            raise MountError(f"-o {key} is set by packfs itself (packfs unmount recognises its "
+                             f"mounts by it); leave it out")
+
+
+def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding: str) -> dict[str, Any]:
+    """The mount options: read-only, long caches, our inode numbers, then ``extra``
+    (the user's -o) without what only mount(8) or packfs itself uses."""
+    options: dict[str, Any] = {
+        "ro": True,
+        "fsname": f"{FSNAME_PREFIX}{os.path.abspath(archive)}".replace(",", "_"),
+        "subtype": "packfs",
+        "default_permissions": True,  # the kernel checks mode bits; no access() round trips
+        "use_ino": True,
+        "kernel_cache": True,  # the archive is immutable: keep pages across opens
+        "entry_timeout": CACHE_SECONDS,
+        "attr_timeout": CACHE_SECONDS,
+        "negative_timeout": CACHE_SECONDS,
+    }
+    if binding == "fusepy":
+        options["max_read"] = 131072  # libfuse2's largest read request
+    if allow_other:
+        options["allow_other"] = True
+    check_options(extra)
+    for key, value in extra.items():
+        if _ignored(key):
+            continue
+        if key == "nonempty" and binding != "fusepy":
+            continue  # check_mountpoint made the check; libfuse3 has no such option
+        options[key] = value
+    return options
+
+
+def mount(
+    archive: str | PackedFolder,
+    mountpoint: str,
+    *,
+    foreground: bool = True,
+    debug: bool = False,
+    threads: int = 0,
+    check_data: bool = True,
+    allow_other: bool = False,
+    options: dict[str, Any] | None = None,
+    binding: str = DEFAULT_BINDING,
+) -> None:
+    """Serve ``archive`` (a path, or an open PackedFolder that this takes over) at
+    ``mountpoint`` until it is unmounted (blocks).
+
+    ``threads``: 0 for libfuse's default (at most 10 worker threads), 1 to serve one
+    request at a time, N for at most N worker threads (libfuse 3.12 or later).  For
+    compatibility True means 0 and False means 1.
+
+    SIGINT, SIGTERM and SIGHUP unmount and return normally (libfuse handles them); an
+    ``umount`` of the mount point does too.
+
+    Raises
+    ------
+    FormatError, ChecksumError
+        The archive cannot be opened.
+    MountError
+        FUSE is unavailable, the mount point or an option is unusable, or serving failed.
+    """
+    if isinstance(threads, bool):
+        threads = 0 if threads else 1
+    extra = dict(options or {})
+    if allow_other or extra.get("allow_other"):
+        check_allow_other()
+    fuse = check_fuse(binding)
+    if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and fuse._packfs_main):
+        raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
+                         f"the mfusepy binding; libfuse2 always uses up to 10 threads")
+    path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
+    folder = archive if isinstance(archive, PackedFolder) else PackedFolder(archive, check_data=check_data)
+    archive = folder.path
+    operations = PackfsOperations(folder, check_data=check_data, no_open=True)
+    pidfile = state_file(path, ".pid")
+    with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+        f.write(str(os.getpid()))
+    run = _current.run = _Run(threads)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _fuse_class(fuse)(
+                operations, path, foreground=foreground, debug=debug, nothreads=threads == 1,
+                encoding=_CODEC, **fuse_options(archive, allow_other, extra, binding),
+            )
+    except RuntimeError as error:
+        reason = run.error or f"failed (libfuse error {error})"
+        raise MountError(f"mounting {archive!r} at {mountpoint!r}: {reason}") from None
+    finally:
+        _current.run = None
+        folder.close()
+        try:
+            os.unlink(pidfile)
+        except OSError:
+            pass
+    if run.stop_signal:
+        log.debug("unmounted on %s", signal.Signals(run.stop_signal).name)
+
+
+def state_directory() -> str:
+    """Where daemons keep their pid files and logs: $TMPDIR/packfs-<uid>, which must be
+    a real directory of this user's, private to them.
+
+    Raises
+    ------
+    MountError
+        Something else has that name (another user may have made it first, in a shared
+        /tmp, with links planted in it for root to write through)."""
+    directory = os.path.join(tempfile.gettempdir(), f"packfs-{os.getuid()}")
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise MountError(f"cannot create the state directory {directory!r}: {error.strerror}") from None
+    info = os.lstat(directory)
+    if (not stat_module.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or stat_module.S_IMODE(info.st_mode) & 0o077):
+        raise MountError(
+            f"the state directory {directory!r} is not a private directory of this user's "
+            f"(expected a directory owned by uid {os.getuid()} with mode 0700): remove it, or "
+            f"set TMPDIR to a directory of your own"
+        )
+    return directory
+
+
+def _open_state_file(path: str, flags: int) -> int:
+    """Open a pid or log file in the state directory without following a symlink."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def state_file(mountpoint: str, suffix: str) -> str:
+    """Where the daemon serving ``mountpoint`` keeps its pid (".pid") and log (".log")."""
+    name = hashlib.sha256(os.fsencode(os.path.abspath(mountpoint))).hexdigest()[:16]
+    return os.path.join(state_directory(), name + suffix)
+
+
+# Logs of daemons that are gone are removed this long after their last line.
+LOG_DAYS = 7
+
+
+def _running(pidfile: str) -> bool:
+    try:
+        with open(pidfile) as f:
+            os.kill(int(f.read().strip()), 0)
+    except (OSError, ValueError):
+        return False  # no pid file, unreadable, or no such process
+    return True
+
+
+def remove_old_logs(days: float = LOG_DAYS) -> list[str]:
+    """Remove the state directory's logs (and pid files) of daemons no longer running
+    whose last line is older than ``days``; return the logs removed.
+
+    The policy for logs: a daemon that ends cleanly removes its log when nothing was
+    written to it (see mount_in_background); one with something in it (an error, a
+    checksum mismatch) or from a daemon that died stays ``days`` days for a look, and
+    the next background mount sweeps it."""
+    directory = state_directory()
+    cutoff = time.time() - days * 86400
+    removed = []
+    for name in os.listdir(directory):
+        if not name.endswith(".log"):
+            continue
+        log_path = os.path.join(directory, name)
+        pidfile = log_path[: -len(".log")] + ".pid"
+        try:
+            if os.stat(log_path).st_mtime >= cutoff or _running(pidfile):
+                continue
+            os.unlink(log_path)
+            removed.append(log_path)
+            if os.path.exists(pidfile):
+                os.unlink(pidfile)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return removed
+
+
+def _wait_for_exit(pid: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return  # not ours to watch
+        time.sleep(0.02)
+
+
+def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,
+                        **settings: Any) -> int:
+    """Fork a daemon serving ``folder`` at ``mountpoint``; return its pid once the mount
+    works.  Forking, rather than starting a new interpreter, reuses the imports and the
+    already validated archive, so mounting costs no second start-up or open.
+
+    A daemon that ends cleanly (unmounted, or stopped by SIGTERM/SIGINT/SIGHUP) removes
+    its log if it is the default one (state_file) and empty; logs of daemons gone for
+    LOG_DAYS days are removed here.
+
+    Raises
+    ------
+    MountError
+        The daemon exited or did not mount within ``timeout`` (its last log line says why).
+    """
+    path = os.path.abspath(mountpoint)
+    own_log = os.path.abspath(log_path) == state_file(path, ".log")
+    remove_old_logs()
+    log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    # A log file the user named is theirs to point anywhere; ours never follows a link.
+    log_fd = (_open_state_file(log_path, log_flags) if os.path.dirname(os.path.abspath(log_path)) == state_directory()
+              else os.open(log_path, log_flags | os.O_CLOEXEC, 0o644))
+    with os.fdopen(log_fd, "ab") as log_file:
+        pid = os.fork()
+        if pid == 0:  # the daemon
+            status = 1
+            try:
+                os.setsid()
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(log_file.fileno(), 1)
+                os.dup2(log_file.fileno(), 2)
+                handler = logging.StreamHandler()
+                handler.setFormatter(logging.Formatter("%(asctime)s packfs: %(message)s"))
+                daemon_log = logging.getLogger("packfs.mount")
+                daemon_log.addHandler(handler)
+                daemon_log.propagate = False
+                mount(folder, mountpoint, **settings)  # the caller's words in messages
+                status = 0
+                if own_log and os.fstat(log_file.fileno()).st_size == 0:
+                    os.unlink(log_path)  # nothing worth keeping
+            except BaseException as error:  # report, never return into the caller's code
+                print(f"Error: {error}", file=sys.stderr, flush=True)
+            finally:
+                os._exit(status)
+    folder.close()  # the daemon has its own reference to the map
+    deadline = time.monotonic() + timeout
+    while not is_mounted(path):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            lines = open(log_path, "rb").read().decode(errors="replace").strip().splitlines()
+            if lines and lines[-1].startswith("Error: "):  # the daemon's own one-line reason
+                raise MountError(lines[-1].removeprefix("Error: "))
+            reason = lines[-1] if lines else f"exit status {status}"
+            raise MountError(f"mounting {folder.path!r} at {mountpoint!r} failed: {reason}")
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise MountError(f"mounting {folder.path!r} at {mountpoint!r} timed out (log: {log_path})")
+        time.sleep(0.005)
+    return pid
+
+
+def _check_ours(mountpoint: str) -> None:
+    """Raise MountError unless a packfs mount is at ``mountpoint``: unmounting runs as
+    whoever asks, root included, and must never take down another file system."""
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        raise MountError(f"{mountpoint!r} is not mounted")
+    source, fstype = entry
+    if fstype != FSTYPE or not source.startswith(FSNAME_PREFIX):
+        raise MountError(f"{mountpoint!r} is a {fstype} mount of {source!r}, not a packfs mount "
+                         f"(expected type {FSTYPE}); not unmounting it")
+
+
+def unmount(mountpoint: str, lazy: bool = False, timeout: float = 10.0) -> None:
+    """Unmount a packfs mount and wait until it is gone.
+
+    Raises
+    ------
+    MountError
+        Not mounted, not a packfs mount, busy (use ``lazy``), or the unmount failed.
+    """
+    path = os.path.abspath(mountpoint)
+    _check_ours(path)
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is not None:
+        command = [tool, "-u"] + (["-z"] if lazy else []) + [path]
+    else:
+        command = ["umount"] + (["-l"] if lazy else []) + [path]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        message = (result.stderr or result.stdout).strip().splitlines()
+        text = message[-1] if message else f"exit status {result.returncode}"
+        if "busy" in text.lower():
+            raise MountError(f"{mountpoint!r} is busy (a process is using it); retry, or use --lazy")
+        raise MountError(f"cannot unmount {mountpoint!r}: {text}")
+    deadline = time.monotonic() + timeout
+    while is_mounted(path):
+        if time.monotonic() > deadline:
+            raise MountError(f"{mountpoint!r} is still mounted {timeout:.0f} s after unmounting")
+        time.sleep(0.02)
+    pidfile = state_file(path, ".pid")
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return
+    if pid and not lazy:
+        _wait_for_exit(pid, deadline)
+
+
+def is_stale(mountpoint: str) -> bool:
+    """True when the mount's daemon is gone ("Transport endpoint is not connected").
+
+    statfs, not stat: the kernel answers stat of the mount's root from its attribute
+    cache (CACHE_SECONDS) without asking the daemon, so a dead daemon looked alive once
+    anything had looked at the root; statfs always goes to the daemon."""
+    if not is_mounted(mountpoint):
+        return False
+    try:
+        os.statvfs(mountpoint)
+    except OSError as error:
+        return error.errno == errno.ENOTCONN
+    return False
+
+
+# -- mount(8) --------------------------------------------------------------------------------
+
+MOUNT_HELPER = "/sbin/mount.fuse.packfs"
+
+# packfs settings an fstab line can only give as -o options: option -> CLI flag.
+_HELPER_SETTINGS = {"threads": "--threads", "binding": "--binding", "log_file": "--log-file"}
+
+
+def mount_helper(argv: list[str]) -> int:
+    """``mount.fuse.packfs SOURCE TARGET [-sfnvrw] [-N NS] [-t TYPE] [-o OPTIONS]``, as
+    mount(8) runs it for ``mount -t fuse.packfs`` and fstab lines of that type: a
+    background ``packfs mount``.  mount(8)'s flags and options never fail it: -f (fake)
+    mounts nothing, -r adds ro, the rest are ignored; -o threads=N, binding=NAME,
+    log_file=PATH and nocheck_data set what the packfs mount flags of those names do.
+
+    The fstab line:  /data/train.ffr  /mnt/train  fuse.packfs  ro,allow_other,nofail  0  0
+    """
+    from ..cli import main  # the command line's parsing, checks and one-line errors
+
+    if len(argv) < 2:
+        print("usage: mount.fuse.packfs ARCHIVE MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
+        return 1  # mount(8) helpers exit 1 for usage errors too
+    source, target, rest = argv[0], argv[1], argv[2:]
+    options: list[str] = []
+    flags: list[str] = []
+    fake = False
+    words = iter(rest)
+    for word in words:
+        if word == "-o":
+            options.extend(item for item in next(words, "").split(",") if item)
+        elif word in ("-t", "-N"):
+            next(words, None)  # the type (ours) or a mount namespace: nothing to do
+        elif word.startswith("-") and not word.startswith("--"):
+            fake = fake or "f" in word
+            if "r" in word:
+                options.append("ro")
+    if fake:
+        return 0
+    kept = []
+    for item in options:
+        key, _, value = item.partition("=")
+        if key in _HELPER_SETTINGS and value:
+            flags += [_HELPER_SETTINGS[key], value]
+        elif key == "nocheck_data":
+            flags.append("--no-check-data")
+        else:
+            kept.append(item)
+    arguments = ["mount", source, target, *flags] + (["-o", ",".join(kept)] if kept else [])
+    try:
+        main.main(arguments, prog_name="mount.fuse.packfs", standalone_mode=True)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
+    return 0
+
+
+def helper_script(python: str | None = None) -> str:
+    """The text of MOUNT_HELPER: runs mount_helper with this interpreter (so this
+    installation serves the mount, whatever is on root's PATH at boot)."""
+    python = python or sys.executable
+    # -I: root runs this from any directory (mount -a, a user's home): with -c, Python
+    # would import a packfs/ found in the working directory, or on PYTHONPATH, first.
+    code = "import sys; from packfs.fuse import mount_helper; sys.exit(mount_helper(sys.argv[1:]))"
+    return ("#!/bin/sh\n"
+            "# mount(8) runs this for file systems of type fuse.packfs (packfs.fuse.mount_helper).\n"
+            f"exec {shlex.quote(python)} -I -c {shlex.quote(code)} \"$@\"\n")
