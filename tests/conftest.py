@@ -125,6 +125,23 @@ def packfs_cli(*args: object, check: bool = False, timeout: float = 60) -> subpr
                           text=True, cwd=REPO, timeout=timeout, check=check)
 
 
+def wait_until(condition: Callable[[], bool], seconds: float = 20) -> bool:
+    """Poll ``condition`` until it holds or ``seconds`` pass; whether it held."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def daemon_pid(mountpoint: Path) -> int:
+    """The pid of the daemon serving ``mountpoint``, from its pid file."""
+    from packfs.fuse import state_file
+
+    return int(Path(state_file(str(mountpoint), ".pid")).read_text())
+
+
 def force_unmount(mountpoint: Path) -> None:
     from packfs.fuse import is_mounted
 

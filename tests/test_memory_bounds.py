@@ -16,7 +16,7 @@ import pytest
 
 from packfs import PackedFolder
 from packfs.fuse import PackfsOperations
-from tests.conftest import mounted
+from tests.conftest import daemon_pid, mounted
 from tests.deep_tables import chain_archive
 
 # 800 levels of 1,000-byte names: the old cache held every directory's path, 320 MB of
@@ -63,14 +63,11 @@ def test_the_daemons_logged_messages_are_bounded_in_bytes(chain: Path) -> None:
 @pytest.mark.fuse
 def test_a_find_through_the_mount_stays_bounded(chain: Path, tmp_path: Path) -> None:
     with mounted(chain, tmp_path / "mnt") as root:
-        daemon = subprocess.run(["pgrep", "-f", f"packfs.*{chain}"], capture_output=True, text=True)
-        pids = [int(pid) for pid in daemon.stdout.split()]
-        assert pids, "no daemon found"
+        pid = daemon_pid(root)
         found = subprocess.run(["find", str(root)], capture_output=True)
         assert found.returncode == 0 and found.stdout.count(b"\n") == DEPTH + 2
-        for pid in pids:
-            status = Path(f"/proc/{pid}/status").read_text()
-            peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
-            # 320 MB of cached paths before; now the daemon's usual 30-40 MiB plus a
-            # few copies of the longest path per worker thread.
-            assert peak_kib < 150 << 10, f"daemon {pid} peaked at {peak_kib >> 10} MiB"
+        status = Path(f"/proc/{pid}/status").read_text()
+        peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
+        # 320 MB of cached paths before; now the daemon's usual 30-40 MiB plus a few
+        # copies of the longest path per worker thread.
+        assert peak_kib < 150 << 10, f"daemon {pid} peaked at {peak_kib >> 10} MiB"

@@ -21,7 +21,7 @@ import pytest
 
 import packfs
 from packfs.fuse import is_mounted, is_stale, state_file
-from tests.conftest import BLUEPRINT, force_unmount, mounted, packfs_cli, require_fuse
+from tests.conftest import BLUEPRINT, daemon_pid, force_unmount, mounted, packfs_cli, require_fuse, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -284,33 +284,22 @@ def test_lazy_unmount_while_busy(archive: Path, tmp_path: Path) -> None:
         handle.close()
 
 
-def _daemon_pid(mountpoint: Path) -> int:
-    return int(Path(state_file(str(mountpoint), ".pid")).read_text())
-
-
-def _wait(condition, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_unmount_cleanly(archive: Path, tmp_path: Path, sig: int) -> None:
     with daemon_mount(archive, tmp_path / "mnt") as mountpoint:
-        pid = _daemon_pid(mountpoint)
+        pid = daemon_pid(mountpoint)
         os.kill(pid, sig)
-        assert _wait(lambda: not is_mounted(str(mountpoint)))
-        assert _wait(lambda: not os.path.exists(f"/proc/{pid}") or
+        assert wait_until(lambda: not is_mounted(str(mountpoint)))
+        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
                      Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z")
 
 
 def test_killed_daemon_leaves_a_stale_mount_that_unmount_clears(archive: Path, tmp_path: Path) -> None:
     with daemon_mount(archive, tmp_path / "mnt") as mountpoint:
-        os.kill(_daemon_pid(mountpoint), signal.SIGKILL)
-        assert _wait(lambda: is_stale(str(mountpoint)))
+        os.kill(daemon_pid(mountpoint), signal.SIGKILL)
+        assert wait_until(lambda: is_stale(str(mountpoint)))
         with pytest.raises(OSError) as caught:
             os.listdir(mountpoint)
         assert caught.value.errno == errno.ENOTCONN
@@ -334,7 +323,7 @@ def test_daemon_memory_does_not_grow_with_files(tmp_path: Path) -> None:
             assert len(os.listdir(root / "d7")) == count // 100
             # A whole walk maps every table page once; they must not stay in RSS.
             assert sum(len(files) for _, _, files in os.walk(root)) == count
-            status = Path(f"/proc/{_daemon_pid(root)}/status").read_text()
+            status = Path(f"/proc/{daemon_pid(root)}/status").read_text()
             rss[count] = int(status.split("VmRSS:")[1].split()[0])
     assert rss[1_000_000] - rss[2000] < 16 * 1024, rss  # KiB
 

@@ -19,7 +19,7 @@ import pytest
 
 import packfs
 from packfs.fuse import MOUNT_HELPER, helper_script, is_mounted, is_stale, remove_old_logs, state_file
-from tests.conftest import REPO, force_unmount, mounted, packfs_cli, require_fuse
+from tests.conftest import REPO, daemon_pid, force_unmount, mounted, packfs_cli, require_fuse, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -35,14 +35,6 @@ def require_root(why: str) -> None:
     pytest.skip(f"{why} needs root")
 
 
-def _wait(condition, seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 def _gone(pid: int) -> bool:
     """The process has exited (a zombie of ours counts)."""
@@ -51,9 +43,6 @@ def _gone(pid: int) -> bool:
     except OSError:
         return True
 
-
-def _daemon_pid(mountpoint: Path) -> int:
-    return int(Path(state_file(str(mountpoint), ".pid")).read_text())
 
 
 @contextlib.contextmanager
@@ -106,7 +95,7 @@ def test_foreground_mount_stops_cleanly_on_signal(archive: Path, tmp_path: Path,
                                     str(archive), str(mountpoint)], cwd=REPO, stderr=subprocess.PIPE,
                                    text=True)
         try:
-            assert _wait(lambda: is_mounted(str(mountpoint)) or process.poll() is not None)
+            assert wait_until(lambda: is_mounted(str(mountpoint)) or process.poll() is not None)
             assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
             process.send_signal(sig)
             _, stderr = process.communicate(timeout=60)
@@ -130,9 +119,9 @@ def test_background_daemon_stops_cleanly_on_signal(archive: Path, tmp_path: Path
     with cleared(mountpoint):
         result = packfs_cli("mount", "--binding", binding, archive, mountpoint)
         assert result.returncode == 0, result.stderr
-        pid = _daemon_pid(mountpoint)
+        pid = daemon_pid(mountpoint)
         os.kill(pid, sig)
-        assert _wait(lambda: not is_mounted(str(mountpoint)) and _gone(pid))
+        assert wait_until(lambda: not is_mounted(str(mountpoint)) and _gone(pid))
     # Only a daemon that ended with status 0 and logged nothing removes its log.
     assert not log.exists(), log.read_text()
 
@@ -210,11 +199,11 @@ def _statfs_load(root: Path, stop: Path) -> subprocess.Popen:
 def _threads_under_load(root: Path, stop: Path, enough) -> list[int]:
     """The daemon's thread counts, sampled while 8 processes load it, until ``enough``
     says so (or 20 s)."""
-    pid = _daemon_pid(root)
+    pid = daemon_pid(root)
     loaders = [_statfs_load(root, stop) for _ in range(8)]
     counts: list[int] = []
     try:
-        _wait(lambda: counts.append(len(os.listdir(f"/proc/{pid}/task"))) or enough(counts))
+        wait_until(lambda: counts.append(len(os.listdir(f"/proc/{pid}/task"))) or enough(counts))
     finally:
         stop.touch()
         for loader in loaders:
@@ -285,11 +274,11 @@ def test_mount_t_fuse_packfs_and_umount(archive: Path, tmp_path: Path, mount_hel
         source, point, fstype = next(line.split()[:3] for line in Path("/proc/self/mounts").read_text().splitlines()
                                      if line.split()[1] == str(mountpoint))
         assert (source, fstype) == (f"packfs:{archive}", "fuse.packfs")
-        pid = _daemon_pid(mountpoint)
+        pid = daemon_pid(mountpoint)
         result = subprocess.run(["umount", str(mountpoint)], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert not is_mounted(str(mountpoint))
-        assert _wait(lambda: _gone(pid))  # the daemon exits once the kernel drops the mount
+        assert wait_until(lambda: _gone(pid))  # the daemon exits once the kernel drops the mount
 
 
 def test_fstab_line_mounts(archive: Path, tmp_path: Path, mount_helper_installed) -> None:
@@ -305,9 +294,9 @@ def test_fstab_line_mounts(archive: Path, tmp_path: Path, mount_helper_installed
                                 timeout=60)
         assert result.returncode == 0, result.stderr
         assert (mountpoint / "a/b/c/deep.bin").stat().st_size == 768
-        pid = _daemon_pid(mountpoint)
+        pid = daemon_pid(mountpoint)
         assert subprocess.run(["umount", str(mountpoint)], capture_output=True).returncode == 0
-        assert _wait(lambda: _gone(pid))
+        assert wait_until(lambda: _gone(pid))
         # Also unmountable the packfs way, mounted with --fstab.
         result = subprocess.run(["mount", "--fstab", str(fstab), str(mountpoint)], capture_output=True,
                                 text=True, timeout=60)
@@ -339,9 +328,9 @@ def test_mount_t_fuse_packfs_through_fuse3s_mount_helper(archive: Path, tmp_path
                                     capture_output=True, text=True, timeout=60)
             assert result.returncode == 0, result.stderr
             assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
-            pid = _daemon_pid(mountpoint)
+            pid = daemon_pid(mountpoint)
             assert subprocess.run(["umount", str(mountpoint)], capture_output=True).returncode == 0
-            assert _wait(lambda: _gone(pid))
+            assert wait_until(lambda: _gone(pid))
     finally:
         command.unlink()
         if command_before.exists() or command_before.is_symlink():
@@ -428,7 +417,7 @@ def test_daemon_log_kept_only_when_it_says_something(archive: Path, tmp_path: Pa
     with mounted(archive, tmp_path / "clean") as root:
         assert (root / "hello.txt").read_bytes() == b"hello world\n"
         assert clean_log.exists() and clean_log.read_text() == ""
-    assert _wait(lambda: not clean_log.exists())
+    assert wait_until(lambda: not clean_log.exists())
     with packfs.PackedFolder(archive) as folder:
         start, _ = folder._container.record_span(folder._table.record(folder._table.lookup(b"Zeta.txt")))
     data = bytearray(archive.read_bytes())
@@ -453,11 +442,11 @@ def test_stale_mount_is_reported_after_root_was_looked_at(archive: Path, tmp_pat
         assert packfs_cli("mount", archive, mountpoint).returncode == 0
         os.stat(mountpoint)
         os.listdir(mountpoint)
-        pid = _daemon_pid(mountpoint)
+        pid = daemon_pid(mountpoint)
         os.kill(pid, signal.SIGKILL)
         # The connection drops when the daemon's last thread has exited (after the
         # process already shows as a zombie).
-        assert _wait(lambda: is_stale(str(mountpoint)))
+        assert wait_until(lambda: is_stale(str(mountpoint)))
         os.stat(mountpoint)  # still answered from the kernel's cache: stat cannot tell
         result = packfs_cli("unmount", mountpoint)
         assert result.returncode == 0, result.stderr

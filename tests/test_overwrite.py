@@ -110,6 +110,19 @@ class Tally:
                 self.problems.append(problem)
 
 
+def overwrite_under_readers(read, keys, expected, tally, copier: str, replacement: Path, target: Path) -> None:
+    """Readers running, ``target`` overwritten in place by ``copier`` a moment in, the
+    readers stopped a moment after."""
+    stop = threading.Event()
+    threads = run_readers(read, keys, expected, tally, stop)
+    time.sleep(0.05 + 0.05 * random.random())
+    overwrite(copier, replacement, target)
+    time.sleep(0.05)
+    stop.set()
+    for thread in threads:
+        thread.join()
+
+
 def run_readers(read, keys: list, expected: dict, tally: Tally, stop: threading.Event) -> list[threading.Thread]:
     def work(seed: int) -> None:
         rng = random.Random(seed)
@@ -176,14 +189,8 @@ def child(mode: str, work: Path, rounds: int) -> dict:
         target = work / f"data{mode_suffix(mode)}"
         fresh_copy(original, target)
         read, keys, expected, close = open_reader(mode, target, original_files)
-        tally, stop = Tally(), threading.Event()
-        threads = run_readers(read, keys, expected, tally, stop)
-        time.sleep(0.05 + 0.05 * random.random())
-        overwrite(copier, replacement, target)
-        time.sleep(0.05)
-        stop.set()
-        for thread in threads:
-            thread.join()
+        tally = Tally()
+        overwrite_under_readers(read, keys, expected, tally, copier, replacement, target)
         try:
             read(keys[0])
         except ArchiveChangedError as error:
@@ -262,7 +269,7 @@ def test_overwrite_under_a_mount(tmp_path: Path) -> None:
         target = tmp_path / "data.ffr"
         fresh_copy(tmp_path / "original.ffr", target)
         with mounted(target, tmp_path / "mnt", "-o", "direct_io") as root:
-            tally, stop = Tally(), threading.Event()
+            tally = Tally()
             eio = Tally()
 
             def read(key: str) -> bytes:
@@ -281,13 +288,7 @@ def test_overwrite_under_a_mount(tmp_path: Path) -> None:
                         raise ArchiveChangedError("EIO") from None
                     raise
 
-            threads = run_readers(read, keys[:-20], files, tally, stop)
-            time.sleep(0.05 + 0.05 * random.random())
-            overwrite(copier, replacement, target)
-            time.sleep(0.05)
-            stop.set()
-            for thread in threads:
-                thread.join()
+            overwrite_under_readers(read, keys[:-20], files, tally, copier, replacement, target)
             if os.environ.get("PACKFS_TEST_VERBOSE"):
                 print(f"round {round_number} ({copier}): {tally.ok} reads, {eio.changed} EIO")
             assert tally.problems == [], tally.problems
