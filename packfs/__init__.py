@@ -24,11 +24,10 @@ from .errors import (
     UnpackDamagedError,
     UnpackError,
 )
-from .convert import convert
+from .write import Entry, PackStats, convert, pack_entries, pack_folder
 from .extract import UnpackStats, unpack
-from .reader import FileStat, PackedFile, PackedFolder, VerifyReport
+from .folder import FileStat, PackedFile, PackedFolder, VerifyReport
 from .records import RecordReader, RecordWriter
-from .writer import Entry, PackStats, pack_entries, pack_folder
 
 __version__ = "0.1.0"
 

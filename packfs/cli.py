@@ -16,11 +16,10 @@ from typing import Any, Iterator
 import click
 
 from . import __version__
-from .container import remove_unfinished
 from .errors import PackfsError
 from .extract import unpack as unpack_archive
-from .reader import PackedFolder
-from .writer import pack_folder
+from .folder import PackedFolder
+from .write import pack_folder, remove_unfinished
 
 # Checked by the library, which says in one line what is wrong (missing, a directory,
 # not an archive) and exits 1; click's own check would be a usage error (exit 2).
@@ -226,7 +225,7 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
     progress = _TerminalProgress("packing", quiet)
     with _exit_on_signals(repr(out)), _closing(progress):
         if from_archive:
-            from .archives import pack_archive
+            from .write import pack_archive
 
             stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress)
         else:
@@ -265,7 +264,7 @@ def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     Example:
       packfs convert old_dataset.ffr dataset.ffr && packfs verify dataset.ffr
     """
-    from .convert import convert as convert_archive
+    from .write import convert as convert_archive
 
     progress = _TerminalProgress("converting", quiet)
     with _exit_on_signals(repr(out)), _closing(progress):
@@ -519,7 +518,7 @@ def verify(archive: str, quiet: bool) -> None:
     """
     progress = _TerminalProgress("verifying", quiet)
     with PackedFolder(archive) as folder:
-        progress.start(0, folder._container.file_size)
+        progress.start(0, folder.archive.size)
         try:
             report = folder.verify(progress.add_bytes)
         finally:
@@ -657,7 +656,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
         fuse_mount.check_allow_other()
     fuse_mount.check_fuse(binding)
     fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    folder = PackedFolder(archive, check_data=check_data)
+    opened = fuse_mount.open_for_mount(archive, check_data)
     settings = dict(debug=fuse_debug, threads=threads, check_data=check_data,
                     allow_other=allow_other, options=extra, binding=binding)
     if foreground or fuse_debug:
@@ -666,10 +665,10 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
         mount_log = logging.getLogger("packfs.mount")
         mount_log.addHandler(handler)
         mount_log.propagate = False  # not also through the CLI's "Warning:" handler
-        fuse_mount.mount(folder, mountpoint, foreground=True, **settings)
+        fuse_mount.mount(opened, mountpoint, foreground=True, **settings)
         return
     log_path = log_file or fuse_mount.state_file(mountpoint, ".log")
-    pid = fuse_mount.mount_in_background(folder, mountpoint, log_path, foreground=True, **settings)
+    pid = fuse_mount.mount_in_background(opened, mountpoint, log_path, foreground=True, **settings)
     click.echo(f"mounted {archive!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
 
 

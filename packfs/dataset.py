@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import ClosedArchiveError, FormatError, NotADirectoryPathError, PathNotFoundError
-from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from .reader import PackedFolder, PathArg
+from .folder import PackedFolder, PathArg
+from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 
 __all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory"]
 
@@ -122,7 +122,7 @@ def _children_in_path_order(folder: PackedFolder, entry: int, prefix: str) -> li
     """(path, entry, file type) of a directory's children, ordered so that a depth-first
     walk yields paths in ``sorted()`` order: names compare as stored, except that a
     directory's name compares as if followed by its '/' (``a.b`` before ``a/x``)."""
-    children, names, modes = folder._table.listing(entry)
+    children, names, modes = folder.archive.listing(entry)
     rows = [(prefix + os.fsdecode(name), child, mode & S_IFMT)
             for child, name, mode in zip(children, names, modes)]
     rows.sort(key=lambda row: row[0] + "/" if row[2] == S_IFDIR else row[0])
@@ -137,10 +137,10 @@ def _file_entry(folder: PackedFolder, path: str, kind: int, child: int) -> int:
     if kind != S_IFLNK:
         return -1
     try:
-        target = folder._find(path)
+        target = folder.archive.lookup(path)
     except (PathNotFoundError, NotADirectoryPathError):
         return -1
-    return target if folder._table.file_type(target) == S_IFREG else -1
+    return target if folder.archive.file_type(target) == S_IFREG else -1
 
 
 def select_files(folder: PackedFolder, pattern: str = "**/*") -> tuple[np.ndarray, dict[int, str]]:
@@ -165,7 +165,7 @@ def select_files(folder: PackedFolder, pattern: str = "**/*") -> tuple[np.ndarra
     # O(depth**2) bytes in a deep tree of long names); a path is built for a symlink,
     # which is resolved by it.
     on_path = [top] if top else []
-    stack = [(iter(_children_in_path_order(folder, folder._find(top), "")), states)]
+    stack = [(iter(_children_in_path_order(folder, folder.archive.lookup(top), "")), states)]
     while stack:
         children, states = stack[-1]
         for name, child, kind in children:
@@ -199,7 +199,7 @@ def files_by_directory(
     (``sorted(os.walk(top))``), each one's files sorted by name; only paths that
     ``accept`` takes."""
     directories = []  # (path, its files' (path, entry, type)), listed once each
-    stack = [(folder._find(top), top)]
+    stack = [(folder.archive.lookup(top), top)]
     while stack:
         entry, path = stack.pop()
         files = []
@@ -298,7 +298,7 @@ class PackedFiles(Sequence):
         entry = int(self.entries[operator.index(index)])
         folder = self.folder
         self._count_reads(1)
-        return folder._pread_entry(entry)
+        return folder.archive.read(entry)
 
     def read_batch(self, indices: Sequence[int] | np.ndarray,
                    transform: Callable[[int, bytes], Any] | None = None) -> list[Any]:
@@ -316,7 +316,7 @@ class PackedFiles(Sequence):
         folder = self.folder
         self._count_reads(len(entries))
         results: list[Any] = [None] * len(entries)
-        for position, data in folder._pread_entries(entries):
+        for position, data in folder.archive.read_batch(entries):
             results[position] = data if transform is None else transform(int(indices[position]), data)
         return results
 
@@ -328,13 +328,13 @@ class PackedFiles(Sequence):
             raise IndexError(f"file {index} of {len(self.entries)}")
         if index in self._links:
             return self._links[index]
-        return os.fsdecode(self.folder._table.full_path(int(self.entries[index])))
+        return os.fsdecode(self.folder.archive.path_of(int(self.entries[index])))
 
     def _count_reads(self, count: int) -> None:
         self._reads += count
         if self._reads >= _RELEASE_AFTER_READS:
             self._reads = 0
-            self._folder._table.release_pages()  # type: ignore[union-attr]
+            self._folder.archive.release_pages()  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Close the archive this process opened; later reads raise ValueError."""
@@ -347,6 +347,7 @@ class PackedFiles(Sequence):
         return f"PackedFiles({self.archive!r}, {self.pattern!r}: {len(self)} files)"
 
 
-def _identity(folder: PackedFolder) -> tuple[int, int, int, int]:
-    info = os.fstat(folder._container.fd)
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+def _identity(folder: PackedFolder) -> object:
+    # Of the open archive (locally its descriptor's device, inode, size and mtime), not
+    # of its path, which may already name a replacement.
+    return folder.archive.identity

@@ -40,10 +40,9 @@ import stat as stat_module
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from .errors import ChecksumError, FormatError, UnpackDamagedError, UnpackError
-from .format import crc32
-from .pathtable import S_IFDIR, S_IFLNK
-from .reader import PackedFolder, PathArg, _key
+from .errors import ArchiveChangedError, ChecksumError, FormatError, UnpackDamagedError, UnpackError
+from .folder import PackedFolder, PathArg
+from .format import S_IFDIR, S_IFLNK
 
 __all__ = ["unpack", "UnpackStats", "check_claims"]
 
@@ -110,8 +109,7 @@ class _Extractor:
                  progress: Callable[[int], None] | None, skip_existing: bool, stop_on_error: bool,
                  on_damaged: Callable[[str, str], None] | None) -> None:
         self.folder = folder
-        self.table = folder._table
-        self.container = folder._container
+        self.archive = archive = folder.archive
         self.dest_fd = dest_fd
         self.dest = dest
         self.progress = progress
@@ -120,13 +118,15 @@ class _Extractor:
         self.on_damaged = on_damaged
         self.as_root = os.geteuid() == 0
         self.dest_created = False  # set by unpack(): only a DEST it made gets the root's attributes
-        self.first_entry: dict[int, int] = {}  # record -> the entry whose name holds it in DEST
-        self.damaged_records: dict[int, str] = {}  # record -> why it was left out
+        # Keyed by inode, which every name of a hard-linked file shares (and only those:
+        # check_claims refuses records shared otherwise before anything is written).
+        self.first_entry: dict[int, int] = {}  # inode -> the entry whose name holds it in DEST
+        self.damaged_records: dict[int, str] = {}  # inode -> why it was left out
         self.damaged: list[tuple[str, str]] = []
         self.attempted = 0  # files and symlinks met
         # Bytes of copies written where DEST refused a hard link: at most the archive's size.
         self.copied = 0
-        self.copy_budget = self.container.file_size
+        self.copy_budget = archive.size
         self.counts = {"files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "bytes": 0, "existing": 0}
         self.frames: dict[int, _Frame] = {}  # directory entry -> its frame, for the stack's directories
 
@@ -135,7 +135,7 @@ class _Extractor:
     def label(self, entry: int) -> str:
         """The entry's path for messages (built only when one is needed: O(depth))."""
         try:
-            return os.fsdecode(self.table.full_path(entry))
+            return os.fsdecode(self.archive.path_of(entry))
         except FormatError:
             return f"<entry {entry}>"
 
@@ -197,7 +197,7 @@ class _Extractor:
             # existing directory, /tmp included, when root unpacks into it.
             self.counts["dirs"] += 1
             return
-        mode, uid, gid, mtime_ns, _, _ = self.table.attributes(entry)
+        mode, uid, gid, mtime_ns, _, _, _ = self.archive.stat(entry)
         try:
             if self.as_root:
                 os.fchown(fd, uid, gid)
@@ -210,12 +210,12 @@ class _Extractor:
     def walk(self, top: int, top_fd: int) -> None:
         """Unpack directory ``top`` (already open as ``top_fd``, which this closes) and
         everything below it, without recursion."""
-        table = self.table
+        archive = self.archive
         stack: list[_Frame] = []
         lowest_open = 0  # stack[lowest_open:] hold open descriptors
         try:
             try:
-                children = iter(table.children(top))
+                children = iter(archive.children(top))
             except FormatError as error:
                 os.close(top_fd)
                 self._report_damage(top, _Damaged(_reason(error), error))
@@ -237,10 +237,10 @@ class _Extractor:
                     stack.pop()
                     continue
                 try:
-                    is_dir = table.file_type(child) == S_IFDIR
+                    is_dir = archive.file_type(child) == S_IFDIR
                     if is_dir:
-                        name = table.name(child)
-                        children = iter(table.children(child))
+                        name = archive.name(child)
+                        children = iter(archive.children(child))
                 except FormatError as error:
                     self._report_damage(child, _Damaged(_reason(error), error))
                     continue
@@ -285,7 +285,7 @@ class _Extractor:
             return frame.fd, False
         fd = os.dup(self.dest_fd)
         try:
-            for part in self.table.full_path(entry).split(b"/"):
+            for part in self.archive.path_of(entry).split(b"/"):
                 below = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = below
@@ -300,19 +300,18 @@ class _Extractor:
         """Unpack file or symlink ``entry`` into ``parent_fd``; damage is reported and
         left out, a problem of the destination raises UnpackError."""
         self.attempted += 1
-        table = self.table
+        archive = self.archive
         try:
-            name = table.name(entry)
-            kind = table.file_type(entry)
-            mode, uid, gid, mtime_ns, size, _ = table.attributes(entry)
-            record = table.record(entry)
+            name = archive.name(entry)
+            kind = archive.file_type(entry)
+            mode, uid, gid, mtime_ns, size, _, record = archive.stat(entry)  # record: the inode
         except FormatError as error:
             self._report_damage(entry, _Damaged(_reason(error), error))
             return
         mode &= 0o7777
         try:
             if kind == S_IFLNK:
-                self._symlink(entry, record, name, parent_fd, uid, gid, mtime_ns)
+                self._symlink(entry, name, parent_fd, uid, gid, mtime_ns)
             elif record in self.damaged_records:
                 self._advance(size)
                 raise _Damaged(self.damaged_records[record])
@@ -325,7 +324,7 @@ class _Extractor:
                 if record in self.first_entry:  # DEST refused a hard link to its first name
                     self._charge_copy(entry, size)
                 try:
-                    self._write_file(record, name, parent_fd, mode, uid, gid, mtime_ns)
+                    self._write_file(entry, name, parent_fd, mode, uid, gid, mtime_ns)
                 except _Damaged as damage:
                     self.damaged_records[record] = damage.reason
                     raise
@@ -368,10 +367,10 @@ class _Extractor:
         self.counts["existing"] += 1
         return True
 
-    def _symlink(self, entry: int, record: int, name: bytes, parent_fd: int,
+    def _symlink(self, entry: int, name: bytes, parent_fd: int,
                  uid: int, gid: int, mtime_ns: int) -> None:
         try:
-            target = self.folder._link_target(entry, repr(self.label(entry)), check=True)
+            target = self.archive.readlink(entry, check=True)
         except FormatError as error:
             raise _Damaged(_reason(error), error) from None
         try:
@@ -397,9 +396,9 @@ class _Extractor:
         """Hard-link ``name`` to the record's first name in DEST; False where the file
         system refuses (the caller then writes a copy)."""
         first = self.first_entry[record]
-        source_fd, close = self._dir_fd_of(self.table.parent(first))
+        source_fd, close = self._dir_fd_of(self.archive.parent(first))
         try:
-            os.link(self.table.name(first), name, src_dir_fd=source_fd, dst_dir_fd=parent_fd,
+            os.link(self.archive.name(first), name, src_dir_fd=source_fd, dst_dir_fd=parent_fd,
                     follow_symlinks=False)
         except OSError as error:
             if error.errno in _NO_LINKS:
@@ -420,30 +419,29 @@ class _Extractor:
             except FileExistsError:
                 continue
 
-    def _write_file(self, record: int, name: bytes, parent_fd: int,
+    def _write_file(self, entry: int, name: bytes, parent_fd: int,
                     mode: int, uid: int, gid: int, mtime_ns: int) -> None:
-        """Write the record under a temporary name, check its CRC, set its attributes,
+        """Write file ``entry`` under a temporary name, check its CRC, set its attributes,
         then publish it as ``name`` (never replacing anything there)."""
         temporary, fd = self._create_temporary(parent_fd)
         published = False
         try:
-            try:
-                begin, end = self.container.record_span(record)
-            except FormatError as error:
-                raise _Damaged(_reason(error), error) from None
-            value = 0
             # pread, not the map: an archive overwritten in place under us is then an
             # ArchiveChangedError from the short read, never a fault in write().
-            for start in range(begin, end, _CHUNK):
-                chunk = self.container.pread(start, min(end, start + _CHUNK))
-                value = crc32(chunk, value)
-                written = 0
-                while written < len(chunk):
-                    written += os.write(fd, memoryview(chunk)[written:])
-                self._advance(len(chunk))
-            length = end - begin
-            if value != self.container.stored_crc(record):
-                raise _Damaged("checksum mismatch")
+            length = 0
+            try:
+                for chunk in self.archive.read_chunks(entry, _CHUNK):
+                    written = 0
+                    while written < len(chunk):
+                        written += os.write(fd, memoryview(chunk)[written:])
+                    length += len(chunk)
+                    self._advance(len(chunk))
+            except ArchiveChangedError:
+                raise
+            except ChecksumError:
+                raise _Damaged("checksum mismatch") from None
+            except FormatError as error:
+                raise _Damaged(_reason(error), error) from None
             if self.as_root:
                 os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
@@ -491,16 +489,16 @@ def _selected(folder: PackedFolder, paths: Sequence[PathArg]) -> list[int]:
     created), without repeats or entries inside another selected directory."""
     entries: list[int] = []
     for path in paths or [""]:
-        entry = folder._find(_key(path), follow=False)  # PathNotFoundError names the path
+        entry = folder.archive.lookup(path, follow=False)  # PathNotFoundError names the path
         if entry not in entries:
             entries.append(entry)
     chosen = set(entries)
-    table = folder._table
+    archive = folder.archive
     kept = []
     for entry in entries:
-        above = table.parent(entry) if entry else -1
+        above = archive.parent(entry) if entry else -1
         while above > 0 and above not in chosen:
-            above = table.parent(above)
+            above = archive.parent(above)
         if above == 0 and 0 in chosen and entry != 0 or above > 0:
             continue  # unpacked with the selected directory above it
         kept.append(entry)
@@ -516,13 +514,7 @@ def check_claims(folder: PackedFolder) -> int:
     the table begins), and each record is named by one entry or by the names of one
     hard-linked file.  O(records + entries) with numpy, in chunks; 8 bytes per data
     record.  FormatError names the first rule broken."""
-    container = folder._container
-    container.check_offsets()
-    total = folder._table.check_records()
-    if total > container.file_size:  # implied by the rules above; the invariant itself
-        raise FormatError(f"{folder.path!r}: its records add up to {total} bytes, more than the "
-                          f"archive's {container.file_size}")
-    return total
+    return folder.archive.check_records()
 
 
 def _make_dest(dest: str) -> list[str]:
@@ -623,18 +615,18 @@ def unpack(
 
 
 def _unpack_entry(extractor: _Extractor, entry: int) -> None:
-    table = extractor.table
+    archive = extractor.archive
     if entry == 0:
         extractor.walk(0, os.dup(extractor.dest_fd))
         return
     # Create the leading directories (their archived attributes are left to a full
     # unpack) a component at a time, then the entry itself.
-    parts = table.full_path(entry).split(b"/")
+    parts = archive.path_of(entry).split(b"/")
     above = []
-    walker = table.parent(entry)
+    walker = archive.parent(entry)
     while walker:
         above.append(walker)
-        walker = table.parent(walker)
+        walker = archive.parent(walker)
     above.reverse()
     fd = os.dup(extractor.dest_fd)
     try:
@@ -642,7 +634,7 @@ def _unpack_entry(extractor: _Extractor, entry: int) -> None:
             below = extractor.open_dir(fd, part, directory)
             os.close(fd)
             fd = below
-        if table.file_type(entry) == S_IFDIR:
+        if archive.file_type(entry) == S_IFDIR:
             below = extractor.open_dir(fd, parts[-1], entry)
             extractor.walk(entry, below)
         else:

@@ -28,9 +28,10 @@ from typing import Sequence
 
 import numpy as np
 
-from . import reader as _reader
+from .folder import PackedFolder as _PackedFolder
+from .folder import PathArg as _PathArg
 from .records import RecordReader, RecordWriter
-from .writer import pack_folder as _pack_folder
+from .write import pack_folder as _pack_folder
 
 __all__ = ["FileWriter", "FileReader", "PackedFolder", "pack_folder"]
 
@@ -95,13 +96,13 @@ class FileReader:
         self.close()
 
 
-class PackedFolder(_reader.PackedFolder):
+class PackedFolder(_PackedFolder):
     """``PackedFolder(fname, check_data=True)`` with FFRecord's return types."""
 
-    def read_one(self, path: _reader.PathArg) -> np.ndarray:  # type: ignore[override]
+    def read_one(self, path: _PathArg) -> np.ndarray:  # type: ignore[override]
         return _array(super().read_one(path))
 
-    def read(self, paths: Sequence[_reader.PathArg]) -> list[np.ndarray]:  # type: ignore[override]
+    def read(self, paths: Sequence[_PathArg]) -> list[np.ndarray]:  # type: ignore[override]
         return [self.read_one(path) for path in paths]
 
 

@@ -164,6 +164,7 @@ met, and ``verify`` finds all of it.
 
 from __future__ import annotations
 
+import stat as stat_module
 import struct
 from typing import NamedTuple
 
@@ -191,6 +192,12 @@ __all__ = [
     "unpack_footer",
     "foreign_format",
     "SNIFF_BYTES",
+    "S_IFMT",
+    "S_IFDIR",
+    "S_IFREG",
+    "S_IFLNK",
+    "symlink_target_problem",
+    "symlink_length_problem",
 ]
 
 MAGIC = b"\x93PACKFS\x00"
@@ -209,6 +216,32 @@ SECTION_ALIGNMENT = 64
 NO_RECORD = 2**64 - 1
 # Section 5: the longest symlink target, in bytes (Linux's PATH_MAX of 4,096 less the NUL).
 MAX_SYMLINK_TARGET = 4095
+
+# Section 4, mode: the file type bits, and the three types an entry may have.
+S_IFMT = stat_module.S_IFMT(0o177777)
+S_IFDIR = stat_module.S_IFDIR
+S_IFREG = stat_module.S_IFREG
+S_IFLNK = stat_module.S_IFLNK
+
+
+def symlink_length_problem(length: int) -> str | None:
+    """What is wrong with a symlink target ``length`` bytes long, or None: the length
+    part of :func:`symlink_target_problem`, for refusing a long target before it is read."""
+    if length > MAX_SYMLINK_TARGET:
+        return f"a target of {length} bytes, expected at most {MAX_SYMLINK_TARGET}"
+    return None
+
+
+def symlink_target_problem(target: bytes) -> str | None:
+    """What makes ``target`` a symlink target the format does not allow (section 5:
+    non-empty, no NUL byte, at most MAX_SYMLINK_TARGET bytes), or None: the one
+    statement of the rule, for the writer, every reader and verify."""
+    too_long = symlink_length_problem(len(target))
+    if too_long:
+        return too_long
+    if not target or b"\0" in target:
+        return f"the target {target!r}: empty or containing a NUL byte"
+    return None
 
 # Section 4: (name, numpy dtype) in section order.
 SECTIONS: tuple[tuple[str, str], ...] = (

@@ -19,7 +19,7 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from .errors import PathNotFoundError
-from .reader import PackedFolder
+from .folder import PackedFolder
 
 __all__ = ["PackfsFileSystem"]
 

@@ -7,8 +7,9 @@ import os
 from bisect import bisect_right
 from typing import Iterable, Sequence, Union, overload
 
-from .container import Container, ContainerWriter
-from .errors import ClosedArchiveError, PackError, PackfsError
+from .core import Container
+from .errors import ClosedArchiveError, PackError
+from .write import ContainerWriter
 
 __all__ = ["RecordWriter", "RecordReader"]
 
@@ -149,24 +150,10 @@ class RecordReader:
     def read_one(self, index: int) -> bytes:
         """Record ``index`` (negative counts from the end)."""
         container, local = self._locate(index)
-        # The offsets and CRCs are read through the map; the record is copied from it
-        # too when the map is guarded (packfs._sigbus), else read with pread.  Either
-        # way an archive overwritten in place under this read is an
-        # ArchiveChangedError from the check after it, never a SIGBUS or the new
-        # file's bytes (bench/overwrite.py measures the choice).
-        if not container.guarded:
-            container.check_size()
-        try:
-            start, end = container.record_span(local)
-            data = container._mm[start:end] if container.guarded and end - start < 1 << 20 \
-                else container.pread(start, end)
-            if self.check_data:
-                container.check_crc(local, data, f"record {index}")
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
-        return data
+        # Container.read_record: an archive overwritten in place under this read is an
+        # ArchiveChangedError from the check after it, never a SIGBUS or the new file's
+        # bytes (bench/overwrite.py measures how it reads).
+        return container.read_record(local, self.check_data, f"record {index}")
 
     def read(self, indices: Iterable[int]) -> list[bytes]:
         return [self.read_one(i) for i in indices]
@@ -182,7 +169,16 @@ class RecordReader:
             return self.read(range(*index.indices(self.n)))
         return self.read_one(index)
 
+    @property
+    def shards(self) -> tuple[Container, ...]:
+        """The open record files, in order (their ``offsets``, ``crcs`` and ``file_size``
+        are what FFRecord's ``get_offsets`` and ``get_checksums`` return)."""
+        if not self._containers:
+            raise ClosedArchiveError(f"{self.paths[0]!r}: I/O operation on a closed archive")
+        return tuple(self._containers)
+
     def record_length(self, index: int) -> int:
+        """The length of record ``index`` in bytes, without reading it."""
         container, local = self._locate(index)
         return container.checked(container.record_length, local)
 

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from .dataset import PackedFiles, files_by_directory
 from .errors import PathNotFoundError
-from .reader import PackedFolder, PathArg
+from .folder import PackedFolder, PathArg
 
 __all__ = ["PackedDataset", "PackedImageFolder", "IMG_EXTENSIONS", "decode_pil", "decode_cv2"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from packfs.format import SECTION_ALIGNMENT, SECTIONS, crc32, pack_footer, record_count_for
-from packfs.pathtable import S_IFDIR, S_IFREG
+from packfs.format import S_IFDIR, S_IFREG
 from tests.conftest import write_records
 
 

@@ -32,9 +32,9 @@ from typing import Callable
 import numpy as np
 
 from packfs.format import FOOTER_SIZE, NO_RECORD, SECTION_ALIGNMENT, SECTIONS, crc32, pack_footer, record_count_for
-from packfs.legacy import MAGIC as LEGACY_MAGIC
-from packfs.pathtable import S_IFDIR, S_IFREG
-from packfs.tablebuild import TableRows, build_tables
+from packfs.core.legacy import MAGIC as LEGACY_MAGIC
+from packfs.format import S_IFDIR, S_IFREG
+from packfs.core.tablebuild import TableRows, build_tables
 
 __all__ = ["aliasing_archive", "shared_record_archive", "record_over_table", "legacy_aliasing_archive",
            "write_container", "Layout", "assemble", "all_hostile", "HOSTILE_KINDS", "hostile_structure"]

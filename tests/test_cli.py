@@ -95,7 +95,7 @@ def test_verify(run, archive: Path, tmp_path: Path) -> None:
     from packfs import PackedFolder
 
     with PackedFolder(archive) as folder:
-        start, _ = folder._container.record_span(folder._table.record(folder._table.lookup(b"Zeta.txt")))
+        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
     data = bytearray(archive.read_bytes())
     data[start] ^= 0xFF
     bad = tmp_path / "bad.ffr"
@@ -283,7 +283,7 @@ def test_convert_reports_the_legacy_archives_totals(tmp_path: Path) -> None:
 def test_pack_archive_reports_the_input_read_then_the_spooled_files(tree: Path, tmp_path: Path, kind: str) -> None:
     import zipfile
 
-    from packfs.archives import pack_archive
+    from packfs.write import pack_archive
 
     stdin = None
     if kind == "zip":

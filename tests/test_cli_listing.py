@@ -17,7 +17,7 @@ import packfs
 from packfs import PackedFolder
 from packfs.cli import main
 from packfs.errors import NotADirectoryPathError, PathNotFoundError
-from packfs.reader import EntryAttributes
+from packfs.folder import EntryAttributes
 
 NEWLINE = b"new\nline.txt"
 DASH = b"-dash"

@@ -52,8 +52,7 @@ def test_footer_damage_fails_at_open(archive: Path, tmp_path: Path) -> None:
 
 def _damaged_file(archive: Path, tmp_path: Path, path: str) -> Path:
     folder = PackedFolder(archive)
-    record = folder._table.record(folder._table.lookup(path.encode()))
-    start, end = folder._container.record_span(record)
+    start, end = folder.archive.extent(folder.archive.find(path.encode()))
     folder.close()
     return _flip(archive, start + (end - start) // 2, tmp_path / "bad.ffr")
 
@@ -126,7 +125,7 @@ def test_plain_container_is_not_a_packed_folder(tmp_path: Path) -> None:
 
 def _entry(archive: Path, path: str) -> int:
     with PackedFolder(archive) as folder:
-        return folder._table.lookup(path.encode())
+        return folder.archive.find(path.encode())
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def test_selection_is_sorted_and_matches_what_glob_finds_on_disk(archive: Path, 
     symlinks to files counting as files), in exactly sorted() order."""
     with packfs.PackedFolder(archive) as folder:
         entries, links = select_files(folder, pattern)
-        paths = [links.get(i) or os.fsdecode(folder._table.full_path(int(e))) for i, e in enumerate(entries)]
+        paths = [links.get(i) or os.fsdecode(folder.archive.path_of(int(e))) for i, e in enumerate(entries)]
     root = tmp_path / "src"
     expected = sorted(os.path.relpath(p, root) for p in glob_module.glob(str(root / pattern), recursive=True,
                                                                          include_hidden=True)

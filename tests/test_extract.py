@@ -127,8 +127,7 @@ def _damage(archive: Path, out: Path, paths: list[str]) -> Path:
     data = bytearray(archive.read_bytes())
     with PackedFolder(archive) as folder:
         for path in paths:
-            record = folder._table.record(folder._table.lookup(os.fsencode(path)))
-            start, end = folder._container.record_span(record)
+            start, end = folder.archive.extent(folder.archive.find(os.fsencode(path)))
             data[start + (end - start) // 2] ^= 0x01
     out.write_bytes(bytes(data))
     return out

@@ -55,7 +55,7 @@ def test_a_version_1_0_archive_derives_the_first_link(linked_archive: Path, tmp_
 def test_a_hostile_first_link_is_refused(linked_archive: Path, tmp_path: Path, linked: str, first: str) -> None:
     """A later entry, another file's record, a directory: each named as a first link."""
     with PackedFolder(linked_archive) as folder:
-        entry, other = folder._table.lookup(linked.encode()), folder._table.lookup(first.encode())
+        entry, other = folder.archive.find(linked.encode()), folder.archive.find(first.encode())
     bad = rewrite_section(linked_archive, tmp_path / "bad.ffr", "first_link", lambda a: a.__setitem__(entry, other))
     with PackedFolder(bad) as folder:
         with pytest.raises(packfs.FormatError, match="first link"):

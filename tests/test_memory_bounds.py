@@ -56,8 +56,8 @@ def test_the_daemons_logged_messages_are_bounded_in_bytes(chain: Path) -> None:
     with PackedFolder(chain) as folder:
         operations = PackfsOperations(folder)
         for i in range(50):
-            operations._log_once(f"read /{'x' * 1_000_000}{i}: checksum mismatch")
-        assert sum(map(len, operations._logged)) <= 50 * 1000
+            operations.log_once(f"read /{'x' * 1_000_000}{i}: checksum mismatch")
+        assert sum(map(len, operations.log_once.messages)) <= 50 * 1000
 
 
 @pytest.mark.fuse

@@ -175,7 +175,7 @@ def test_writes_fail_with_erofs(archive: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("binding", ["mfusepy", "fusepy"])  # CRC checked at read / at open
 def test_corrupt_file_reads_as_eio_while_others_read(archive: Path, tmp_path: Path, binding: str) -> None:
     with packfs.PackedFolder(archive) as folder:
-        start, _ = folder._container.record_span(folder._table.record(folder._table.lookup(b"Zeta.txt")))
+        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
     data = bytearray(archive.read_bytes())
     data[start] ^= 0xFF
     bad = tmp_path / "bad.ffr"

@@ -419,7 +419,7 @@ def test_daemon_log_kept_only_when_it_says_something(archive: Path, tmp_path: Pa
         assert clean_log.exists() and clean_log.read_text() == ""
     assert wait_until(lambda: not clean_log.exists())
     with packfs.PackedFolder(archive) as folder:
-        start, _ = folder._container.record_span(folder._table.record(folder._table.lookup(b"Zeta.txt")))
+        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
     data = bytearray(archive.read_bytes())
     data[start] ^= 0xFF
     bad = tmp_path / "bad.ffr"

@@ -227,7 +227,7 @@ def require_guard() -> None:
     """The guarantees need packfs._sigbus (built by pip where a C compiler and the
     Python headers are found); without it a truncation can still kill (docs/reliability.md,
     "An archive changing under a reader")."""
-    from packfs.container import GUARDED
+    from packfs.source import GUARDED
 
     if GUARDED:
         return

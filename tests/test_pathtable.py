@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from packfs.format import NO_RECORD
-from packfs.pathtable import S_IFDIR, S_IFREG
-from packfs.tablebuild import TableRows, build_tables
+from packfs.format import S_IFDIR, S_IFREG
+from packfs.core.tablebuild import TableRows, build_tables
 
 
 def _rows(paths: dict[bytes, str]) -> TableRows:
@@ -61,7 +61,7 @@ def test_listing_gives_children_names_and_modes_in_order(tmp_path) -> None:
     packfs.pack_entries([packfs.Entry("d/b", b"1"), packfs.Entry("d/a", b"22"),
                          packfs.Entry("d/c/x", b"3"), packfs.Entry("e", kind="dir")], out)
     with packfs.PackedFolder(out) as folder:
-        table = folder._table
+        table = folder.archive._table
         children, names, modes = table.listing(table.lookup(b"d"))
         assert names == [b"a", b"b", b"c"]
         assert [table.name(child) for child in children] == names

@@ -34,7 +34,7 @@ def test_reads_every_record_of_ffrecords_file() -> None:
 
 
 def test_header_fields_match_ffrecords_view() -> None:
-    from packfs.container import Container
+    from packfs.core import Container
 
     container = Container(VECTORS / "records.ffr")
     assert list(container.offsets) == RECORDS["header"]["offsets"]

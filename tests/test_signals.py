@@ -106,7 +106,7 @@ def test_a_leftover_of_a_writer_that_dies_during_a_pack_goes_at_its_end(tree: Pa
 def test_a_writer_interrupted_before_its_with_block_leaves_nothing(tmp_path: Path) -> None:
     """A signal between a writer's creation and the `with` that would clean up after it
     (the window a Ctrl-C hit in CI): the CLI's last step removes the file anyway."""
-    from packfs.container import ContainerWriter, remove_unfinished
+    from packfs.write import ContainerWriter, remove_unfinished
 
     writer = ContainerWriter(tmp_path / "x.ffr", 3)
     assert [name for name in os.listdir(tmp_path) if ".packfs-tmp-" in name]
@@ -116,7 +116,7 @@ def test_a_writer_interrupted_before_its_with_block_leaves_nothing(tmp_path: Pat
 
 
 def test_a_finished_writer_is_not_touched_by_the_clean_up(tmp_path: Path) -> None:
-    from packfs.container import remove_unfinished
+    from packfs.write import remove_unfinished
 
     packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "x.ffr")
     remove_unfinished()

@@ -174,7 +174,7 @@ def test_damaged_contents_raise_checksum_error_single_and_batched(tmp_path: Path
     out = tmp_path / "d.ffr"
     packfs.pack_entries([packfs.Entry(f"f{i}", bytes([i]) * 1000) for i in range(10)], out)
     with packfs.PackedFolder(out) as folder:
-        start, _ = folder._container.record_span(folder._table.record(folder._find("f3")))
+        start, _ = folder.archive.extent(folder.archive.lookup("f3"))
     with open(out, "r+b") as f:
         f.seek(start + 10)
         f.write(b"\xee")
@@ -285,7 +285,7 @@ def test_hostile_tables_are_refused_by_single_and_batched_reads(tmp_path: Path) 
     base = tmp_path / "base.ffr"
     packfs.pack_entries([packfs.Entry(name, name.encode() * 100) for name in ("a", "b", "c")], base)
     with packfs.PackedFolder(base) as folder:
-        entry_b = folder._find("b")
+        entry_b = folder.archive.lookup("b")
     records = read_records(base)
     # A record of 2**64 - k (with the size of record n - k, a table section whose CRC
     # matches) is -k as int64: numpy would read that section as b's contents.
@@ -345,13 +345,13 @@ for read in (lambda: files[1999], lambda: files.read_batch([1999, 0])):
 
 def test_records_over_2_gib_are_read_in_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Linux's pread returns at most 2 GiB - 4 KiB; the same short reads, made small.
-    import packfs.container
+    import packfs.source.local
 
     out = tmp_path / "d.ffr"
     contents = bytes(range(256)) * 40
     packfs.pack_entries([packfs.Entry("big", contents)], out)
     real_pread = os.pread
-    monkeypatch.setattr(packfs.container.os, "pread", lambda fd, n, offset: real_pread(fd, min(n, 1000), offset))
+    monkeypatch.setattr(packfs.source.local.os, "pread", lambda fd, n, offset: real_pread(fd, min(n, 1000), offset))
     dataset = PackedDataset(out)
     assert dataset[0] == contents and dataset[[0]] == [contents]
 

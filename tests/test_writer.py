@@ -55,7 +55,7 @@ def test_empty_directories_are_kept(folder: PackedFolder) -> None:
 
 
 def test_hard_links_are_stored_once(folder: PackedFolder) -> None:
-    table = folder._table
+    table = folder.archive._table
     first = table.lookup(HARDLINK[0].encode())
     second = table.lookup(HARDLINK[1].encode())
     assert table.record(first) == table.record(second)
@@ -127,7 +127,7 @@ def test_packing_is_deterministic(tree: Path, tmp_path: Path) -> None:
 def test_records_are_in_depth_first_order(folder: PackedFolder) -> None:
     order = []
     for relative in folder:
-        order.append((folder._table.record(folder._table.lookup(os.fsencode(relative))), relative))
+        order.append((folder.archive._table.record(folder.archive.find(os.fsencode(relative))), relative))
     records = [record for record, _ in order]
     # Files listed depth-first (with hard links pointing back) appear in record order.
     firsts = [r for i, r in enumerate(records) if r not in records[:i]]
@@ -321,7 +321,7 @@ def test_unreadable_source_file_as_an_unprivileged_user(tmp_path: Path) -> None:
     import importlib
     import tempfile
 
-    importlib.import_module("packfs.tablebuild")  # the child, as nobody, may not be able to import it
+    importlib.import_module("packfs.core.tablebuild")  # the child, as nobody, may not be able to import it
 
     work = Path(tempfile.mkdtemp(prefix="packfs-unreadable-"))
     try:

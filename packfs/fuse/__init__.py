@@ -1,13 +1,18 @@
 """FUSE front end: the only code that imports a FUSE binding.
 
-- ``operations``: the FUSE callbacks over an open archive;
+- ``common``: what every daemon shares (bindings, the name codec, errno mapping,
+  the kernel's view of attributes);
+- ``pathdaemon``: the FUSE callbacks by path (libfuse's high-level API);
 - ``libfuse``: running libfuse's loop (packfs's own fuse_main);
 - ``process``: mounting, the background daemon, unmount and mount(8)'s helper.
+
+Every daemon reads the archive through :class:`packfs.core.Archive` only.
 """
 
 from __future__ import annotations
 
-from .operations import BINDINGS, DEFAULT_BINDING, PackfsOperations
+from .common import BINDINGS, DEFAULT_BINDING
+from .pathdaemon import PackfsOperations
 from .process import (
     FSNAME_PREFIX,
     FSTYPE,
@@ -23,6 +28,7 @@ from .process import (
     mount,
     mount_helper,
     mount_in_background,
+    open_for_mount,
     remove_old_logs,
     state_directory,
     state_file,
@@ -32,6 +38,6 @@ from .process import (
 __all__ = [
     "BINDINGS", "DEFAULT_BINDING", "PackfsOperations", "FSNAME_PREFIX", "FSTYPE", "MOUNT_HELPER",
     "check_allow_other", "check_fuse", "check_mountpoint", "check_options", "fuse_options", "helper_script",
-    "is_mounted", "is_stale", "mount", "mount_helper", "mount_in_background", "remove_old_logs",
+    "is_mounted", "is_stale", "mount", "mount_helper", "mount_in_background", "open_for_mount", "remove_old_logs",
     "state_directory", "state_file", "unmount",
 ]

@@ -18,7 +18,7 @@ from ..errors import (
     MountError,
 )
 
-from .operations import BINDINGS
+from .common import BINDINGS
 
 #
 # Both bindings end in libfuse's fuse_main, which hides three things packfs must know:
@@ -31,7 +31,7 @@ from .operations import BINDINGS
 # place of the binding's fuse_main_real; everything else stays the binding's.
 
 
-def _load_binding(binding: str) -> ModuleType:
+def load_binding(binding: str) -> ModuleType:
     """Import a FUSE binding; a missing package or libfuse is a MountError."""
     if binding not in BINDINGS:
         raise ValueError(f"binding must be one of {sorted(BINDINGS)}, got {binding!r}")
@@ -58,7 +58,7 @@ class _FuseArgs(ctypes.Structure):
     _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)), ("allocated", ctypes.c_int)]
 
 
-class _Run:
+class LoopRun:
     """One mount's request to the loop and how it ended (read back by mount())."""
 
     def __init__(self, threads: int) -> None:
@@ -67,9 +67,9 @@ class _Run:
         self.stop_signal = 0  # the signal that ended a requested stop
 
 
-# The _Run of the mount in progress on this thread: the bindings call fuse_main_real
+# The LoopRun of the mount in progress on this thread: the bindings call fuse_main_real
 # with a fixed signature, so the settings travel beside the call.
-_current = threading.local()
+current = threading.local()
 
 _STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)  # libfuse's exit_handler
 
@@ -123,7 +123,7 @@ def _options_error(said: _CapturedStderr) -> str:
     return f"libfuse rejected the options: {said.reason() or 'no reason given'}"
 
 
-def _loop_outcome(run: _Run, result: int) -> int:
+def _loop_outcome(run: LoopRun, result: int) -> int:
     """0 for an unmount or a requested stop, else a failure (with run.error set)."""
     if result in _STOP_SIGNALS:  # libfuse3 >= 3.12 returns the signal that stopped it
         run.stop_signal = result
@@ -135,7 +135,7 @@ def _loop_outcome(run: _Run, result: int) -> int:
     return 0
 
 
-def _libfuse3_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: Any, size: int) -> int:
+def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations: Any, size: int) -> int:
     """fuse_main_real of libfuse 3.14 (lib/helper.c), step by step, with the loop's
     thread limit set and each failure's reason kept."""
     # The bindings pass: name, [-f] [-d] [-s], -o OPTIONS, MOUNTPOINT.
@@ -209,7 +209,7 @@ def _libfuse3_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: A
         lib.fuse_opt_free_args(ctypes.byref(args))
 
 
-def _libfuse2_main(lib: ctypes.CDLL, run: _Run, argv: list[bytes], operations: Any, size: int) -> int:
+def _libfuse2_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations: Any, size: int) -> int:
     """fuse_main_real of libfuse 2.9: fuse_setup (parse, mount, signals), loop, teardown."""
     mountpoint, multithreaded = ctypes.c_char_p(), ctypes.c_int()
     with _CapturedStderr() as said:
@@ -258,7 +258,7 @@ class _LibraryWith:
 
 def _install_main(binding: ModuleType) -> None:
     """Route the binding's fuse_main_real to packfs' own for the mounts mount() makes
-    (which set _current.run); any other caller still gets libfuse's."""
+    (which set current.run); any other caller still gets libfuse's."""
     if hasattr(binding, "_packfs_main"):
         return
     binding._packfs_main = False  # packfs' main is not in use (libfuse lacks a call)
@@ -273,7 +273,7 @@ def _install_main(binding: ModuleType) -> None:
     original = shared.fuse_main_real
 
     def fuse_main_real(argc: int, argv: Any, operations: Any, size: int, user_data: Any) -> int:
-        run = getattr(_current, "run", None)
+        run = getattr(current, "run", None)
         if run is None:
             return original(argc, argv, operations, size, user_data)
         return ours(lib, run, [argv[i] for i in range(argc)], operations, size)

@@ -22,10 +22,12 @@ from typing import Any
 from ..errors import (
     MountError,
 )
-from ..reader import PackedFolder
+from ..core import Archive
+from ..folder import PackedFolder
 
-from .libfuse import _Run, _current, _load_binding
-from .operations import CACHE_SECONDS, DEFAULT_BINDING, PackfsOperations, _CODEC, _fuse_class, log
+from .libfuse import LoopRun, current, load_binding
+from .common import CACHE_SECONDS, DEFAULT_BINDING, NAME_CODEC, log
+from .pathdaemon import PackfsOperations, fuse_class
 
 __all__ = ["mount", "mount_in_background", "unmount", "check_mountpoint", "check_fuse", "check_allow_other",
            "check_options", "fuse_options", "is_mounted", "is_stale", "state_file", "state_directory",
@@ -81,7 +83,7 @@ def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType:
         raise MountError(f"FUSE is not available: cannot open /dev/fuse: {error.strerror}") from None
     if not (shutil.which("fusermount3") or shutil.which("fusermount")):
         raise MountError("FUSE is not available: no fusermount or fusermount3 (install fuse3)")
-    return _load_binding(binding)
+    return load_binding(binding)
 
 
 FUSE_CONF = "/etc/fuse.conf"
@@ -183,7 +185,7 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
 
 
 def mount(
-    archive: str | PackedFolder,
+    archive: str | Archive | PackedFolder,
     mountpoint: str,
     *,
     foreground: bool = True,
@@ -194,7 +196,7 @@ def mount(
     options: dict[str, Any] | None = None,
     binding: str = DEFAULT_BINDING,
 ) -> None:
-    """Serve ``archive`` (a path, or an open PackedFolder that this takes over) at
+    """Serve ``archive`` (a path, or an open Archive or PackedFolder that this takes over) at
     ``mountpoint`` until it is unmounted (blocks).
 
     ``threads``: 0 for libfuse's default (at most 10 worker threads), 1 to serve one
@@ -221,26 +223,26 @@ def mount(
         raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
                          f"the mfusepy binding; libfuse2 always uses up to 10 threads")
     path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    folder = archive if isinstance(archive, PackedFolder) else PackedFolder(archive, check_data=check_data)
-    archive = folder.path
-    operations = PackfsOperations(folder, check_data=check_data, no_open=True)
+    served = open_for_mount(archive, check_data)
+    archive = served.path
+    operations = PackfsOperations(served, no_open=True)
     pidfile = state_file(path, ".pid")
     with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
         f.write(str(os.getpid()))
-    run = _current.run = _Run(threads)
+    run = current.run = LoopRun(threads)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            _fuse_class(fuse)(
+            fuse_class(fuse)(
                 operations, path, foreground=foreground, debug=debug, nothreads=threads == 1,
-                encoding=_CODEC, **fuse_options(archive, allow_other, extra, binding),
+                encoding=NAME_CODEC, **fuse_options(archive, allow_other, extra, binding),
             )
     except RuntimeError as error:
         reason = run.error or f"failed (libfuse error {error})"
         raise MountError(f"mounting {archive!r} at {mountpoint!r}: {reason}") from None
     finally:
-        _current.run = None
-        folder.close()
+        current.run = None
+        served.close()
         try:
             os.unlink(pidfile)
         except OSError:
@@ -339,7 +341,18 @@ def _wait_for_exit(pid: int, deadline: float) -> None:
         time.sleep(0.02)
 
 
-def mount_in_background(folder: PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,
+def open_for_mount(archive: str | Archive | PackedFolder, check_data: bool = True) -> Archive:
+    """The Archive a mount serves: a path opened with the "once" checksum policy (each
+    file checked at its first read; "never" without ``check_data``), an Archive as it
+    is, a PackedFolder's own archive."""
+    if isinstance(archive, Archive):
+        return archive
+    if isinstance(archive, PackedFolder):
+        return archive.archive
+    return Archive(archive, checksums="once" if check_data else "never")
+
+
+def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,
                         **settings: Any) -> int:
     """Fork a daemon serving ``folder`` at ``mountpoint``; return its pid once the mount
     works.  Forking, rather than starting a new interpreter, reuses the imports and the

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Iterator
 
-from .errors import PackError
-from .extract import check_claims
-from .pathtable import S_IFDIR, S_IFMT
-from .reader import PackedFolder
-from .writer import Entry, PackProgress, PackStats, PathLike, pack_entries
+from ..core import Archive
+from ..errors import PackError
+from ..format import S_IFDIR, S_IFMT
+from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["convert"]
 
@@ -43,26 +43,25 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
         ``archive`` is already a packfs archive, or OUT cannot be written.
     FormatError, ChecksumError
         ``archive`` is damaged; records that overlap or a record named twice are refused
-        before OUT is begun (:func:`packfs.extract.check_claims`), so the output is
+        before OUT is begun (:meth:`packfs.core.Archive.check_records`), so the output is
         never larger than what the archive holds.
     """
-    with PackedFolder(archive) as folder:
-        if not folder.legacy:
+    with Archive(archive) as source:
+        if not source.legacy:
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive: nothing to convert")
-        check_claims(folder)
-        table = folder._table
+        source.check_records()
         if progress is not None:
-            has_data = (table.column("mode") & S_IFMT) != S_IFDIR
-            progress.start(int(has_data.sum()), int(table.column("size")[has_data].sum()))
+            has_data = (source.column("mode") & S_IFMT) != S_IFDIR
+            progress.start(int(has_data.sum()), int(source.column("size")[has_data].sum()))
 
-        def entries():
-            for entry in range(1, table.entry_count):
-                path = table.full_path(entry)
-                mode, uid, gid, mtime_ns, size, _ = table.attributes(entry)
+        def entries() -> Iterator[Entry]:
+            for entry in range(1, source.entry_count):
+                path = source.path_of(entry)
+                mode, uid, gid, mtime_ns, size, _, _ = source.stat(entry)
                 if mode & S_IFMT == S_IFDIR:
                     yield Entry(path, kind="dir", mode=mode & 0o7777, uid=uid, gid=gid, mtime_ns=mtime_ns)
                 else:
-                    yield Entry(path, functools.partial(folder.open, path), mode=mode & 0o7777,
+                    yield Entry(path, functools.partial(source.open, entry, os.fsdecode(path)), mode=mode & 0o7777,
                                 uid=uid, gid=gid, mtime_ns=mtime_ns, size=size)
 
-        return pack_entries(entries(), out, count=table.entry_count - 1, force=force, progress=progress)
+        return pack_entries(entries(), out, count=source.entry_count - 1, force=force, progress=progress)

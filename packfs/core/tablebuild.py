@@ -6,8 +6,7 @@ from array import array
 
 import numpy as np
 
-from .format import SECTION_ALIGNMENT, SECTIONS, crc32
-from .pathtable import S_IFDIR, S_IFMT, S_IFREG
+from ..format import S_IFDIR, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, crc32
 
 __all__ = ["TableRows", "build_tables", "table_image"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import struct
 
-from .errors import FormatError
+from ..errors import FormatError
 
 __all__ = ["MAGIC", "is_legacy", "parse_tree", "legacy_rows", "legacy_table"]
 
@@ -238,14 +238,13 @@ def legacy_rows(tree: object, file_records: int, where: str):
 def legacy_table(container, metadata: bytes, where: str):
     """(footer, PathTable) for a packed folder: its tree as a packfs path table in
     memory, over the archive's own records."""
-    from .format import NO_RECORD, SECTION_COUNT, Footer
+    from ..format import NO_RECORD, SECTION_COUNT, Footer
     from .pathtable import PathTable
     from .tablebuild import TableRows, build_tables, table_image
 
     file_records = container.record_count - 1
     tree = parse_tree(memoryview(metadata)[len(MAGIC):], where)
-    info = os.fstat(container.fd)
-    owner = (info.st_uid, info.st_gid, info.st_mtime_ns)
+    owner = container.source.owner  # legacy archives hold no owners or times
     rows = TableRows()
     rows.add(b"", DIR_MODE, *owner, 0, NO_RECORD)
     for path, kind, record in legacy_rows(tree, file_records, where):

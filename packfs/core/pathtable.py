@@ -7,23 +7,19 @@ is ``tablebuild``."""
 
 from __future__ import annotations
 
-import stat as stat_module
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from .container import Container, release_pages
-from .errors import ChecksumError, FormatError
-from .format import NO_RECORD, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
+from .container import Container
+
+from ..errors import ChecksumError, FormatError
+from ..format import NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["PathTable", "S_IFMT", "S_IFDIR", "S_IFREG", "S_IFLNK"]
+__all__ = ["PathTable"]
 
-S_IFMT = stat_module.S_IFMT(0o177777)
-S_IFDIR = stat_module.S_IFDIR
-S_IFREG = stat_module.S_IFREG
-S_IFLNK = stat_module.S_IFLNK
 
 _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 # The sections' numpy dtypes as memoryview item codes and sizes (the format is
@@ -74,15 +70,22 @@ class PathTable:
         self._directory_cache_bytes = 0
         self._derived_first_link: dict[int, int] | None = None
         self._entries_used = 0
-        self._fd, self._file_size = container.fd, container.file_size
         # From here every use of a data record checks it ends before the table.
         container.set_data_area(footer.data_records)
         self._in_memory = image is not None
         if image is not None:
             mm, self._section_span = image[0], dict(image[1])
         else:
-            mm = container.mmap
             self._find_sections(container, footer)
+            mm = container.mapping
+            if not container.zero_copy:
+                # A source without a map (a remote one): the table is read into memory
+                # once, and its sections' spans are shifted to where they are in that copy.
+                low = self._section_span[SECTIONS[0][0]][0]
+                mm = container.pread(low, self._section_span[SECTIONS[-1][0]][1])
+                self._section_span = {name: (start - low, end - low)
+                                      for name, (start, end) in self._section_span.items()}
+                self._in_memory = True
         self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
         # Item access through memoryviews is several times faster than numpy scalars.
         view = memoryview(mm)
@@ -236,7 +239,7 @@ class PathTable:
                 if np.any(offsets[part + 1] - offsets[part] != sizes[low : low + _GATHER]):
                     self._fail("an entry's size differs from the length of its record")
                 if count > _CHUNK:
-                    release_pages(self._container.mmap, 0, self._container.data_start)
+                    self._container.release(0, self._container.data_start)
             if count > _CHUNK:
                 self.release_pages()
         if total_children != count - 1:
@@ -320,7 +323,7 @@ class PathTable:
             lengths = offsets[low + 1 : high + 1] - offsets[low:high]
             total += int(lengths[users[low:high] > 0].sum())
             if data_records > _CHUNK:
-                release_pages(self._container.mmap, 0, self._container.data_start)
+                self._container.release(0, self._container.data_start)
         return total
 
     def _validate_paths(self) -> None:
@@ -368,8 +371,8 @@ class PathTable:
         fault back in only what they touch."""
         if self._in_memory:
             return
-        release_pages(self._container.mmap, *self._table_span)
-        release_pages(self._container.mmap, 0, self._container.data_start)
+        self._container.release(*self._table_span)
+        self._container.release(0, self._container.data_start)
 
     # -- access ----------------------------------------------------------------------
 
@@ -678,6 +681,16 @@ class PathTable:
             for child in part:
                 self.name(child), self.file_type(child)  # raises, naming the entry
         return names, modes
+
+    def items(self, name: str) -> memoryview:
+        """Section ``name`` as a memoryview of its items: unchecked access for hot paths,
+        which check every value before they index with it."""
+        return getattr(self, "_" + name)
+
+    def lookup_unchecked(self, key: bytes) -> int:
+        """:meth:`lookup` without the checks that the archive is unchanged, for a hot
+        path that makes them once after everything it reads (Archive.read_path)."""
+        return self._lookup(key)
 
     def column(self, name: str) -> np.ndarray:
         """Section ``name`` as a numpy array (numpy is imported on first use)."""

@@ -28,9 +28,9 @@ import time
 import zipfile
 from typing import BinaryIO, Iterator, cast
 
-from .errors import PackError
-from .format import MAX_SYMLINK_TARGET
-from .writer import Entry, PackProgress, PackStats, PathLike, pack_entries
+from ..errors import PackError
+from ..format import MAX_SYMLINK_TARGET, symlink_length_problem, symlink_target_problem
+from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["archive_kind", "pack_archive"]
 
@@ -79,24 +79,16 @@ def _safe_name(name: str, source: str) -> str | None:
     return normal
 
 
-def _storable_target(target: str | bytes, name: str, source: str) -> bool:
+def _storable_target(target: str | bytes, name: str, source: str, length: int | None = None) -> bool:
     """Whether a symlink member's target is one an archive can hold (format section 5:
     non-empty, no NUL byte, at most 4,095 bytes); if not, the member is skipped with a
     warning, as other members packfs cannot store are: one bad member of a tar or zip
     should not cost the whole pack."""
-    raw = os.fsencode(target)
-    if len(raw) > MAX_SYMLINK_TARGET:
-        _warn_long_target(name, source, len(raw))
-        return False
-    if not raw or b"\0" in raw:
-        log.warning("%s: skipped %r: a symlink with an empty target or one with a NUL byte", source, name)
-        return False
-    return True
-
-
-def _warn_long_target(name: str, source: str, length: int) -> None:
-    log.warning("%s: skipped %r: a symlink whose target is %d bytes, longer than the %d a "
-                "symlink can hold", source, name, length, MAX_SYMLINK_TARGET)
+    problem = (symlink_length_problem(length) if length is not None
+               else symlink_target_problem(os.fsencode(target)))
+    if problem:
+        log.warning("%s: skipped %r: a symlink with %s", source, name, problem)
+    return not problem
 
 
 def _depth_first_key(name: str) -> bytes:
@@ -189,7 +181,7 @@ def _zip_entries(archive: zipfile.ZipFile, source: str) -> Iterator[Entry]:
         elif kind == stat_module.S_IFLNK:
             # The declared size first, so a huge "target" is not decompressed to be refused.
             if info.file_size > MAX_SYMLINK_TARGET:
-                _warn_long_target(info.filename, source, info.file_size)
+                _storable_target(b"", info.filename, source, length=info.file_size)  # warns
                 continue
             target = archive.read(info)
             if _storable_target(target, info.filename, source):

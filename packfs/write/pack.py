@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Sequence, Union
 
+from ..core.paths import PathArg, archive_key
+from ..errors import PackError
+from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, pack_footer, record_count_for,
+                      symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
-from .errors import PackError
-from .format import MAX_SYMLINK_TARGET, NO_RECORD, SECTION_ALIGNMENT, pack_footer, record_count_for
-from .pathtable import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 
 __all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
 
@@ -25,7 +26,7 @@ log = logging.getLogger("packfs")
 
 _CHUNK = 1 << 20
 
-PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+PathLike = PathArg
 Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], None]
 
 
@@ -91,25 +92,6 @@ _DEFAULT_MODE = {"file": 0o644, "dir": 0o755, "symlink": 0o777, "hardlink": 0o64
 _TYPE_BITS = {"file": S_IFREG, "dir": S_IFDIR, "symlink": S_IFLNK, "hardlink": S_IFREG}
 
 
-def archive_key(path: PathLike) -> bytes:
-    """The table form of a path: bytes, no leading, trailing or doubled slashes.
-
-    Raises PackError for components the format forbids ("." , "..", NUL).
-    """
-    raw = os.fsencode(path)
-    key = raw.strip(b"/")
-    if b"//" in key:
-        key = b"/".join(part for part in key.split(b"/") if part)
-    # Searched for in the whole path at once: a per-component loop costs O(depth) in
-    # Python for every entry of a deep tree.
-    wrapped = b"/" + key + b"/"
-    if b"/./" in wrapped or b"/../" in wrapped or b"\0" in key:
-        for part in key.split(b"/"):
-            if part in (b".", b"..") or b"\0" in part:
-                raise PackError(f"invalid path {os.fsdecode(raw)!r}: component {os.fsdecode(part)!r}")
-    return key
-
-
 class _ArchiveBuilder:
     """Streams data records into a ContainerWriter and collects the table rows."""
 
@@ -118,7 +100,7 @@ class _ArchiveBuilder:
         self.data_slots = data_slots
         self.progress = progress
         # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
-        from .tablebuild import TableRows
+        from ..core.tablebuild import TableRows
 
         self.rows = TableRows()
         self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
@@ -149,13 +131,11 @@ class _ArchiveBuilder:
             if entry.target is None:
                 raise PackError(f"symlink {label!r} has no target")
             target = os.fsencode(entry.target)
-            if not target or b"\0" in target:
-                raise PackError(f"symlink {label!r} has an empty target or one with a NUL byte")
-            if len(target) > MAX_SYMLINK_TARGET:
-                # Readers refuse it (format section 5): no kernel makes one, and
-                # following it would cost time in proportion to its length.
-                raise PackError(f"symlink {label!r} has a target of {len(target)} bytes, "
-                                f"expected at most {MAX_SYMLINK_TARGET}")
+            # Readers refuse what the format does not allow (a long target: no kernel
+            # makes one, and following it would cost time in proportion to its length).
+            problem = symlink_target_problem(target)
+            if problem:
+                raise PackError(f"symlink {label!r} has {problem}")
             self._new_record()
             self.writer.write(target)
             record, size = self.writer.end_record(), len(target)
@@ -223,7 +203,7 @@ class _ArchiveBuilder:
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
-        from .tablebuild import build_tables
+        from ..core.tablebuild import build_tables
 
         tables = build_tables(rows)
         for array in tables.values():

@@ -1,0 +1,18 @@
+"""The format core: an archive's bytes read from any byte source (:mod:`packfs.source`)
+as a container of records (:mod:`.container`) and a path table (:mod:`.pathtable`),
+behind one entry-level interface, :class:`Archive`, which every front end uses.
+
+Nothing here knows about FUSE, datasets or the command line.
+"""
+
+from __future__ import annotations
+
+from .archive import CHECKSUM_POLICIES, CLOSED, Archive, EntryStat
+from .container import Container
+from .files import PackedFile
+from .paths import PathArg, archive_key, lookup_key
+from .pathtable import PathTable
+from .verify import VerifyReport
+
+__all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED", "Container", "PackedFile", "PathTable", "VerifyReport",
+           "PathArg", "archive_key", "lookup_key"]

@@ -1,0 +1,647 @@
+"""Archive: the entry-level interface every front end reads through.
+
+An archive's entries are numbered as in its path table (format section 4): the root
+is entry 0, and an entry's number never changes, so it is the identity front ends
+keep (the FUSE daemons' inode is ``entry + 1``; every name of a hard-linked file
+reports its first name's, :meth:`Archive.inode`).  Paths are looked up once and then
+forgotten: listing, attributes and reads all take entry numbers.
+
+The checksum policy is decided here, once, for every front end (``checksums``):
+
+- ``"always"``: every read of a file checks its record's CRC (a read of part of a
+  file checks the whole record first, so front ends that read in parts open a file
+  with :meth:`Archive.open`, which checks it once per handle);
+- ``"once"``: a record is checked the first time it is read and remembered in a
+  bitmap of one bit per data record (what a mount wants: a large file read in 128 KiB
+  requests is checked once, not once per request);
+- ``"never"``: no CRC of contents is checked (the header and the table are not
+  checked at open either).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, Union
+
+if TYPE_CHECKING:
+    import numpy as np
+
+from ..errors import ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError, PathNotFoundError
+from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
+                      symlink_length_problem, symlink_target_problem, unpack_footer)
+from ..source import ByteSource
+from . import legacy
+from .container import MAP_COPY_BYTES, Container, explain_foreign
+from .files import PackedFile, read_entries
+from .paths import PathArg, lookup_key
+from .pathtable import PathTable
+from .verify import VerifyReport, verify_archive
+
+__all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED"]
+
+CHECKSUM_POLICIES = ("always", "once", "never")
+ROOT = 0
+
+_MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
+# One resolution expands at most this many bytes of symlink targets (40 targets of at
+# most 4,095 bytes: about 82,000 components), so a hostile archive cannot make one
+# lookup walk megabytes of "d/../d/..": the bound holds even if a target's own length
+# check were bypassed.
+_MAX_EXPANDED_BYTES = _MAX_SYMLINK_HOPS * MAX_SYMLINK_TARGET
+_KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
+
+
+class EntryStat(NamedTuple):
+    """An entry's attributes as stored (``mode`` with the file type bits), and its inode."""
+
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int
+    nlink: int
+    inode: int
+
+
+class ClosedStandIn:
+    """Stands in for a closed archive's table and container: every use raises
+    ClosedArchiveError (a ValueError, as a closed file raises), at no cost to the open
+    archive's hot paths."""
+
+    def __getattr__(self, name: str) -> object:
+        raise ClosedArchiveError("I/O operation on a closed archive")
+
+    def __getitem__(self, index: object) -> object:
+        # A call already past its first check when the archive was closed meets this
+        # in place of the header's or the table's item views.
+        raise ClosedArchiveError("I/O operation on a closed archive")
+
+    def close(self) -> None:
+        pass
+
+
+CLOSED = ClosedStandIn()
+
+
+class Archive:
+    """A packfs archive (or an FFRecord packed folder) opened for reading.
+
+    Opening reads the header, the footer and the sections' geometry, and does no
+    per-entry work, so it costs the same for any number of entries.  Each table value
+    is checked where it is used (a hostile or damaged table raises FormatError there);
+    :meth:`verify` checks everything.  Every call ends by checking that the archive
+    did not change in place under it (ArchiveChangedError).
+
+    Parameters
+    ----------
+    source
+        The archive: a path, or any :class:`packfs.source.ByteSource` (which the
+        archive then owns and closes).
+    checksums
+        ``"always"``, ``"once"`` or ``"never"``: when the CRCs of contents are checked
+        (see the module's documentation).  All but ``"never"`` check the header's and
+        the table's CRCs at open.
+
+    Raises
+    ------
+    FormatError
+        The file is not a packfs archive, or its header, footer or sections are
+        malformed.
+    ChecksumError
+        A CRC of the header or the path table does not match.
+    """
+
+    def __init__(self, source: Union[PathArg, ByteSource], checksums: str = "always") -> None:
+        if checksums not in CHECKSUM_POLICIES:
+            raise ValueError(f"checksums must be one of {CHECKSUM_POLICIES}, got {checksums!r}")
+        self.checksums = checksums
+        check_data = checksums != "never"
+        if isinstance(source, (str, bytes, os.PathLike)):
+            source = os.fsdecode(source)
+        self._container = container = Container(source, check_data=check_data)
+        self.path: str = container.path
+        self.legacy = False  # an FFRecord pack_folder archive (packfs.core.legacy)
+        try:
+            self._open_table(check_data)
+        except FormatError as error:
+            explained = explain_foreign(container.source, error)
+            container.close()
+            raise explained from None
+        except BaseException:
+            container.close()
+            raise
+        self._check_every_read = checksums == "always"
+        # One bit per data record, set once it was checked and found sound: bounded by
+        # the archive's size (an eighth of a byte per file).
+        self._checked = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
+        # The hot paths' direct item access (read_path, read_view): memoryviews of the
+        # header's and the table's columns, each value checked before it is used.
+        table = self._table
+        self._offset_items, self._crc_items = container.offset_items, container.crc_items
+        self._mode_items, self._record_items, self._size_items = (
+            table.items("mode"), table.items("record"), table.items("size"))
+
+    def _open_table(self, check_data: bool) -> None:
+        container = self._container
+        n = container.record_count
+        if n == 0:
+            raise FormatError(f"{self.path!r}: not a packfs archive (an empty FFRecord container)")
+        last_start = container.offset_items[n - 1]
+        if container.data_start <= last_start and container.file_size < last_start:
+            # Bytes are missing from the end: say so, and how many must be there.
+            raise FormatError(
+                f"{self.path!r}: truncated: {container.file_size} bytes, but its header puts "
+                f"the last record at offset {last_start}, so it must be at least "
+                f"{last_start + FOOTER_SIZE} bytes (with the {FOOTER_SIZE}-byte footer)"
+            )
+        footer_data = container.record_bytes(n - 1)
+        if legacy.is_legacy(footer_data):
+            if check_data:
+                container.check_crc(n - 1, footer_data, "FFRecord packed-folder metadata")
+            self.footer, self._table = legacy.legacy_table(container, footer_data, repr(self.path))
+            self.legacy = True
+            return
+        if len(footer_data) == FOOTER_SIZE and check_data:
+            container.check_crc(n - 1, footer_data, "footer")
+        footer = unpack_footer(footer_data, repr(self.path))
+        expected = record_count_for(footer.data_records, footer.section_count)
+        if n != expected:
+            raise FormatError(
+                f"{self.path!r}: {n} records, but the footer's {footer.data_records} data "
+                f"records and {footer.section_count} sections need {expected}"
+            )
+        self.footer = footer
+        self._table = PathTable(container, footer)
+        # Opening touched a few header and table pages; a fault may map a whole large
+        # folio around each, which stayed in RSS (about 1.5 MiB an open at 100,000
+        # entries, paid again by every DataLoader worker).  Lookups fault back in what
+        # they use.
+        self._table.release_pages()
+
+    # -- what the archive is -------------------------------------------------------------
+
+    @property
+    def entry_count(self) -> int:
+        """Entries in the path table: directories, files and symlinks, the root included."""
+        return self.footer.entry_count
+
+    @property
+    def data_records(self) -> int:
+        """Records that hold contents (files' and symlinks'); the table's follow them."""
+        return self.footer.data_records
+
+    @property
+    def record_count(self) -> int:
+        """Records in the container, the table's and the footer included."""
+        return self._container.record_count
+
+    @property
+    def size(self) -> int:
+        """The archive's size in bytes."""
+        return self._container.file_size
+
+    @property
+    def identity(self) -> object:
+        """Equal for two opens of the same bytes (locally: device, inode, size, mtime_ns)."""
+        return self._container.source.identity
+
+    @property
+    def version(self) -> str:
+        """The format version, or what a legacy (FFRecord pack_folder) archive is."""
+        if self.legacy:
+            return "FFRecord pack_folder (legacy; packfs convert makes it native)"
+        return f"{self.footer.version_major}.{self.footer.version_minor}"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the archive: later calls raise ValueError("I/O operation on a closed
+        archive"), as a closed file does.
+
+        Nothing is released by hand: a call running in another thread holds the table
+        and the container in its locals, and releasing their views under it gave
+        "released memoryview", or a pread from whatever file next reused the
+        descriptor's number.  So close() drops the archive's references; the objects
+        free themselves (views, map, and the descriptor through the source's finalizer)
+        when the last holder drops them, which for an idle archive is this call.  Files
+        from :meth:`open` and views from :meth:`read_view` keep working until closed.
+        """
+        self._table = self._container = CLOSED  # type: ignore[assignment]
+        # The item views too (they export the map, which would stay open while this
+        # object lives).
+        self._offset_items = self._crc_items = self._mode_items = CLOSED  # type: ignore[assignment]
+        self._record_items = self._size_items = CLOSED  # type: ignore[assignment]
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._container is CLOSED
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Archive({self.path!r}, checksums={self.checksums!r})"
+
+    def check_unchanged(self) -> None:
+        """ArchiveChangedError if the archive was overwritten or truncated in place since
+        it was opened (every call checks this after what it read; a front end that
+        answers from what it kept, a FUSE daemon, checks again before it answers)."""
+        self._container.check_unchanged()
+
+    # -- looking up ----------------------------------------------------------------------
+
+    def find(self, key: bytes) -> int:
+        """The entry whose stored path is exactly ``key`` (canonical: no leading, trailing
+        or doubled slash, no ``.`` or ``..``; symlinks are not followed), or -1.  What a
+        FUSE path daemon needs: the kernel resolves symlinks and ``..`` itself."""
+        return self._table.lookup(key)
+
+    def lookup(self, path: PathArg, follow: bool = True) -> int:
+        """The entry ``path`` names, following symlinks in its directories (and in its
+        last component when ``follow``), as a shell would.
+
+        Raises
+        ------
+        PathNotFoundError
+            Nothing is there, or a symlink loops or points outside the archive.
+        NotADirectoryPathError
+            A component before the last is not a directory.
+        """
+        key = lookup_key(path)
+        table = self._table
+        entry = table.lookup(key)
+        if entry >= 0 and (not follow or table.file_type(entry) != S_IFLNK):
+            return entry
+        return self._resolve(key, follow, path)
+
+    def _resolve(self, key: bytes, follow: bool, original: PathArg) -> int:
+        """Slow path: walk ``key`` a component at a time, expanding symlinks.  Each
+        step is a binary search in one directory, so depth costs nothing extra."""
+        table = self._table
+        pending = key.split(b"/") if key else []
+        pending.reverse()
+        current = ROOT
+        hops = expanded = 0
+        trail: list[int] = []  # the directories above ``current``, for ".."
+        shown = os.fsdecode(original)
+        while pending:
+            part = pending.pop()
+            if part in (b"", b"."):
+                continue
+            if part == b"..":
+                current = trail.pop() if trail else ROOT
+                continue
+            if table.file_type(current) != S_IFDIR:
+                raise NotADirectoryPathError(
+                    f"{shown!r}: {os.fsdecode(table.full_path(current))!r} is not a directory"
+                )
+            candidate = table.lookup_child(current, part)
+            if candidate < 0:
+                raise PathNotFoundError(f"{shown!r}: no such file or directory in {self.path!r}")
+            if table.file_type(candidate) == S_IFLNK and (pending or follow):
+                hops += 1
+                if hops > _MAX_SYMLINK_HOPS:
+                    raise PathNotFoundError(f"{shown!r}: too many levels of symbolic links")
+                target = self._link_target(candidate, repr(shown))
+                expanded += len(target)
+                if expanded > _MAX_EXPANDED_BYTES:
+                    raise PathNotFoundError(
+                        f"{shown!r}: too many levels of symbolic links (their targets "
+                        f"add up to more than {_MAX_EXPANDED_BYTES} bytes)"
+                    )
+                if target.startswith(b"/"):
+                    raise PathNotFoundError(f"{shown!r}: symlink to {os.fsdecode(target)!r} points outside the archive")
+                pending.extend(reversed(target.split(b"/")))
+                continue
+            trail.append(current)
+            current = candidate
+        return current
+
+    def lookup_kind(self, path: PathArg, kind: int) -> int:
+        """:meth:`lookup`, and NotAFileError or NotADirectoryPathError unless the entry
+        is of file type ``kind`` (S_IFREG or S_IFDIR)."""
+        entry = self.lookup(path)
+        actual = self._table.file_type(entry)
+        if actual != kind:
+            if kind == S_IFDIR:
+                raise NotADirectoryPathError(f"{os.fsdecode(path)!r} is not a directory but a {_KIND[actual]}")
+            raise NotAFileError(f"{os.fsdecode(path)!r} is not a file but a {_KIND[actual]}")
+        return entry
+
+    def lookup_child(self, directory: int, name: bytes) -> int:
+        """Entry of ``name`` in directory entry ``directory``, or -1: a binary search of
+        its children, which are sorted by name (format section 4)."""
+        return self._table.lookup_child(directory, name)
+
+    # -- attributes ----------------------------------------------------------------------
+
+    def file_type(self, entry: int) -> int:
+        """Entry ``entry``'s file type bits: S_IFDIR, S_IFREG or S_IFLNK."""
+        return self._table.file_type(entry)
+
+    def stat(self, entry: int) -> EntryStat:
+        """Entry ``entry``'s attributes as stored, and its inode number."""
+        table = self._table
+        return EntryStat(*table.attributes(entry), table.inode(entry))
+
+    def inode(self, entry: int) -> int:
+        """Entry + 1, except that every name of a hard-linked file reports its first
+        name's (format section 4, ``first_link``), as on any POSIX file system."""
+        return self._table.inode(entry)
+
+    def name(self, entry: int) -> bytes:
+        """Entry ``entry``'s name (the root's is empty)."""
+        return self._table.name(entry)
+
+    def path_of(self, entry: int) -> bytes:
+        """Entry ``entry``'s full path from the root, names joined by '/'."""
+        return self._table.full_path(entry)
+
+    def parent(self, entry: int) -> int:
+        """Entry ``entry``'s parent directory (the root's is the root)."""
+        return self._table.parent(entry)
+
+    def children(self, directory: int) -> range:
+        """Directory ``directory``'s children, as a range of entries (empty for a file)."""
+        return self._table.children(directory)
+
+    def listing(self, directory: int) -> tuple[range, list[bytes], list[int]]:
+        """A directory's children, their names and their modes, each read as one slice."""
+        return self._table.listing(directory)
+
+    def listing_with_inodes(self, directory: int) -> tuple[range, list[bytes], list[int], list[int]]:
+        """:meth:`listing` and the children's inode numbers (what readdir hands on)."""
+        return self._table.listing_with_inodes(directory)
+
+    def listing_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
+                                                     list[int], list[int]]:
+        """(names, modes, uids, gids, mtimes_ns, sizes, nlinks) of the entries in
+        ``part``, a slice of a range from :meth:`children`, each column read as one
+        slice: a long listing reads its directory a part at a time."""
+        return self._table.listing_columns(part)
+
+    def extent(self, entry: int) -> tuple[int, int]:
+        """(start, end): where file or symlink ``entry``'s contents lie in the archive
+        file, its table values checked (a tool that reads them itself, with O_DIRECT or
+        from another host, needs no more)."""
+        table, container = self._table, self._container
+        return container.checked(lambda: container.record_span(table.record(entry)))
+
+    def column(self, name: str) -> np.ndarray:
+        """Table section ``name`` (format section 4) as a numpy array over the map, for
+        summaries over every entry (numpy is imported on first use)."""
+        return self._table.column(name)
+
+    def release_pages(self) -> None:
+        """Drop the table's and the header's mapped pages from this process's RSS (they
+        stay in the page cache); later accesses fault back in what they touch."""
+        self._table.release_pages()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _file_span(self, entry: int) -> tuple[int, int, int]:
+        """(record, start, end) of regular file ``entry``, its table values checked."""
+        record = self._record_items[entry]
+        if record < self.footer.data_records:
+            container = self._container
+            # A data record is never the last record (the table and footer follow), so
+            # record + 1 is in range.
+            offsets = self._offset_items
+            start, end = offsets[record], offsets[record + 1]
+            if end - start == self._size_items[entry] and container.data_start <= start and end <= container.data_end:
+                return record, start, end
+        # What the fast path refused: this raises FormatError saying which rule broke.
+        record = self._table.record(entry)
+        return (record, *self._container.record_span(record))
+
+    def _path_span(self, path: PathArg) -> tuple[int, int, int]:
+        """(record, start, end) of file ``path``; the caller checks the archive is unchanged."""
+        entry = self._table.lookup_unchecked(lookup_key(path))
+        if entry < 0 or self._mode_items[entry] & S_IFMT != S_IFREG:
+            entry = self.lookup_kind(path, S_IFREG)
+        return self._file_span(entry)
+
+    def _needs_check(self, record: int) -> bool:
+        checked = self._checked
+        if checked is None:
+            return self._check_every_read
+        return not checked[record >> 3] & (1 << (record & 7))
+
+    def _checked_sound(self, record: int, data: bytes | memoryview | None, label: str) -> None:
+        """Check record ``record``'s CRC (over ``data`` if it is the whole record, else
+        read from the source), raising ChecksumError naming ``label``; remember a sound
+        record under the "once" policy."""
+        container = self._container
+        if data is None:
+            if not container.record_crc_ok(record):
+                raise container.checksum_error(record, label)
+        elif crc32(data) != self._crc_items[record]:
+            container.check_crc(record, data, label)  # raises, with details
+        if self._checked is not None:
+            self._checked[record >> 3] |= 1 << (record & 7)
+
+    def read_path(self, path: PathArg) -> bytes:
+        """The contents of the file at ``path`` (symlinks followed): :meth:`lookup` and
+        :meth:`read` in one call, the hottest path of all (``PackedFolder.read``).
+
+        Raises
+        ------
+        PathNotFoundError, NotAFileError
+            ``path`` is missing or is not a file.
+        ChecksumError
+            The contents fail their CRC (under the policy).
+        """
+        container = self._container
+        if not container.guarded:
+            container.check_size()  # the table is read through the map
+        # Guarded, a small file is copied out of the map (a truncation under the copy
+        # reads zeros and the check after it raises); unguarded, or large, it is read
+        # with pread (Container.read_record says why, with bench/overwrite.py's figures).
+        # The table and the header are read through memoryviews directly: method calls
+        # cost more than the lookup itself for small files.
+        try:
+            record, start, end = self._path_span(path)
+            if container.guarded and end - start < MAP_COPY_BYTES:
+                data = container.mapping[start:end]
+            else:
+                data = container.pread(start, end)
+            if self._needs_check(record):
+                self._checked_sound(record, data, repr(os.fsdecode(path)))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return data
+
+    def read(self, entry: int, offset: int = 0, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all with -1) of file ``entry`` from ``offset`` on, read
+        with pread (no page of contents joins this process's RSS), checked under the
+        policy: a read of part of a file whose record needs a check checks the whole
+        record first.
+
+        Raises
+        ------
+        NotAFileError
+            ``entry`` is not a regular file (or not an entry).
+        ChecksumError
+            The record fails its CRC.
+        """
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            record, start, end = self._file_span(self._regular_file(entry))
+            begin = start + min(max(offset, 0), end - start)
+            stop = end if size < 0 else min(end, begin + size)
+            if self._needs_check(record):
+                label = repr(os.fsdecode(self._table.full_path(entry)))
+                if begin == start and stop == end:
+                    # The whole file: one pread serves both the check and the reply.
+                    data = container.pread(start, end)
+                    self._checked_sound(record, data, label)
+                    container.check_unchanged()
+                    return data
+                self._checked_sound(record, None, label)
+            data = container.pread(begin, stop) if begin < stop else b""
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return data
+
+    def _regular_file(self, entry: int) -> int:
+        if not 0 <= entry < self.footer.entry_count or self._table.file_type(entry) != S_IFREG:
+            raise NotAFileError(f"{self.path!r}: entry {entry} is not a file")
+        return entry
+
+    def check(self, entry: int) -> None:
+        """Check file ``entry``'s CRC as a read of all of it would under the policy (so
+        "once" remembers it); ChecksumError if it fails."""
+        container = self._container
+        try:
+            record = self._file_span(self._regular_file(entry))[0]
+            if self._needs_check(record):
+                self._checked_sound(record, None, repr(os.fsdecode(self._table.full_path(entry))))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+
+    def read_view(self, path: PathArg) -> memoryview:
+        """A zero-copy, read-only view of the file at ``path`` in the map, checked under
+        the policy.  The one read not protected from the archive being overwritten in
+        place while the view is held (``PackedFolder.read_view`` says what happens)."""
+        container = self._container
+        if not container.zero_copy:
+            return memoryview(self.read_path(path))
+        if not container.guarded:
+            container.check_size()
+        try:
+            record, start, end = self._path_span(path)
+            view = container.view[start:end]
+            if self._needs_check(record):
+                self._checked_sound(record, view, repr(os.fsdecode(path)))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return view
+
+    def open(self, entry: int, name: str = "") -> PackedFile:
+        """A seekable, read-only binary file over file ``entry``: its CRC is checked
+        here under the policy ("always" checks it once per file object, not on every
+        read); each read checks that the archive was not changed in place."""
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            record, start, end = self._file_span(self._regular_file(entry))
+            if self._needs_check(record):
+                self._checked_sound(record, None, repr(name or os.fsdecode(self._table.full_path(entry))))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return PackedFile(container, start, end, name)
+
+    def read_batch(self, entries: Sequence[int] | np.ndarray) -> Iterator[tuple[int, bytes]]:
+        """(position in ``entries``, contents) of each file in ``entries``, in archive
+        order: each file checked under the policy as it is yielded, so a caller that
+        transforms each one holds one file's bytes at a time.  The table values of the
+        whole batch are checked before anything is read; a run of adjacent small files
+        is read with one pread."""
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            yield from read_entries(self, self._table, container, entries)
+        except PackfsError:
+            container.changed_instead()
+            raise
+
+    def read_chunks(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """File ``entry``'s contents in chunks of ``chunk_size`` bytes, read with pread;
+        the CRC (computed as they go, whatever the policy) is compared after the last
+        chunk, and a mismatch raises ChecksumError then: a caller writing the chunks out
+        publishes them only once the iterator is exhausted (packfs unpack does)."""
+        container = self._container
+        record, begin, end = container.checked(self._file_span, self._regular_file(entry))
+        value, position = 0, begin
+        while position < end:
+            chunk = container.pread(position, min(end, position + chunk_size))
+            container.check_unchanged()
+            value = crc32(chunk, value)
+            position += len(chunk)
+            yield chunk
+        if value != container.stored_crc(record):
+            raise container.checksum_error(record, repr(os.fsdecode(self._table.full_path(entry))))
+
+    def readlink(self, entry: int, check: bool | None = None) -> bytes:
+        """Symlink ``entry``'s target as stored; CRC-checked under the policy (or
+        whatever ``check`` says), and checked to be one a symlink can hold (format
+        section 5).  NotAFileError if ``entry`` is not a symlink."""
+        if self._table.file_type(entry) != S_IFLNK:
+            raise NotAFileError(f"{self.path!r}: entry {entry} is not a symlink")
+        return self._link_target(entry, repr(os.fsdecode(self._table.full_path(entry))), check)
+
+    def _link_target(self, entry: int, label: str, check: bool | None = None) -> bytes:
+        table, container = self._table, self._container
+        record = table.record(entry)
+        # Refused before any byte is copied or checked: a long target costs its length
+        # to read and, as path components, to walk.
+        problem = symlink_length_problem(table.size(entry))
+        if problem is None:
+            target = container.checked(container.record_bytes, record)
+            if self._needs_check(record) if check is None else check:
+                self._checked_sound(record, target, label)
+            problem = symlink_target_problem(target)
+        if problem:
+            raise FormatError(f"{self.path!r}: {label}: symlink with {problem}")
+        return target
+
+    # -- checking everything -------------------------------------------------------------
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> VerifyReport:
+        """Check every CRC in the archive (header, tables, every record), every rule of
+        the path table and each path's stored hash, whatever the policy.
+
+        ``progress`` is called with byte counts as records are checked.
+        """
+        return verify_archive(self._container, self._table, progress)
+
+    def check_records(self) -> int:
+        """Check that the records the entries name are what writing the whole archive out
+        may trust (format section 5: offsets non-decreasing, each record named by one
+        entry or by the names of one hard-linked file), and return the bytes an unpack
+        writes.  FormatError names the first entry that breaks a rule."""
+        container = self._container
+        container.check_offsets()
+        total = self._table.check_records()
+        if total > container.file_size:  # implied by the rules above; the invariant itself
+            raise FormatError(f"{self.path!r}: its records add up to {total} bytes, more than the "
+                              f"archive's {container.file_size}")
+        return total

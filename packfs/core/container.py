@@ -1,0 +1,371 @@
+"""The FFRecord container, read from any byte source (:mod:`packfs.source`).
+
+The byte layout is documented in :mod:`packfs.format`, section 1.  The writer's side
+is :mod:`packfs.write.container`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import TYPE_CHECKING, Callable, TypeVar, Union
+
+if TYPE_CHECKING:
+    import numpy as np
+
+from ..errors import ChecksumError, ClosedArchiveError, FormatError, PackfsError
+from ..format import HEADER_PREFIX, SNIFF_BYTES, crc32, foreign_format, header_size
+from ..source import ByteSource, LocalFile
+
+__all__ = ["Container", "explain_foreign"]
+
+# Large enough to amortise per-call overhead, small enough that validation of a huge
+# header never holds more than this many pages in the process at once.
+_SCAN_CHUNK = 8 << 20
+_COPY_CHUNK = 1 << 20
+# Smaller records are copied out of the (guarded) map, larger ones read with pread.
+MAP_COPY_BYTES = 1 << 20
+
+ProgressCallback = Callable[[int], None]
+_T = TypeVar("_T")
+
+
+def explain_foreign(source: ByteSource, error: FormatError) -> FormatError:
+    """``error``, or, when the file is a format packfs recognises (a tar, a zip, gzip,
+    empty, ...), an error saying so: its bytes parsed as a header mean nothing."""
+    path = source.name
+    try:
+        kind = foreign_format(source.read(0, min(SNIFF_BYTES, source.size)))
+    except (OSError, PackfsError):
+        return error
+    if kind is None:
+        return error
+    if kind == "empty":
+        return FormatError(f"{path!r} is empty (0 bytes), not a packfs archive")
+    hint = ""
+    if kind.startswith(("a tar", "a zip", "gzip", "bzip2", "xz")):
+        hint = f"; to make one from it: packfs pack {shlex.quote(path)} OUT.ffr"
+    return FormatError(f"{path!r} is {kind}, not a packfs archive{hint}")
+
+
+class Container:
+    """An FFRecord container read from a byte source.
+
+    Opening checks the header in O(1) (and its CRC when checking data); each record's
+    offsets are checked when the record is used, so opening costs the same for any
+    number of records.  ``check_offsets`` checks them all (``verify`` does).
+
+    Parameters
+    ----------
+    source
+        The container: a path (opened as a :class:`packfs.source.LocalFile`) or any
+        :class:`packfs.source.ByteSource`, which the container then owns.
+    check_data
+        Check the header CRC at open (record CRCs are checked by the callers).
+    allow_legacy_header
+        Accept a header checksum of 0 (FFRecord's legacy files).
+
+    Raises
+    ------
+    FormatError
+        The file is not a well-formed container.
+    ChecksumError
+        The header CRC does not match.
+
+    Attributes
+    ----------
+    crc_items, offset_items
+        The header's CRC and offset columns as memoryviews: unchecked item access for
+        hot read paths, which check each value before they use it.
+    mapping
+        The source's zero-copy buffer (slices are bytes), or None.
+    """
+
+    def __init__(self, source: Union[str, "os.PathLike[str]", ByteSource], check_data: bool = True,
+                 allow_legacy_header: bool = False) -> None:
+        self.source: ByteSource = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
+        self.path = self.source.name
+        self.file_size = self.source.size
+        self.guarded = self.source.guarded
+        self.check_data = check_data
+        self.allow_legacy_header = allow_legacy_header
+        try:
+            if self.file_size < HEADER_PREFIX.size:
+                raise FormatError(f"{self.path!r}: truncated: {self.file_size} bytes, a container header "
+                                  f"needs at least {HEADER_PREFIX.size}")
+            self._open_header()
+        except FormatError as error:
+            explained = explain_foreign(self.source, error)
+            self.close()
+            raise explained from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_header(self) -> None:
+        source = self.source
+        # Zero-copy where the source has a map; otherwise the header is read into
+        # memory once (a remote source), and records are read with source.read.
+        self.zero_copy = source.mapping is not None
+        prefix = source.mapping if self.zero_copy else source.read(0, HEADER_PREFIX.size)
+        checksum_meta, n = HEADER_PREFIX.unpack_from(prefix, 0)
+        if n < 0:
+            raise FormatError(f"{self.path!r}: not a packfs or FFRecord archive: its header "
+                              f"claims {n} records")
+        if header_size(n) > self.file_size:
+            raise FormatError(
+                f"{self.path!r}: truncated, or not an archive: {self.file_size} bytes, but its "
+                f"header claims {n} records, so it must be at least {header_size(n)} bytes"
+            )
+        self.record_count = n
+        self.data_start = header_size(n)
+        # Records below data_records are data and must end by data_end (format section
+        # 5); a plain container is all data.  set_data_area narrows both.
+        self.data_records = n
+        self.data_end = self.file_size
+        if self.check_data:
+            if checksum_meta == 0 and not self.allow_legacy_header:
+                raise FormatError(
+                    f"{self.path!r}: metadata checksum is 0 (an FFRecord legacy or aborted "
+                    f"file); expected a CRC-32 of the header (allow_legacy_header=True "
+                    f"reads it with only the per-record checks, as FFRecord does)"
+                )
+            actual = self.crc_of_span(4, self.data_start)
+            if checksum_meta and actual != checksum_meta:
+                raise ChecksumError(
+                    f"{self.path!r}: header checksum mismatch: stored {checksum_meta:#010x}, "
+                    f"computed {actual:#010x}"
+                )
+        self.mapping = source.mapping if self.zero_copy else source.read(0, self.data_start)
+        # memoryview item access is several times faster than numpy scalar indexing,
+        # and the hot read path does a handful of them per call.
+        self.view = memoryview(self.mapping)
+        self.crc_items = self.view[12 : 12 + 4 * n].cast("I")
+        self.offset_items = self.view[12 + 4 * n : self.data_start].cast("q")
+
+    @property
+    def crcs(self) -> np.ndarray:
+        """Every record's stored CRC, as a numpy view (numpy is imported on first use)."""
+        import numpy as np
+
+        return np.frombuffer(self.mapping, dtype="<u4", count=self.record_count, offset=12)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Every record's start offset, as a numpy view."""
+        import numpy as np
+
+        return np.frombuffer(self.mapping, dtype="<i8", count=self.record_count, offset=12 + 4 * self.record_count)
+
+    def check_offsets(self) -> None:
+        """Check every offset at once (format section 1), in bounded memory."""
+        import numpy as np
+
+        n = self.record_count
+        offsets = self.offsets
+        previous = self.data_start
+        step = _SCAN_CHUNK // 64  # 128 Ki offsets: 1 MiB of map, a few MiB of temporaries
+        for start in range(0, n, step):
+            chunk = offsets[start : start + step]
+            if chunk[0] < previous or np.any(chunk[1:] < chunk[:-1]):
+                bad = start + int(np.argmax(np.diff(chunk, prepend=previous) < 0))
+                low = previous if bad == start else int(offsets[bad - 1])
+                raise FormatError(
+                    f"{self.path!r}: record {bad} starts at offset {int(offsets[bad])}, "
+                    f"expected >= {low} (offsets must be non-decreasing from the header end)"
+                )
+            previous = int(chunk[-1])
+            if n > step:
+                self.source.release(12 + 4 * n + 8 * start, 12 + 4 * n + 8 * (start + step))
+        if n and previous > self.file_size:
+            raise FormatError(
+                f"{self.path!r}: record {n - 1} starts at offset {previous}, past the end "
+                f"of the file ({self.file_size} bytes)"
+            )
+
+    # -- records ---------------------------------------------------------------------
+
+    def set_data_area(self, data_records: int) -> None:
+        """Records below ``data_records`` (< record_count) are data: from now on each
+        use of one checks that it ends by ``data_end``, the start of record
+        ``data_records`` (format section 5), so no data record reads table bytes."""
+        start, _ = self.record_span(data_records)
+        self.data_records, self.data_end = data_records, start
+
+    def record_span(self, index: int) -> tuple[int, int]:
+        """(start, end) file offsets of record ``index`` (``index`` already range-checked).
+
+        Raises FormatError if the offset table puts the record outside the data area
+        (a data record: past ``data_end``) or ends it before it starts: each use checks
+        the offsets it reads, so opening need not check all of them.
+        """
+        offsets = self.offset_items
+        start = offsets[index]
+        end = offsets[index + 1] if index + 1 < self.record_count else self.file_size
+        limit = self.data_end if index < self.data_records else self.file_size
+        if not self.data_start <= start <= end <= limit:
+            what = "data records end where the path table begins, and " if limit != self.file_size else ""
+            raise FormatError(
+                f"{self.path!r}: record {index} spans [{start}, {end}), expected a range "
+                f"within [{self.data_start}, {limit}] ({what}offsets must be "
+                f"non-decreasing from the header end)"
+            )
+        return start, end
+
+    def record_length(self, index: int) -> int:
+        start, end = self.record_span(index)
+        return end - start
+
+    def stored_crc(self, index: int) -> int:
+        return self.crc_items[index]
+
+    def record_bytes(self, index: int) -> bytes:
+        """A copy of record ``index``, unchecked (read with pread: a truncated file is a
+        FormatError here, never a SIGBUS)."""
+        start, end = self.record_span(index)
+        return self.pread(start, end)
+
+    def record_view(self, index: int) -> memoryview:
+        """A zero-copy read-only view of record ``index``, unchecked."""
+        start, end = self.record_span(index)
+        if not self.zero_copy:
+            return memoryview(self.source.read(start, end))
+        return self.view[start:end]
+
+    def check_crc(self, index: int, data: bytes | memoryview, label: str) -> None:
+        """Raise ChecksumError naming ``label`` if ``data`` is not record ``index``'s bytes."""
+        stored = self.crc_items[index]
+        actual = crc32(data)
+        if actual != stored:
+            raise ChecksumError(
+                f"{self.path!r}: {label}: checksum mismatch: stored {stored:#010x}, "
+                f"computed {actual:#010x}"
+            )
+
+    def checksum_error(self, index: int, label: str) -> ChecksumError:
+        """The error for record ``index`` failing its CRC, naming ``label``."""
+        return ChecksumError(f"{self.path!r}: {label}: checksum mismatch")
+
+    def record_crc_ok(self, index: int, progress: ProgressCallback | None = None) -> bool:
+        """Check record ``index`` (any size) through :meth:`crc_of_span`."""
+        start, end = self.record_span(index)
+        return self.crc_of_span(start, end, progress) == self.crc_items[index]
+
+    def crc_of_span(self, start: int, end: int, progress: ProgressCallback | None = None) -> int:
+        """CRC-32 of bytes [start, end), read from the source into one reused buffer.
+
+        Not through the map: mapped pages count in this process's RSS until released,
+        so checking a large table at open added its size to every process that opened
+        the archive (8.9 MiB at 100,000 entries; DataLoader workers each paid it)."""
+        buffer = memoryview(bytearray(min(_COPY_CHUNK, max(end - start, 0))))
+        value, position = 0, start
+        while position < end:
+            part = buffer[: min(len(buffer), end - position)]
+            self.source.readinto(part, position)
+            value = crc32(part, value)
+            position += len(part)
+            if progress is not None:
+                progress(len(part))
+        return value
+
+    def checked_record_bytes(self, index: int, label: str) -> bytes:
+        data = self.record_bytes(index)
+        self.check_crc(index, data, label)
+        return data
+
+    def read_record(self, index: int, check: bool, label: str) -> bytes:
+        """Record ``index``'s bytes, CRC-checked if ``check`` (ChecksumError naming
+        ``label``), with the checks that the source is unchanged around the read.
+
+        Small records are copied from the map when the SIGBUS guard covers it (a
+        truncation under the copy reads zeros, and the check after it raises); larger
+        ones, and any record of an unguarded map, are read with pread: a short read or
+        other bytes, never a SIGBUS, and no page of a large record stays in RSS.
+        bench/overwrite.py: the copy and the guard's check cost 4 KiB reads about what
+        an lseek does; pread costs 0.5 us more (and is faster from 1 MiB up)."""
+        source = self.source
+        if not self.guarded:
+            source.check_before_map()  # the offsets are read through the map
+        try:
+            start, end = self.record_span(index)
+            if self.guarded and end - start < MAP_COPY_BYTES:
+                data = self.mapping[start:end]
+            else:
+                data = source.read(start, end)
+            if check and crc32(data) != self.crc_items[index]:
+                self.check_crc(index, data, label)  # raises, with details
+        except PackfsError:
+            self.changed_instead()
+            raise
+        source.check_unchanged()
+        return data
+
+    # -- the archive changing under its readers ---------------------------------------
+    #
+    # The source (packfs.source.local explains the local file's case) makes each read
+    # safe; these are the calls the format code makes around an operation.
+
+    def check_size(self) -> None:
+        """Before a use of the map: ArchiveChangedError if reading it could fault."""
+        self.source.check_before_map()
+
+    def check_unchanged(self) -> None:
+        """After an operation: ArchiveChangedError if the archive changed since it was
+        opened, so nothing read from a changed archive is returned."""
+        self.source.check_unchanged()
+
+    def checked(self, read: Callable[..., _T], *args: object) -> _T:
+        """``read(*args)``, an operation that reads the map, with what every such use
+        needs: the size check first where no guard catches a fault, and afterwards
+        :meth:`check_unchanged`; a PackfsError it raised becomes ArchiveChangedError
+        when the archive changed meanwhile (the failure is its consequence).  The
+        hottest read paths (Archive.read_path and its kin) inline the same steps."""
+        if not self.guarded:
+            self.source.check_before_map()
+        try:
+            result = read(*args)
+        except PackfsError:
+            self.changed_instead()
+            raise
+        self.source.check_unchanged()
+        return result
+
+    def changed_instead(self) -> None:
+        """Called where an operation failed (with any PackfsError): if the archive
+        changed meanwhile, raise that instead, since the failure is its consequence."""
+        if not self.closed:
+            self.source.check_unchanged()
+
+    def pread(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) from the source (pread for a local file: no page joins
+        this process's RSS)."""
+        return self.source.read(start, end)
+
+    def release(self, start: int, end: int) -> None:
+        """Drop mapped pages of [start, end) from this process (a memory hint)."""
+        if self.zero_copy:
+            self.source.release(start, end)
+
+    def close(self) -> None:
+        """Release the header's views and close the source."""
+        for name in ("crc_items", "offset_items", "view"):
+            view = self.__dict__.pop(name, None)
+            if view is not None:
+                view.release()
+        self.__dict__.pop("mapping", None)
+        source = self.__dict__.get("source")
+        if source is not None:
+            source.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return "view" not in self.__dict__
+
+    def __getattr__(self, name: str) -> object:
+        # Only for attributes that are missing: after close(), the views.  A closed
+        # container is then a ClosedArchiveError, as a closed PackedFolder is, not an
+        # AttributeError.
+        if name != "view" and "view" not in self.__dict__ and "path" in self.__dict__:
+            raise ClosedArchiveError(f"{self.path!r}: I/O operation on a closed archive")
+        raise AttributeError(name)

@@ -1,0 +1,83 @@
+"""Checking a whole archive at once: every CRC, every offset, every rule of the path
+table (what ``packfs verify`` reports)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import FormatError
+from ..format import S_IFDIR, S_IFLNK, S_IFMT, symlink_length_problem, symlink_target_problem
+from .container import Container
+from .pathtable import PathTable
+
+__all__ = ["VerifyReport", "verify_archive"]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`packfs.core.Archive.verify` found."""
+
+    records_checked: int
+    bytes_checked: int
+    bad_paths: tuple[str, ...]  # entries whose contents fail their CRC
+    bad_records: tuple[int, ...]  # every record that fails, table records included
+    problems: tuple[str, ...]  # table-level findings beyond CRCs
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing was found."""
+        return not (self.bad_records or self.problems)
+
+
+def verify_archive(
+    container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None
+) -> VerifyReport:
+    """Check everything at once: the header CRC, every offset, every record's CRC and,
+    with ``table``, every rule of the path table (each path's stored hash included)."""
+    bad_records = []
+    checked_bytes = 0
+    header_crc = container.mapping[:4]
+    problems = []
+    if container.crc_of_span(4, container.data_start) != int.from_bytes(header_crc, "little"):
+        problems.append("header checksum mismatch")
+    try:
+        container.check_offsets()
+    except FormatError as error:  # without sound offsets no record can be found
+        problems.append(str(error))
+        return VerifyReport(0, 0, (), (), tuple(problems))
+    for record in range(container.record_count):
+        start, end = container.record_span(record)
+        if not container.record_crc_ok(record, progress):
+            bad_records.append(record)
+        checked_bytes += end - start
+    bad_paths: list[str] = []
+    if table is not None:
+        sections_bad = [r for r in bad_records if r >= table.data_records]
+        if sections_bad:
+            problems.append(f"path table records {sections_bad} fail their checksums")
+        try:
+            table.validate()
+        except FormatError as error:
+            problems.append(str(error))
+        else:  # the paths below can only be built from a sound table
+            bad = set(bad_records)
+            file_type = table.column("mode") & S_IFMT
+            records = table.column("record")
+            for entry in (file_type != S_IFDIR).nonzero()[0]:
+                if int(records[entry]) in bad:
+                    bad_paths.append(os.fsdecode(table.full_path(int(entry))))
+            for entry in (file_type == S_IFLNK).nonzero()[0].tolist():
+                length = container.record_length(int(records[entry]))
+                problem = symlink_length_problem(length) or symlink_target_problem(
+                    container.record_bytes(int(records[entry])))
+                if problem:
+                    problems.append(f"symlink {os.fsdecode(table.full_path(entry))!r} has {problem}")
+    return VerifyReport(
+        records_checked=container.record_count,
+        bytes_checked=checked_bytes,
+        bad_paths=tuple(bad_paths),
+        bad_records=tuple(bad_records),
+        problems=tuple(problems),
+    )

@@ -1,0 +1,63 @@
+"""Where an archive's bytes come from.
+
+The format code (:mod:`packfs.core`) never opens a file, calls ``lseek`` or asks
+whether a file changed: it asks its byte source.  A source is anything with the
+interface of :class:`ByteSource`; :class:`LocalFile` (a descriptor and a memory map)
+is the one packfs has today.  The next ones fit the same interface:
+
+- a remote source (HTTP or S3 range requests): ``read`` is one ranged GET,
+  ``identity`` is (URL, ETag, size), ``check_unchanged`` compares the ETag each
+  response carries, and ``mapping`` is None;
+- a block cache wrapping any source: ``read`` is served from fixed-size blocks kept
+  in a bounded cache, and every other member is the wrapped source's.
+
+The core reads the header and the path table through ``mapping`` where a source has
+one (zero-copy), and otherwise through ``read``.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Protocol, Union
+
+from .local import GUARDED, LocalFile, release_pages
+
+__all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages"]
+
+
+class ByteSource(Protocol):
+    """The bytes of one archive, fixed at open.
+
+    Every read returns exactly the bytes asked for, or raises: ArchiveChangedError
+    when the source no longer has them as they were at open (a shorter file, another
+    ETag), ArchiveIOError when it cannot be read, ClosedArchiveError after
+    :meth:`close`.
+    """
+
+    name: str  # the path or URL, for messages
+    size: int  # bytes, at open
+    identity: Hashable  # equal for two opens of the same bytes
+    owner: tuple[int, int, int]  # (uid, gid, mtime_ns) for entries without their own
+    mapping: Union[bytes, memoryview, object, None]  # a zero-copy buffer of every byte, or None
+    guarded: bool  # reading ``mapping`` cannot kill the process (see packfs.source.local)
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes [start, end)."""
+
+    def readinto(self, buffer: memoryview, start: int) -> None:
+        """Fill ``buffer`` with the bytes from ``start`` on."""
+
+    def release(self, start: int, end: int) -> None:
+        """A hint: bytes [start, end) of ``mapping`` are not needed in memory now."""
+
+    def check_before_map(self) -> None:
+        """Raise ArchiveChangedError if reading ``mapping`` now could fault."""
+
+    def check_unchanged(self) -> None:
+        """Raise ArchiveChangedError if the bytes are no longer those of the open."""
+
+    def close(self) -> None:
+        """Release the source; later reads raise ClosedArchiveError."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""

@@ -1,0 +1,243 @@
+"""Writing a container: records appended to a temporary file next to the output,
+the header written last, and the file published under its name in one rename.
+
+The byte layout is documented in :mod:`packfs.format`, section 1.  The reader's side
+is :mod:`packfs.core.container`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from array import array
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import PackError
+from ..format import HEADER_PREFIX, crc32, header_size
+
+__all__ = ["ContainerWriter", "TEMP_MARKER", "remove_unfinished"]
+
+# Temporary files are named ".<out>.packfs-tmp-<pid>-<random>" so that a killed packer's
+# leftovers are recognisable.
+TEMP_MARKER = ".packfs-tmp-"
+_COPY_CHUNK = 1 << 20
+
+
+# Temporary files of this process's writers that are neither published nor removed yet.
+_UNFINISHED: set[Path] = set()
+
+
+def remove_unfinished() -> None:
+    """Remove every temporary file this process's writers have not finished: for a
+    signal handler's last step, whichever point of a write the signal interrupted."""
+    for path in list(_UNFINISHED):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        _UNFINISHED.discard(path)
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Delete temporary files that a killed writer of ``out`` left behind (their pid is
+    in the name, and that process is gone); live writers' files are left alone."""
+    prefix = f".{out.name}{TEMP_MARKER}"
+    try:
+        names = os.listdir(out.parent)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].partition("-")[0]
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+            try:
+                os.unlink(out.parent / name)
+            except OSError:
+                pass
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs.  A killed process that has not been reaped
+    (a zombie) or is being torn down no longer writes: it counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            state = stat_file.read().rpartition(b")")[2].split()[:1]
+        return state not in ([b"Z"], [b"X"], [b"x"])
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # alive, someone else's
+        return True
+
+
+class ContainerWriter:
+    """Writes a container with a known record count to a temporary file next to ``out``.
+
+    Records are appended in order; :meth:`commit` writes the header, fsyncs and
+    publishes the file under its final name in one rename.  Until then ``out`` is
+    untouched; :meth:`abort` (or leaving a ``with`` block with an exception) removes
+    the temporary file.
+
+    Parameters
+    ----------
+    out
+        Final path of the container.
+    record_count
+        Exactly how many records will be written.
+    force
+        Replace ``out`` if it exists; otherwise an existing ``out`` is an error.
+
+    Raises
+    ------
+    PackError
+        ``out`` exists (without ``force``) or cannot be created.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], record_count: int, force: bool = False) -> None:
+        if record_count < 0:
+            raise ValueError(f"record_count must be >= 0, got {record_count!r}")
+        if sys.byteorder != "little":
+            # array.tobytes() below writes native order and the format is little-endian.
+            raise PackError("packfs can only write archives on a little-endian machine")
+        self.out = Path(out)
+        self.force = force
+        self.record_count = record_count
+        if not force and os.path.lexists(self.out):
+            raise PackError(f"{str(self.out)!r} already exists; use --force to replace it")
+        if self.out.is_dir():
+            raise PackError(f"{str(self.out)!r} is a directory, expected an archive file path")
+        _remove_stale_temporaries(self.out)
+        self.temp_path = self.out.parent / (
+            f".{self.out.name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        try:
+            fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except OSError as error:
+            raise PackError(
+                f"cannot create {str(self.temp_path)!r} next to the output: {error.strerror}"
+            ) from None
+        # Registered at once: whatever interrupts from here on (a signal turned into an
+        # exception before the caller's `with` is entered, say), remove_unfinished()
+        # finds the file.
+        _UNFINISHED.add(self.temp_path)
+        self._file: BinaryIO = os.fdopen(fd, "wb", buffering=_COPY_CHUNK)
+        try:
+            self._crcs = array("I")
+            self._offsets = array("q")
+            self.position = header_size(record_count)
+            self._file.seek(self.position)
+        except BaseException:
+            self.abort()
+            raise
+        self._record_start = -1
+        self._record_crc = 0
+
+    def __enter__(self) -> ContainerWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    @property
+    def records_written(self) -> int:
+        return len(self._offsets)
+
+    def begin_record(self) -> None:
+        if len(self._offsets) >= self.record_count:
+            raise PackError(
+                f"{str(self.out)!r}: more records written than the {self.record_count} declared"
+            )
+        self._record_start = self.position
+        self._record_crc = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data`` to the record begun with :meth:`begin_record`."""
+        self._file.write(data)
+        self._record_crc = crc32(data, self._record_crc)
+        self.position += len(data)
+
+    def end_record(self) -> int:
+        """Finish the current record and return its index."""
+        self._offsets.append(self._record_start)
+        self._crcs.append(self._record_crc)
+        return len(self._offsets) - 1
+
+    def write_record(self, data: bytes | memoryview) -> int:
+        self.begin_record()
+        self.write(data)
+        return self.end_record()
+
+    def commit(self) -> None:
+        """Write the header, fsync, and rename the temporary file to ``out``."""
+        if len(self._offsets) != self.record_count:
+            raise PackError(
+                f"{str(self.out)!r}: {len(self._offsets)} records written, "
+                f"{self.record_count} declared"
+            )
+        header = HEADER_PREFIX.pack(0, self.record_count)[4:] + self._crcs.tobytes()
+        header += self._offsets.tobytes()
+        checksum_meta = crc32(header)
+        try:
+            self._file.seek(0)
+            self._file.write(checksum_meta.to_bytes(4, "little") + header)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._publish()
+            _UNFINISHED.discard(self.temp_path)
+        except OSError as error:
+            self.abort()
+            raise PackError(f"cannot write {str(self.out)!r}: {error.strerror}") from None
+
+    def _publish(self) -> None:
+        if self.force:
+            os.replace(self.temp_path, self.out)
+        else:
+            # link() fails if out appeared meanwhile, so nothing is ever clobbered.
+            try:
+                os.link(self.temp_path, self.out)
+            except FileExistsError:
+                self.abort()
+                raise PackError(
+                    f"{str(self.out)!r} already exists; use --force to replace it"
+                ) from None
+            except OSError:
+                # Some file systems have no hard links; fall back to a plain rename.
+                if os.path.lexists(self.out):
+                    self.abort()
+                    raise PackError(
+                        f"{str(self.out)!r} already exists; use --force to replace it"
+                    ) from None
+                os.replace(self.temp_path, self.out)
+            else:
+                os.unlink(self.temp_path)
+        directory = os.open(self.out.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        # Again at the end: a killed writer that was still exiting when this one began
+        # is gone now, and its leftover need not wait for the next pack.
+        _remove_stale_temporaries(self.out)
+
+    def abort(self) -> None:
+        """Close and remove the temporary file; ``out`` is left as it was."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.temp_path)
+        except FileNotFoundError:
+            pass
+        _UNFINISHED.discard(self.temp_path)
+
