@@ -27,6 +27,7 @@ ARCHIVE_PATH = click.Path()
 
 
 def human_size(n: float) -> str:
+    """A byte count as people read it (``1.5 MiB``)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -94,6 +94,7 @@ class Glob:
         return self._closure(following) if following else frozenset()
 
     def accepts(self, states: frozenset[int]) -> bool:
+        """Whether the match ``states`` reached include a final one (the whole pattern matched)."""
         return self._accept in states
 
     def __call__(self, path: str) -> bool:

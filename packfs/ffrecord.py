@@ -49,9 +49,11 @@ class FileWriter:
         self._writer = RecordWriter(fname, n)
 
     def write_one(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Append one record: FFRecord's ``write_one`` (any buffer; all its bytes are stored)."""
         self._writer.write_one(memoryview(data).cast("B") if isinstance(data, np.ndarray) else data)
 
     def close(self) -> None:
+        """Write the header and publish the file; fewer records than ``n`` is a PackError."""
         self._writer.close()
 
     def __enter__(self) -> FileWriter:
@@ -71,22 +73,25 @@ class FileReader:
         self.n = self._reader.n
 
     def read_one(self, index: int) -> np.ndarray:
+        """Record ``index`` as a uint8 numpy array, as FFRecord returns it."""
         return _array(self._reader.read_one(index))
 
     def read(self, indices: Sequence[int]) -> list[np.ndarray]:
+        """Records ``indices`` as uint8 numpy arrays."""
         return [_array(data) for data in self._reader.read(indices)]
 
     def get_offsets(self, file_index: int = 0) -> np.ndarray:
         """File ``file_index``'s record offsets, plus its size as a last offset (FFRecord
         keeps n + 1 offsets so that every record's length is a difference)."""
-        container = self._reader._containers[file_index]
+        container = self._reader.shards[file_index]
         return np.append(container.offsets, np.int64(container.file_size))
 
     def get_checksums(self, file_index: int = 0) -> np.ndarray:
         """File ``file_index``'s stored record CRCs."""
-        return self._reader._containers[file_index].crcs.copy()
+        return self._reader.shards[file_index].crcs.copy()
 
     def close(self) -> None:
+        """Close the record files."""
         self._reader.close()
 
     def __enter__(self) -> FileReader:
@@ -100,9 +105,11 @@ class PackedFolder(_PackedFolder):
     """``PackedFolder(fname, check_data=True)`` with FFRecord's return types."""
 
     def read_one(self, path: _PathArg) -> np.ndarray:  # type: ignore[override]
+        """File ``path``'s contents as a uint8 numpy array, as FFRecord returns them."""
         return _array(super().read_one(path))
 
     def read(self, paths: Sequence[_PathArg]) -> list[np.ndarray]:  # type: ignore[override]
+        """The contents of ``paths`` as uint8 numpy arrays."""
         return [self.read_one(path) for path in paths]
 
 

@@ -156,6 +156,7 @@ class RecordReader:
         return container.read_record(local, self.check_data, f"record {index}")
 
     def read(self, indices: Iterable[int]) -> list[bytes]:
+        """Records ``indices``, in the order given."""
         return [self.read_one(i) for i in indices]
 
     @overload

@@ -69,6 +69,7 @@ class PackedDataset(Dataset):
 
     @property
     def archive(self) -> str:
+        """The archive's path."""
         return self.files.archive
 
     def __len__(self) -> int:

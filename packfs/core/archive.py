@@ -77,6 +77,7 @@ class ClosedStandIn:
         raise ClosedArchiveError("I/O operation on a closed archive")
 
     def close(self) -> None:
+        """Closing a closed archive does nothing."""
         pass
 
 

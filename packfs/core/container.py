@@ -213,10 +213,12 @@ class Container:
         return start, end
 
     def record_length(self, index: int) -> int:
+        """The length of record ``index`` in bytes, its offsets checked."""
         start, end = self.record_span(index)
         return end - start
 
     def stored_crc(self, index: int) -> int:
+        """The CRC-32 the header stores for record ``index`` (``index`` already range-checked)."""
         return self.crc_items[index]
 
     def record_bytes(self, index: int) -> bytes:
@@ -269,6 +271,7 @@ class Container:
         return value
 
     def checked_record_bytes(self, index: int, label: str) -> bytes:
+        """A copy of record ``index``, CRC-checked (ChecksumError naming ``label``)."""
         data = self.record_bytes(index)
         self.check_crc(index, data, label)
         return data

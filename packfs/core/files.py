@@ -43,9 +43,11 @@ class PackedFile(io.RawIOBase):
         self.name = name
 
     def readable(self) -> bool:
+        """True: the file can be read."""
         return True
 
     def seekable(self) -> bool:
+        """True: the file can seek."""
         return True
 
     def _span(self, size: int | None) -> tuple[int, int]:
@@ -54,6 +56,7 @@ class PackedFile(io.RawIOBase):
         return start, end
 
     def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes from the position (all that is left with -1 or None)."""
         container = self._open_container()
         start, end = self._span(size)
         if end <= start:
@@ -64,9 +67,11 @@ class PackedFile(io.RawIOBase):
         return data
 
     def readall(self) -> bytes:
+        """Everything from the position to the end."""
         return self.read(-1)
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        """Read into ``buffer``; return how many bytes were read."""
         container = self._open_container()
         with memoryview(buffer) as raw, raw.cast("B") as target:
             start, end = self._span(len(target))
@@ -78,6 +83,7 @@ class PackedFile(io.RawIOBase):
         return end - start
 
     def readline(self, size: int | None = -1) -> bytes:
+        """Bytes up to and including the next newline (at most ``size``)."""
         container = self._open_container()
         start, limit = self._span(size)
         parts, position = [], start
@@ -95,6 +101,7 @@ class PackedFile(io.RawIOBase):
         return b"".join(parts)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` (from the start, the position or the end); return the position."""
         self._check_closed()
         if whence == io.SEEK_SET:
             position = offset
@@ -110,12 +117,14 @@ class PackedFile(io.RawIOBase):
         return position
 
     def tell(self) -> int:
+        """The position."""
         self._check_closed()
         return self._position
 
     def close(self) -> None:
         # A closed file must not keep the archive's descriptor open after its folder
         # is closed.
+        """Close the file (the archive stays open); later reads raise ValueError."""
         self._container = None
         super().close()
 

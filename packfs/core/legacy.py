@@ -31,6 +31,7 @@ DIR_MODE = 0o040555
 
 
 def is_legacy(last_record_head: bytes) -> bool:
+    """Whether a last record ``metadata`` is an FFRecord packed folder's (its magic bytes)."""
     return last_record_head[: len(MAGIC)] == MAGIC
 
 

@@ -56,6 +56,24 @@ class PathTable:
     them all at once (``verify`` does).
     """
 
+    # Each section's items, as a memoryview set in __init__ (format.SECTIONS): unchecked
+    # access; every accessor below checks a value before anything indexes with it.
+    _parent: memoryview
+    _mode: memoryview
+    _uid: memoryview
+    _gid: memoryview
+    _mtime_ns: memoryview
+    _size: memoryview
+    _record: memoryview
+    _child_start: memoryview
+    _child_count: memoryview
+    _name_end: memoryview
+    _nlink: memoryview
+    _first_link: memoryview
+    _names: memoryview
+    _path_hash: memoryview
+    _path_entry: memoryview
+
     def __init__(self, container: Container, footer: Footer,
                  image: tuple[bytes | bytearray, dict[str, tuple[int, int]]] | None = None) -> None:
         """``image``, for a table that is not in the archive (an FFRecord packed folder's,
@@ -144,6 +162,7 @@ class PathTable:
         return self._arrays
 
     def close(self) -> None:
+        """Release the item views and the caches; the container is its owner's to close."""
         self._directory_cache.clear()
         self._directory_cache_bytes = 0
         for item_view in self.__dict__.pop("_views", []):

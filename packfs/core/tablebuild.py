@@ -46,6 +46,7 @@ class TableRows:
                 column[row] = value
 
     def file_type(self, path: bytes) -> int:
+        """Row ``row``'s file type bits (S_IFDIR, S_IFREG or S_IFLNK)."""
         return self.mode[self.row_of[path]] & S_IFMT
 
 

@@ -256,6 +256,12 @@ class _LibraryWith:
         return getattr(self._library, name)
 
 
+def has_own_main(binding: ModuleType) -> bool:
+    """Whether mounts through ``binding`` run packfs's own fuse_main (libfuse 3.12 or
+    later, or libfuse2): what thread limits and telling a signal from a failure need."""
+    return bool(getattr(binding, "_packfs_main", False))
+
+
 def _install_main(binding: ModuleType) -> None:
     """Route the binding's fuse_main_real to packfs' own for the mounts mount() makes
     (which set current.run); any other caller still gets libfuse's."""

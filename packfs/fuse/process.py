@@ -25,7 +25,7 @@ from ..errors import (
 from ..core import Archive
 from ..folder import PackedFolder
 
-from .libfuse import LoopRun, current, load_binding
+from .libfuse import LoopRun, current, has_own_main, load_binding
 from .common import CACHE_SECONDS, DEFAULT_BINDING, NAME_CODEC, log
 from .pathdaemon import PackfsOperations, fuse_class
 
@@ -219,7 +219,7 @@ def mount(
     if allow_other or extra.get("allow_other"):
         check_allow_other()
     fuse = check_fuse(binding)
-    if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and fuse._packfs_main):
+    if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and has_own_main(fuse)):
         raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
                          f"the mfusepy binding; libfuse2 always uses up to 10 threads")
     path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))

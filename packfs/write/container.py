@@ -149,9 +149,11 @@ class ContainerWriter:
 
     @property
     def records_written(self) -> int:
+        """How many records were finished so far."""
         return len(self._offsets)
 
     def begin_record(self) -> None:
+        """Start a record; its bytes follow with :meth:`write`."""
         if len(self._offsets) >= self.record_count:
             raise PackError(
                 f"{str(self.out)!r}: more records written than the {self.record_count} declared"
@@ -172,6 +174,7 @@ class ContainerWriter:
         return len(self._offsets) - 1
 
     def write_record(self, data: bytes | memoryview) -> int:
+        """Append a whole record; return its index."""
         self.begin_record()
         self.write(data)
         return self.end_record()

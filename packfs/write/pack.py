@@ -37,9 +37,11 @@ class PackProgress(Protocol):
     (see :func:`pack_entries`); a total of 0 means unknown.
     """
 
-    def start(self, total_files: int, total_bytes: int) -> None: ...
+    def start(self, total_files: int, total_bytes: int) -> None:
+        """A pack (or its next phase) begins: ``total_files`` and ``total_bytes`` to come (0: unknown)."""
 
-    def advance(self, files: int, nbytes: int) -> None: ...
+    def advance(self, files: int, nbytes: int) -> None:
+        """``files`` more files and ``nbytes`` more bytes were written."""
 
 
 @dataclass(frozen=True)
