@@ -47,7 +47,14 @@ def imported_modules(path: Path) -> list[tuple[int, str, list[str]]]:
     own = module_name(path)
     package = own if path.name == "__init__.py" else own.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    # Imports for type annotations only (under "if TYPE_CHECKING:") never run.
+    typing_only = {id(inner) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
