@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .container import Container
 
 from ..errors import ChecksumError, FormatError
-from ..format import NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
+from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,9 +27,6 @@ _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 _ITEM_CODE = {"<u4": "I", "<i8": "q", "<u8": "Q", "u1": "B"}
 _ITEM_SIZE = {"<u4": 4, "<i8": 8, "<u8": 8, "u1": 1}
 _SLASH = ord("/")
-# Validation works on slices of this many entries so its temporaries stay small.
-_CHUNK = 1 << 16
-_GATHER = 1 << 11
 # Directory path -> entry, so a lookup checks one name instead of walking up the table.
 # Bounded in bytes of keys (each counted with a dict slot's overhead), so memory is
 # independent of the archive's size and of how long its paths are.
@@ -53,7 +50,7 @@ class PathTable:
     section 5 are checked where a value is used: every accessor below checks what it
     reads before anything indexes with it, so a hostile table ends in FormatError,
     never in IndexError, a loop or a path outside the tree.  ``validate`` checks
-    them all at once (``verify`` does).
+    them all at once (``verify`` does; :mod:`packfs.core.tablecheck`).
     """
 
     # Each section's items, as a memoryview set in __init__ (format.SECTIONS): unchecked
@@ -78,7 +75,7 @@ class PathTable:
                  image: tuple[bytes | bytearray, dict[str, tuple[int, int]]] | None = None) -> None:
         """``image``, for a table that is not in the archive (an FFRecord packed folder's,
         built at open): the sections laid out in memory, and each one's span there."""
-        self._container = container
+        self.container = container
         self.path = container.path
         self.entry_count = footer.entry_count
         self.data_records = footer.data_records
@@ -118,10 +115,10 @@ class PathTable:
         self._names_start, names_end = self._section_span["names"]
         self._names_size = names_end - self._names_start
         if self._mode[0] & S_IFMT != S_IFDIR or self._parent[0] != 0 or self._name_end[0] != 0:
-            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
+            self.fail("entry 0 must be the root directory with parent 0 and an empty name")
         last_end = self._name_end[self.entry_count - 1]
         if last_end != self._names_size:
-            self._fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
+            self.fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
 
     def _find_sections(self, container: Container, footer: Footer) -> None:
         for k, (name, dtype) in enumerate(SECTIONS):
@@ -171,217 +168,23 @@ class PathTable:
 
     # -- validation ------------------------------------------------------------------
 
-    def _fail(self, message: str) -> None:
+    def fail(self, message: str) -> None:
+        """Raise FormatError: the table breaks a rule, as ``message`` says."""
         raise FormatError(f"{self.path!r}: invalid path table: {message}")
 
     def validate(self) -> None:
         """Check every rule of format section 5 at once, chunk by chunk (O(N), bounded
-        memory); the first broken rule raises FormatError."""
-        import numpy as np
+        memory); the first broken rule raises FormatError (:mod:`packfs.core.tablecheck`)."""
+        from .tablecheck import validate
 
-        a = self.arrays
-        count = self.entry_count
-        names = a["names"]
-        mode, parent = a["mode"], a["parent"]
-        if mode[0] & S_IFMT != S_IFDIR or parent[0] != 0 or a["name_end"][0] != 0:
-            self._fail("entry 0 must be the root directory with parent 0 and an empty name")
-        if a["name_end"][-1] != len(names):
-            self._fail(
-                f"names end at {int(a['name_end'][-1])} but the names section has "
-                f"{len(names)} bytes"
-            )
-        offsets = self._container.offsets
-        data_records = self.data_records
-        total_children = 0
-        for start in range(0, count, _CHUNK):
-            end = min(count, start + _CHUNK)
-            index = np.arange(start, end, dtype=np.int64)
-            file_type = mode[start:end] & S_IFMT
-            if not np.isin(file_type, _VALID_TYPES).all():
-                bad = start + int(np.argmin(np.isin(file_type, _VALID_TYPES)))
-                self._fail(f"entry {bad} has file type {int(mode[bad]) & S_IFMT:#o}")
-            is_dir = file_type == S_IFDIR
-            child_start = a["child_start"][start:end].astype(np.int64)
-            child_count = a["child_count"][start:end].astype(np.int64)
-            total_children += int(child_count[is_dir].sum())
-            if np.any(child_start[~is_dir]) or np.any(child_count[~is_dir]):
-                self._fail("a file or symlink has children")
-            # Every non-root entry lies in its parent's child range; with the total
-            # below this makes the ranges an exact tiling, so the table is a tree.
-            his = parent[start:end].astype(np.int64)
-            body = index >= 1
-            if np.any(his[body] >= index[body]):
-                self._fail("an entry's parent does not come before it")
-            parent_type = mode[his] & S_IFMT
-            if np.any(parent_type[body] != S_IFDIR):
-                self._fail("an entry's parent is not a directory")
-            first = a["child_start"][his].astype(np.int64)
-            last = first + a["child_count"][his]
-            if np.any((index[body] < first[body]) | (index[body] >= last[body])):
-                self._fail("an entry lies outside its parent's child range")
-            # Names: non-empty, not "." or "..".
-            name_end = a["name_end"][max(start - 1, 0) : end].astype(np.int64)
-            name_start = name_end[:-1] if start else np.concatenate(([0], name_end[:-1]))
-            lengths = name_end[1:] - name_end[:-1] if start else np.diff(name_end, prepend=0)
-            if np.any(lengths < 0):
-                self._fail("name offsets go backwards")
-            if np.any(lengths[body] == 0):
-                self._fail("an entry other than the root has an empty name")
-            dots = (lengths == 1) | (lengths == 2)
-            if dots.any():
-                first_byte = names[name_start[dots]]
-                last_byte = names[name_start[dots] + lengths[dots] - 1]
-                if np.any((first_byte == ord(".")) & (last_byte == ord("."))):
-                    self._fail("a name is '.' or '..'")
-            # Records: files and symlinks name a data record of exactly their size.
-            record = a["record"][start:end]
-            # Hard links: a recorded first name is an earlier file with the same record.
-            first = a["first_link"][start:end].astype(np.int64)
-            linked = np.flatnonzero(first)
-            if len(linked):
-                if np.any(first[linked] > index[linked]) or np.any(mode[first[linked]] & S_IFMT != S_IFREG) \
-                        or np.any(a["record"][first[linked]] != record[linked]):
-                    self._fail("an entry's first link is not an earlier name of the same file")
-            if np.any(record[is_dir] != NO_RECORD):
-                self._fail("a directory names a data record")
-            has_data = ~is_dir
-            their = record[has_data]
-            if np.any(their >= data_records):
-                self._fail(f"an entry names a record outside the {data_records} data records")
-            their = their.astype(np.int64)
-            sizes = a["size"][start:end][has_data].astype(np.int64)
-            # Records need not follow entry order (pack_entries writes them as they
-            # come), so this gather can touch any page of the offset table: do it in
-            # small steps and drop those pages, or a large header would pile up in RSS.
-            for low in range(0, len(their), _GATHER):
-                part = their[low : low + _GATHER]
-                if np.any(offsets[part + 1] - offsets[part] != sizes[low : low + _GATHER]):
-                    self._fail("an entry's size differs from the length of its record")
-                if count > _CHUNK:
-                    self._container.release(0, self._container.data_start)
-            if count > _CHUNK:
-                self.release_pages()
-        if total_children != count - 1:
-            self._fail(f"directories list {total_children} children for {count - 1} entries")
-        for start in range(0, len(names), _CHUNK * 64):
-            chunk = names[start : start + _CHUNK * 64]
-            if np.any((chunk == _SLASH) | (chunk == 0)):
-                self._fail("a name contains '/' or a NUL byte")
-            if count > _CHUNK:
-                self.release_pages()
-        path_entry, path_hash = a["path_entry"], a["path_hash"]
-        for start in range(0, count, _CHUNK):
-            end = min(count, start + _CHUNK)
-            if np.any(path_entry[start:end] >= count):
-                self._fail("the path index names an entry that does not exist")
-            hashes = path_hash[max(start - 1, 0) : end]
-            if np.any(hashes[1:] < hashes[:-1]):
-                self._fail("the path index is not sorted")
-            if count > _CHUNK and start % (_CHUNK * 16) == 0:
-                self.release_pages()
-        if count > _CHUNK:
-            self.release_pages()
-        self.check_records()
-        self._validate_paths()
+        validate(self)
 
     def check_records(self) -> int:
-        """Check that the records the entries name are what writing them out may trust
-        (format section 5, "before writing out a whole archive"), and return the bytes
-        an unpack writes: the total length of the distinct records named.
+        """Check that the records the entries name are what writing them all out may
+        trust, and return the bytes that writes (:func:`packfs.core.tablecheck.check_records`)."""
+        from .tablecheck import check_records
 
-        A record is named by one entry, or by every name of one hard-linked file:
-        regular files whose ``nlink`` is the number of entries naming it and whose
-        ``first_link`` is the same (all 0 in a 1.0 table); a regular file's ``nlink``
-        is the number of entries naming its record.  With the container's offsets
-        non-decreasing (``Container.check_offsets``, which callers run first) distinct
-        records do not overlap, so the total is at most the data area.
-
-        Two passes over the columns in chunks and 8 bytes per data record (how many
-        entries name each record, and the first_link they give).  FormatError names
-        the first entry that breaks the rule."""
-        import numpy as np
-
-        a = self.arrays
-        count, data_records = self.entry_count, self.data_records
-        users = np.zeros(data_records, np.uint32)
-        link_of = np.zeros(data_records, np.uint32)
-        mode, record, nlink, first_link = a["mode"], a["record"], a["nlink"], a["first_link"]
-        for start in range(0, count, _CHUNK):
-            end = min(count, start + _CHUNK)
-            has_data = (mode[start:end] & S_IFMT) != S_IFDIR
-            theirs = record[start:end][has_data]
-            if np.any(theirs >= data_records):
-                bad = start + int(np.flatnonzero(has_data)[np.argmax(theirs >= data_records)])
-                self._fail(f"entry {bad} names record {int(record[bad])}, outside the {data_records} data records")
-            theirs = theirs.astype(np.int64)
-            named, times = np.unique(theirs, return_counts=True)
-            users[named] += times.astype(np.uint32)
-            link_of[theirs] = first_link[start:end][has_data]
-            if count > _CHUNK:
-                self.release_pages()
-        total = 0
-        for start in range(0, count, _CHUNK):
-            end = min(count, start + _CHUNK)
-            entries = start + np.flatnonzero((mode[start:end] & S_IFMT) != S_IFDIR)
-            theirs = record[entries].astype(np.int64)
-            sharing = users[theirs]
-            is_file = (mode[entries] & S_IFMT) == S_IFREG
-            wrong = ((sharing > 1) & ~is_file) | (is_file & (nlink[entries] != sharing)) \
-                | (first_link[entries] != link_of[theirs])
-            if wrong.any():
-                bad = int(entries[np.argmax(wrong)])
-                self._fail(
-                    f"record {int(record[bad])} is named by {int(users[record[bad]])} entries, entry {bad} "
-                    f"among them, that are not the names of one hard-linked file (a record is named by "
-                    f"one entry, or by regular files whose nlink counts them and whose first_link agrees)")
-            if count > _CHUNK:
-                self.release_pages()
-        offsets = self._container.offsets
-        for low in range(0, data_records, _CHUNK * 16):
-            high = min(data_records, low + _CHUNK * 16)
-            lengths = offsets[low + 1 : high + 1] - offsets[low:high]
-            total += int(lengths[users[low:high] > 0].sum())
-            if data_records > _CHUNK:
-                self._container.release(0, self._container.data_start)
-        return total
-
-    def _validate_paths(self) -> None:
-        """Sibling names strictly increasing (sorted, so no two alike) and every stored
-        path hash right, one directory at a time.  Runs after the structural rules,
-        which make the accessors it uses safe."""
-        import numpy as np
-
-        count = self.entry_count
-        slot_of = np.full(count, -1, np.int64)
-        slot_of[self.arrays["path_entry"]] = np.arange(count)
-        if np.any(slot_of < 0):
-            self._fail("the path index lists an entry twice and misses another")
-        hashes = self.arrays["path_hash"]
-        if hashes[slot_of[0]] != crc32(b""):
-            self._fail("the root's path hash is wrong")
-        directories = np.flatnonzero((self.arrays["mode"] & S_IFMT) == S_IFDIR).tolist()
-        # A path's CRC continues its directory's (crc32(b"/" + name, crc_of_directory)),
-        # so no full path is ever built: a tree 10,000 levels deep costs O(N), not
-        # O(depth**2).  Directories come after their parents, so each one's CRC is
-        # known when it is reached, and dropped after: the map holds only the frontier.
-        directory_crc = {0: crc32(b"")}
-        for directory in directories:
-            children, names, modes = self.listing(directory)
-            prefix_crc = directory_crc.pop(directory)
-            if not names:
-                continue
-            for left, right in zip(names, names[1:]):
-                if left >= right:
-                    self._fail(f"directory {self.full_path(directory)!r} lists {right!r} after {left!r}: "
-                               f"names must be unique and sorted")
-            stored = hashes[slot_of[children.start : children.stop]].tolist()
-            separator = b"/" if directory else b""
-            for child, name, mode, expected in zip(children, names, modes, stored):
-                path_crc = crc32(separator + name, prefix_crc)
-                if path_crc != expected:
-                    self._fail(f"{self.full_path(child)!r} has a wrong hash in the path index")
-                if mode & S_IFMT == S_IFDIR:
-                    directory_crc[child] = path_crc
+        return check_records(self)
 
     def release_pages(self) -> None:
         """Unmap the table's and the header's pages from this process (they stay in the
@@ -390,15 +193,15 @@ class PathTable:
         fault back in only what they touch."""
         if self._in_memory:
             return
-        self._container.release(*self._table_span)
-        self._container.release(0, self._container.data_start)
+        self.container.release(*self._table_span)
+        self.container.release(0, self.container.data_start)
 
     # -- access ----------------------------------------------------------------------
 
     def lookup(self, key: bytes) -> int:
         """Entry index of full path ``key`` (no leading or trailing slash), or -1;
         ArchiveChangedError if the archive changed in place (Container.check_unchanged)."""
-        return self._container.checked(self._lookup, key)
+        return self.container.checked(self._lookup, key)
 
     def _lookup(self, key: bytes) -> int:
         """:meth:`lookup` without the checks that the archive is unchanged (the caller's
@@ -429,7 +232,7 @@ class PathTable:
         while j < last and hashes[j] == digest:
             entry = entries[j]
             if entry >= count:
-                self._fail(f"path index slot {j} names entry {entry}, beyond the {count} entries")
+                self.fail(f"path index slot {j} names entry {entry}, beyond the {count} entries")
             if entry and (parents[entry] == parent or parent < 0):
                 start, end = name_end[entry - 1], name_end[entry]
                 if mm[base + start : base + end] == name:
@@ -489,7 +292,7 @@ class PathTable:
     def lookup_child(self, directory: int, name: bytes) -> int:
         """Entry index of ``name`` in directory entry ``directory``, or -1: a binary
         search of its children, which are sorted by name (format section 4)."""
-        return self._container.checked(self._lookup_child, directory, name)
+        return self.container.checked(self._lookup_child, directory, name)
 
     def _lookup_child(self, directory: int, name: bytes) -> int:
         start, count = self._child_start[directory], self._child_count[directory]
@@ -537,7 +340,7 @@ class PathTable:
                 self._derived_first_link = self._derive_first_links()
             first = self._derived_first_link.get(self._record[entry], entry)
         if first > entry or self._mode[first] & S_IFMT != S_IFREG or self._record[first] != self._record[entry]:
-            self._fail(f"entry {entry}'s first link {first} is not an earlier name of the same file")
+            self.fail(f"entry {entry}'s first link {first} is not an earlier name of the same file")
         return first
 
     def _derive_first_links(self) -> dict[int, int]:
@@ -557,10 +360,10 @@ class PathTable:
             return b""
         start, end = self._name_end[entry - 1], self._name_end[entry]
         if not start < end <= self._names_size:
-            self._fail(f"entry {entry} has an empty name or one outside the names section")
+            self.fail(f"entry {entry} has an empty name or one outside the names section")
         name = self._mm[self._names_start + start : self._names_start + end]
         if b"/" in name or b"\0" in name or name == b"." or name == b"..":
-            self._fail(f"entry {entry} has the name {name!r}: a name contains '/' or a NUL byte, or is '.' or '..'")
+            self.fail(f"entry {entry} has the name {name!r}: a name contains '/' or a NUL byte, or is '.' or '..'")
         return name
 
     def full_path(self, entry: int) -> bytes:
@@ -575,7 +378,7 @@ class PathTable:
         """Entry ``entry``'s file type bits (S_IFDIR, S_IFREG or S_IFLNK), checked."""
         kind = self._mode[entry] & S_IFMT
         if kind != S_IFREG and kind != S_IFDIR and kind != S_IFLNK:
-            self._fail(f"entry {entry} has file type {kind:#o}")
+            self.fail(f"entry {entry} has file type {kind:#o}")
         return kind
 
     def mode(self, entry: int) -> int:
@@ -585,7 +388,7 @@ class PathTable:
 
     def attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
         """(mode, uid, gid, mtime_ns, size, nlink) of ``entry``, its file type checked."""
-        return self._container.checked(self._attributes, entry)
+        return self.container.checked(self._attributes, entry)
 
     def _attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
         return (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
@@ -596,10 +399,10 @@ class PathTable:
         as the entry's size."""
         record = self._record[entry]
         if record >= self.data_records:
-            self._fail(f"entry {entry} names record {record}, outside the {self.data_records} data records")
-        start, end = self._container.record_span(record)
+            self.fail(f"entry {entry} names record {record}, outside the {self.data_records} data records")
+        start, end = self.container.record_span(record)
         if end - start != self._size[entry]:
-            self._fail(f"entry {entry}'s size differs from the length of its record {record}")
+            self.fail(f"entry {entry}'s size differs from the length of its record {record}")
         return record
 
     def size(self, entry: int) -> int:
@@ -610,13 +413,13 @@ class PathTable:
         """Entry ``entry``'s parent directory, checked to come before it (so walks up end)."""
         parent = self._parent[entry]
         if entry and parent >= entry:
-            self._fail(f"entry {entry}'s parent {parent} does not come before it")
+            self.fail(f"entry {entry}'s parent {parent} does not come before it")
         return parent
 
     def children(self, entry: int) -> range:
         """Directory ``entry``'s children as a range of entries, checked (format section 5)."""
         # Checked on its own: a walk may outlive the lookup that began it.
-        return self._container.checked(self._children, entry)
+        return self.container.checked(self._children, entry)
 
     def _children(self, entry: int) -> range:
         start, count = self._child_start[entry], self._child_count[entry]
@@ -624,10 +427,10 @@ class PathTable:
         # as their parent (each entry is reached from one directory only: without this,
         # overlapping ranges make a walk of N entries visit up to 2**N paths).
         if count and not entry < start <= self.entry_count - count:
-            self._fail(f"directory entry {entry} has children [{start}, {start + count}), "
+            self.fail(f"directory entry {entry} has children [{start}, {start + count}), "
                        f"expected a range within ({entry}, {self.entry_count})")
         if count and self._parent[start : start + count].tolist().count(entry) != count:
-            self._fail(f"directory entry {entry} has children [{start}, {start + count}) "
+            self.fail(f"directory entry {entry} has children [{start}, {start + count}) "
                        f"that name another parent")
         return range(start, start + count)
 
@@ -645,7 +448,7 @@ class PathTable:
         children = self.children(entry)
         if not children:
             return children, [], [], []
-        names, modes, numbers = self._container.checked(self._read_listing, children, inodes)
+        names, modes, numbers = self.container.checked(self._read_listing, children, inodes)
         self._note_use(len(children))
         return children, names, modes, numbers
 
@@ -672,7 +475,7 @@ class PathTable:
         start, stop = part.start, part.stop
         if start >= stop:
             return [], [], [], [], [], [], []
-        columns = self._container.checked(self._read_columns, part)
+        columns = self.container.checked(self._read_columns, part)
         self._note_use(stop - start)
         return columns
 
