@@ -201,11 +201,11 @@ class PathTable:
     def lookup(self, key: bytes) -> int:
         """Entry index of full path ``key`` (no leading or trailing slash), or -1;
         ArchiveChangedError if the archive changed in place (Container.check_unchanged)."""
-        return self.container.checked(self._lookup, key)
+        return self.container.checked(self.lookup_unchecked, key)
 
-    def _lookup(self, key: bytes) -> int:
-        """:meth:`lookup` without the checks that the archive is unchanged (the caller's
-        to make, after everything it reads).
+    def lookup_unchecked(self, key: bytes) -> int:
+        """:meth:`lookup` without the checks that the archive is unchanged, for a hot
+        path that makes them once after everything it reads (Archive.read_path).
 
         One CRC and a binary search find the candidates; the parent directory (from a
         small cache, or by walking up the table) and the last name confirm one.  No
@@ -508,11 +508,6 @@ class PathTable:
         """Section ``name`` as a memoryview of its items: unchecked access for hot paths,
         which check every value before they index with it."""
         return getattr(self, "_" + name)
-
-    def lookup_unchecked(self, key: bytes) -> int:
-        """:meth:`lookup` without the checks that the archive is unchanged, for a hot
-        path that makes them once after everything it reads (Archive.read_path)."""
-        return self._lookup(key)
 
     def column(self, name: str) -> np.ndarray:
         """Section ``name`` as a numpy array (numpy is imported on first use)."""
