@@ -239,7 +239,7 @@ def test_fuse_unavailable_is_reported(archive: Path, tmp_path: Path) -> None:
 
 
 def test_check_fuse_names_what_is_missing(monkeypatch) -> None:
-    from packfs.fuse import process as mount
+    from packfs.fuse import checks as mount
     from packfs.errors import MountError
 
     monkeypatch.setattr(mount.os.path, "exists", lambda path: False)

@@ -3,6 +3,8 @@
 - ``common``: what every daemon shares (bindings, the name codec, errno mapping,
   the kernel's view of attributes);
 - ``pathdaemon``: the FUSE callbacks by path (libfuse's high-level API);
+- ``checks``: what must hold before a mount (FUSE present, the mount point, the mount
+  table, options);
 - ``libfuse``: running libfuse's loop (packfs's own fuse_main);
 - ``process``: mounting, the background daemon, unmount and mount(8)'s helper.
 
@@ -13,17 +15,11 @@ from __future__ import annotations
 
 from .common import BINDINGS, DEFAULT_BINDING
 from .pathdaemon import PackfsOperations
+from .checks import (FSNAME_PREFIX, FSTYPE, check_allow_other, check_fuse, check_mountpoint, check_options,
+                     fuse_options, is_mounted)
 from .process import (
-    FSNAME_PREFIX,
-    FSTYPE,
     MOUNT_HELPER,
-    check_allow_other,
-    check_fuse,
-    check_mountpoint,
-    check_options,
-    fuse_options,
     helper_script,
-    is_mounted,
     is_stale,
     mount,
     mount_helper,
