@@ -1,8 +1,8 @@
 """What a safe PackedFolder.close() costs PackedFolder.read.
 
 close() only drops the folder's references and lets the table, the map and the
-descriptor free themselves when the last in-flight call lets go (reader.py,
-PackedFolder.close), so the read paths are unchanged.  This measures that claim, and
+descriptor free themselves when the last in-flight call lets go (core/archive.py,
+Archive.close), so the read paths are unchanged.  This measures that claim, and
 what the alternative that was not chosen would have cost: a count of calls in flight,
 kept under a lock, so close() could wait for it to reach zero.
 
