@@ -96,8 +96,9 @@ class Archive:
     Parameters
     ----------
     source
-        The archive: a path, or any :class:`packfs.source.ByteSource` (which the
-        archive then owns and closes).
+        The archive: a path, or any :class:`packfs.source.ByteSource`, which the
+        archive then owns: it is released when the archive and every file or view
+        from it are gone (a source frees itself when collected; see close()).
     checksums
         ``"always"``, ``"once"`` or ``"never"``: when the CRCs of contents are checked
         (see the module's documentation).  All but ``"never"`` check the header's and

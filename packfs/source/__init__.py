@@ -27,6 +27,10 @@ __all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages"]
 class ByteSource(Protocol):
     """The bytes of one archive, fixed at open.
 
+    A source frees what it holds (a descriptor, connections) when it is garbage
+    collected, not only at :meth:`close`: an archive closed while another thread still
+    reads drops its references and lets the last user free the source.
+
     Every read returns exactly the bytes asked for, or raises: ArchiveChangedError
     when the source no longer has them as they were at open (a shorter file, another
     ETag), ArchiveIOError when it cannot be read, ClosedArchiveError after
