@@ -143,7 +143,8 @@ class Archive:
         self._mode_items, self._record_items, self._size_items = (
             table.items("mode"), table.items("record"), table.items("size"))
         self._lookup_unchecked = table.lookup_unchecked
-        self._data_record_count = self.footer.data_records  # a namedtuple field costs more to read
+        # Namedtuple fields cost more to read than attributes.
+        self._data_record_count, self._entry_count = self.footer.data_records, self.footer.entry_count
 
     def _open_table(self, check_data: bool) -> None:
         container = self._container
@@ -310,7 +311,7 @@ class Archive:
                 hops += 1
                 if hops > _MAX_SYMLINK_HOPS:
                     raise PathNotFoundError(f"{shown!r}: too many levels of symbolic links")
-                target = self._link_target(candidate, repr(shown))
+                target = self._link_target(candidate, shown)
                 expanded += len(target)
                 if expanded > _MAX_EXPANDED_BYTES:
                     raise PathNotFoundError(
@@ -435,18 +436,24 @@ class Archive:
             return self._check_every_read
         return not checked[record >> 3] & (1 << (record & 7))
 
-    def _checked_sound(self, record: int, data: bytes | memoryview | None, label: str) -> None:
+    def _checked_sound(self, record: int, data: bytes | memoryview | None, where: int | PathArg) -> None:
         """Check record ``record``'s CRC (over ``data`` if it is the whole record, else
-        read from the source), raising ChecksumError naming ``label``; remember a sound
-        record under the "once" policy."""
+        read from the source); remember a sound record under the "once" policy.  A
+        ChecksumError names ``where``: an entry (its path is built only then, O(depth))
+        or the path the caller was given."""
         container = self._container
         if data is None:
             if not container.record_crc_ok(record):
-                raise container.checksum_error(record, label)
+                raise container.checksum_error(record, self._label(where))
         elif crc32(data) != self._crc_items[record]:
-            container.check_crc(record, data, label)  # raises, with details
+            container.check_crc(record, data, self._label(where))  # raises, with details
         if self._checked is not None:
             self._checked[record >> 3] |= 1 << (record & 7)
+
+    def _label(self, where: int | PathArg) -> str:
+        if isinstance(where, int):
+            where = self._table.full_path(where)
+        return repr(os.fsdecode(where))
 
     def read_path(self, path: PathArg) -> bytes:
         """The contents of the file at ``path`` (symlinks followed): :meth:`lookup` and
@@ -478,9 +485,9 @@ class Archive:
             checked = self._checked
             if checked is None:
                 if self._check_every_read and crc32(data) != self._crc_items[record]:
-                    self._checked_sound(record, data, repr(os.fsdecode(path)))  # raises
+                    self._checked_sound(record, data, path)  # raises
             elif not checked[record >> 3] & (1 << (record & 7)):
-                self._checked_sound(record, data, repr(os.fsdecode(path)))
+                self._checked_sound(record, data, path)
         except PackfsError:
             container.changed_instead()
             raise
@@ -504,24 +511,39 @@ class Archive:
         if not container.guarded:
             container.check_size()
         try:
-            record, start, end = self._file_span(self._regular_file(entry))
-            begin = start + min(max(offset, 0), end - start)
-            stop = end if size < 0 else min(end, begin + size)
-            if self._needs_check(record):
-                label = repr(os.fsdecode(self._table.full_path(entry)))
-                if begin == start and stop == end:
-                    # The whole file: one pread serves both the check and the reply.
-                    data = container.pread(start, end)
-                    self._checked_sound(record, data, label)
-                    container.check_unchanged()
-                    return data
-                self._checked_sound(record, None, label)
-            data = container.pread(begin, stop) if begin < stop else b""
+            # Datasets read whole files by entry, a small file per call: the type check,
+            # the policy and the CRC compare are inlined, as in read_path.
+            if not 0 <= entry < self._entry_count or self._mode_items[entry] & S_IFMT != S_IFREG:
+                self._regular_file(entry)  # raises, saying what the entry is
+            record, start, end = self._file_span(entry)
+            if offset or size >= 0:
+                data = self._read_part(entry, record, start, end, offset, size)
+            else:
+                data = container.pread(start, end)
+                checked = self._checked
+                if checked is None:
+                    if self._check_every_read and crc32(data) != self._crc_items[record]:
+                        self._checked_sound(record, data, entry)  # raises
+                elif not checked[record >> 3] & (1 << (record & 7)):
+                    self._checked_sound(record, data, entry)
         except PackfsError:
             container.changed_instead()
             raise
         container.check_unchanged()
         return data
+
+    def _read_part(self, entry: int, record: int, start: int, end: int, offset: int, size: int) -> bytes:
+        """:meth:`read` of ``size`` bytes at ``offset`` of a file at [start, end)."""
+        begin = start + min(max(offset, 0), end - start)
+        stop = end if size < 0 else min(end, begin + size)
+        if self._needs_check(record):
+            if begin == start and stop == end:
+                # The whole file: one pread serves both the check and the reply.
+                data = self._container.pread(start, end)
+                self._checked_sound(record, data, entry)
+                return data
+            self._checked_sound(record, None, entry)
+        return self._container.pread(begin, stop) if begin < stop else b""
 
     def _regular_file(self, entry: int) -> int:
         if not 0 <= entry < self.footer.entry_count or self._table.file_type(entry) != S_IFREG:
@@ -535,7 +557,7 @@ class Archive:
         try:
             record = self._file_span(self._regular_file(entry))[0]
             if self._needs_check(record):
-                self._checked_sound(record, None, repr(os.fsdecode(self._table.full_path(entry))))
+                self._checked_sound(record, None, entry)
         except PackfsError:
             container.changed_instead()
             raise
@@ -554,7 +576,7 @@ class Archive:
             record, start, end = self._path_span(path)
             view = container.view[start:end]
             if self._needs_check(record):
-                self._checked_sound(record, view, repr(os.fsdecode(path)))
+                self._checked_sound(record, view, path)
         except PackfsError:
             container.changed_instead()
             raise
@@ -571,7 +593,7 @@ class Archive:
         try:
             record, start, end = self._file_span(self._regular_file(entry))
             if self._needs_check(record):
-                self._checked_sound(record, None, repr(name or os.fsdecode(self._table.full_path(entry))))
+                self._checked_sound(record, None, name or entry)
         except PackfsError:
             container.changed_instead()
             raise
@@ -616,9 +638,9 @@ class Archive:
         section 5).  NotAFileError if ``entry`` is not a symlink."""
         if self._table.file_type(entry) != S_IFLNK:
             raise NotAFileError(f"{self.path!r}: entry {entry} is not a symlink")
-        return self._link_target(entry, repr(os.fsdecode(self._table.full_path(entry))), check)
+        return self._link_target(entry, entry, check)
 
-    def _link_target(self, entry: int, label: str, check: bool | None = None) -> bytes:
+    def _link_target(self, entry: int, where: int | PathArg, check: bool | None = None) -> bytes:
         table, container = self._table, self._container
         record = table.record(entry)
         # Refused before any byte is copied or checked: a long target costs its length
@@ -627,10 +649,10 @@ class Archive:
         if problem is None:
             target = container.checked(container.record_bytes, record)
             if self._needs_check(record) if check is None else check:
-                self._checked_sound(record, target, label)
+                self._checked_sound(record, target, where)
             problem = symlink_target_problem(target)
         if problem:
-            raise FormatError(f"{self.path!r}: {label}: symlink with {problem}")
+            raise FormatError(f"{self.path!r}: {self._label(where)}: symlink with {problem}")
         return target
 
     # -- checking everything -------------------------------------------------------------
