@@ -81,24 +81,25 @@ class PackedFolder:
         malformed.
     ChecksumError
         A CRC of the header or the path table does not match.
+
+    Attributes
+    ----------
+    archive
+        The entry-level interface this folder reads through (:class:`packfs.core.Archive`):
+        entry numbers, listings and reads for code that keeps its own index.
     """
 
     def __init__(self, path: PathArg, check_data: bool = True) -> None:
         self.path = os.fsdecode(path)
         self.check_data = check_data
-        self._archive = Archive(self.path, checksums="always" if check_data else "never")
-        self.legacy = self._archive.legacy  # an FFRecord pack_folder archive
-        self.footer = self._archive.footer
+        self.archive = Archive(self.path, checksums="always" if check_data else "never")
+        self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
+        self.footer = self.archive.footer
         self._file_count = -1
         if type(self).read_one is PackedFolder.read_one:
             # The hottest call goes straight to the core (a facade's call costs 1-2% of
             # a 4 KiB read); a subclass that overrides read_one keeps its own.
-            self.read_one = self._archive.read_path  # type: ignore[method-assign]
-
-    @property
-    def archive(self) -> Archive:
-        """The entry-level interface this folder reads through (:class:`packfs.core.Archive`)."""
-        return self._archive
+            self.read_one = self.archive.read_path  # type: ignore[method-assign]
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -107,14 +108,14 @@ class PackedFolder:
         closed archive"), as a closed file does.  A call still running in another
         thread finishes, and files from :meth:`open` and views from :meth:`read_view`
         keep working until they are closed (:meth:`packfs.core.Archive.close`)."""
-        archive = self._archive
-        self._archive = CLOSED  # type: ignore[assignment]
+        archive = self.archive
+        self.archive = CLOSED  # type: ignore[assignment]
         archive.close()
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._archive is CLOSED
+        return self.archive is CLOSED
 
     def __enter__(self) -> PackedFolder:
         return self
@@ -137,7 +138,7 @@ class PackedFolder:
     def exists(self, path: PathArg) -> bool:
         """Whether ``path`` names an entry (symlinks followed; a broken one does not exist)."""
         try:
-            self._archive.lookup(path)
+            self.archive.lookup(path)
         except (PathNotFoundError, NotADirectoryPathError):
             return False
         return True
@@ -145,7 +146,7 @@ class PackedFolder:
     __contains__ = exists
 
     def _is(self, path: PathArg, kind: int, follow: bool = True) -> bool:
-        archive = self._archive
+        archive = self.archive
         try:
             return archive.file_type(archive.lookup(path, follow)) == kind
         except (PathNotFoundError, NotADirectoryPathError):
@@ -177,7 +178,7 @@ class PackedFolder:
         FormatError
             The table is inconsistent where this file is concerned.
         """
-        return self._archive.read_path(path)
+        return self.archive.read_path(path)
 
     @overload
     def read(self, path: PathArg) -> bytes: ...
@@ -188,8 +189,8 @@ class PackedFolder:
     def read(self, path: PathArg | Sequence[PathArg]) -> bytes | list[bytes]:
         """The contents of one file, or a list of contents for a list of paths."""
         if isinstance(path, (str, bytes, os.PathLike)):
-            return self._archive.read_path(path)
-        read_path = self._archive.read_path
+            return self.archive.read_path(path)
+        read_path = self.archive.read_path
         return [read_path(p) for p in path]
 
     def read_view(self, path: PathArg) -> memoryview:
@@ -203,7 +204,7 @@ class PackedFolder:
         after the folder is closed).  ``read`` and ``open`` raise ArchiveChangedError
         instead; packfs itself only ever replaces archives whole.
         """
-        return self._archive.read_view(path)
+        return self.archive.read_view(path)
 
     def open(self, path: PathArg) -> PackedFile:
         """A seekable, read-only binary file object (reads are preads of the archive).
@@ -211,12 +212,12 @@ class PackedFolder:
         The CRC is checked once here, not on every read; each read checks that the
         archive was not changed in place since it was opened.
         """
-        archive = self._archive
+        archive = self.archive
         return archive.open(archive.lookup_kind(path, S_IFREG), os.fsdecode(path))
 
     def readlink(self, path: PathArg) -> str:
         """The target of symlink ``path``, as stored; NotASymlinkError for anything else."""
-        archive = self._archive
+        archive = self.archive
         entry = archive.lookup(path, follow=False)
         if archive.file_type(entry) != S_IFLNK:
             raise NotASymlinkError(f"{os.fsdecode(path)!r} is not a symlink")
@@ -224,10 +225,10 @@ class PackedFolder:
 
     def stat(self, path: PathArg, follow_symlinks: bool = False) -> FileStat:
         """Attributes of ``path`` (of the link itself unless ``follow_symlinks``)."""
-        return self._stat_entry(self._archive.lookup(path, follow=follow_symlinks))
+        return self._stat_entry(self.archive.lookup(path, follow=follow_symlinks))
 
     def _stat_entry(self, entry: int) -> FileStat:
-        archive = self._archive
+        archive = self.archive
         mode, uid, gid, mtime_ns, size, nlink, inode = archive.stat(entry)
         return FileStat(path=os.fsdecode(archive.path_of(entry)), kind=_KIND[mode & S_IFMT], mode=mode, uid=uid,
                         gid=gid, mtime_ns=mtime_ns, size=size, nlink=nlink, inode=inode)
@@ -246,11 +247,11 @@ class PackedFolder:
         With ``recursive``, paths relative to ``path`` in depth-first order, as
         FFRecord's PackedFolder returns them.  Symlinks count as files.
         """
-        entry = self._archive.lookup_kind("" if path is None else path, S_IFDIR)
+        entry = self.archive.lookup_kind("" if path is None else path, S_IFDIR)
         return [
             os.fsdecode(relative)
             for relative, child in self._iter_tree(entry, recursive)
-            if (list_dir if self._archive.file_type(child) == S_IFDIR else list_file)
+            if (list_dir if self.archive.file_type(child) == S_IFDIR else list_file)
         ]
 
     def _iter_tree(self, entry: int, recursive: bool) -> Iterator[tuple[bytes, int]]:
@@ -258,7 +259,7 @@ class PackedFolder:
         Iterative, with one running prefix (not one per level, which costs O(depth**2)
         bytes in a deep tree of long names): any depth walks in memory proportional to
         the longest path."""
-        archive = self._archive
+        archive = self.archive
         prefix = bytearray()
         stack = [(iter(archive.children(entry)), 0)]  # (children, len(prefix) at that level)
         while stack:
@@ -277,9 +278,9 @@ class PackedFolder:
 
     def scandir(self, path: PathArg = "") -> Iterator[tuple[str, FileStat]]:
         """(name, FileStat) for each child of directory ``path``."""
-        entry = self._archive.lookup_kind(path, S_IFDIR)
-        for child in self._archive.children(entry):
-            yield os.fsdecode(self._archive.name(child)), self._stat_entry(child)
+        entry = self.archive.lookup_kind(path, S_IFDIR)
+        for child in self.archive.children(entry):
+            yield os.fsdecode(self.archive.name(child)), self._stat_entry(child)
 
     def list_attributes(self, path: PathArg = "", recursive: bool = False) -> Iterator[EntryAttributes]:
         """:meth:`list` with attributes: an :class:`EntryAttributes` for each entry of
@@ -290,7 +291,7 @@ class PackedFolder:
 
         Raises PathNotFoundError or NotADirectoryPathError at the call, before the
         iterator is returned; FormatError (a damaged table) while iterating."""
-        entry = self._archive.lookup_kind(path, S_IFDIR)
+        entry = self.archive.lookup_kind(path, S_IFDIR)
         if not recursive:
             return (EntryAttributes._make(item[1:]) for item in self._attribute_items(entry))
         return self._list_recursively(entry)
@@ -317,7 +318,7 @@ class PackedFolder:
     def _attribute_items(self, entry: int) -> Iterator[tuple]:
         """(child, name, mode, uid, gid, mtime_ns, size, nlink) for each child of
         directory ``entry``, its columns read _LIST_PART entries at a time."""
-        archive = self._archive
+        archive = self.archive
         children = archive.children(entry)
         for low in range(children.start, children.stop, _LIST_PART):
             part = range(low, min(low + _LIST_PART, children.stop))
@@ -326,8 +327,8 @@ class PackedFolder:
     def walk(self, top: PathArg = "") -> Iterator[tuple[str, list[str], list[str]]]:
         """Like os.walk (top-down): (dirpath, dirnames, filenames); symlinks are
         listed with the files and not followed."""
-        start = self._archive.lookup_kind(top, S_IFDIR)
-        archive = self._archive
+        start = self.archive.lookup_kind(top, S_IFDIR)
+        archive = self.archive
         stack = [(start, lookup_key(top))]
         while stack:
             entry, key = stack.pop()
@@ -345,13 +346,13 @@ class PackedFolder:
     def __iter__(self) -> Iterator[str]:
         """Full paths of all regular files, depth-first, names sorted bytewise."""
         for relative, child in self._iter_tree(0, True):
-            if self._archive.file_type(child) == S_IFREG:
+            if self.archive.file_type(child) == S_IFREG:
                 yield os.fsdecode(relative)
 
     def num_files(self) -> int:
         """Number of regular files (hard links counted once per path)."""
         if self._file_count < 0:
-            mode = self._archive.column("mode")
+            mode = self.archive.column("mode")
             self._file_count = int(((mode & S_IFMT) == S_IFREG).sum())
         return self._file_count
 
@@ -364,27 +365,27 @@ class PackedFolder:
 
     def info(self) -> dict[str, object]:
         """Counts and sizes for ``packfs info``."""
-        file_type = self._archive.column("mode") & S_IFMT
+        file_type = self.archive.column("mode") & S_IFMT
         is_file = file_type == S_IFREG
         return {
             "path": self.path,
             # A legacy archive has no packfs footer: Archive.version says what it is.
-            "format_version": self._archive.version,
+            "format_version": self.archive.version,
             "files": int(is_file.sum()),
             "dirs": int((file_type == S_IFDIR).sum()),
             "symlinks": int((file_type == S_IFLNK).sum()),
-            "file_bytes": int(self._archive.column("size")[is_file].sum()),
-            "archive_bytes": self._archive.size,
-            "records": self._archive.record_count,
+            "file_bytes": int(self.archive.column("size")[is_file].sum()),
+            "archive_bytes": self.archive.size,
+            "records": self.archive.record_count,
             "largest_files": self._largest_files(5),
         }
 
     def _largest_files(self, count: int) -> list[dict[str, object]]:
         import numpy as np
 
-        sizes = np.where((self._archive.column("mode") & S_IFMT) == S_IFREG, self._archive.column("size"), 0)
+        sizes = np.where((self.archive.column("mode") & S_IFMT) == S_IFREG, self.archive.column("size"), 0)
         top = np.argsort(sizes, kind="stable")[::-1][:count]  # O(n log n) once, for a summary
-        return [{"path": os.fsdecode(self._archive.path_of(int(entry))), "size": int(sizes[entry])}
+        return [{"path": os.fsdecode(self.archive.path_of(int(entry))), "size": int(sizes[entry])}
                 for entry in top if sizes[entry]]
 
     # -- verification ----------------------------------------------------------------
@@ -396,4 +397,4 @@ class PackedFolder:
 
         ``progress`` is called with byte counts as records are checked.
         """
-        return self._archive.verify(progress)
+        return self.archive.verify(progress)
