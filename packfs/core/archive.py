@@ -73,7 +73,11 @@ class ClosedStandIn:
 
     def __getitem__(self, index: object) -> object:
         # A call already past its first check when the archive was closed meets this
-        # in place of the header's or the table's item views.
+        # in place of the header's or the table's item views ...
+        raise ClosedArchiveError("I/O operation on a closed archive")
+
+    def __call__(self, *args: object) -> object:
+        # ... or of the table's bound lookup.
         raise ClosedArchiveError("I/O operation on a closed archive")
 
     def close(self) -> None:
