@@ -799,3 +799,75 @@ def test_a_source_that_reports_a_change_fails_every_read(archive: Path, tmp_path
                      lambda: opened.read_path(CORRUPT), lambda: opened.check_unchanged()):
             with pytest.raises(ArchiveChangedError):
                 call()
+
+
+def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Path, monkeypatch) -> None:
+    """A large file's first reads arrive together (readahead, worker threads): one thread
+    reads and checks the record, the others wait for it instead of each checking all of
+    it; every read gets the right bytes."""
+    import threading
+    import time
+
+    big = os.urandom(4 << 20)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(big)
+    packfs.pack_folder(tmp_path / "src", tmp_path / "big.ffr")
+    real_crc_ok = Container.record_crc_ok
+    calls = []
+
+    def slow_crc_ok(self, record, progress=None):
+        calls.append(record)
+        time.sleep(0.05)  # widen the window in which the other threads arrive
+        return real_crc_ok(self, record, progress)
+
+    monkeypatch.setattr(Container, "record_crc_ok", slow_crc_ok)
+    with Archive(tmp_path / "big.ffr", checksums="once") as archive:
+        entry = archive.find(b"big.bin")
+        calls.clear()  # opening checked the table's records
+        start = threading.Barrier(8)
+        results: dict[int, bytes] = {}
+
+        def read(part: int) -> None:
+            start.wait()
+            results[part] = archive.read(entry, part * 65536, 65536)
+
+        threads = [threading.Thread(target=read, args=(part,)) for part in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(calls) == 1
+        assert all(results[part] == big[part * 65536 : (part + 1) * 65536] for part in range(8))
+        assert archive.read(entry, 1 << 20, 10) == big[1 << 20 : (1 << 20) + 10] and len(calls) == 1
+
+
+def test_once_under_concurrency_never_marks_a_damaged_record(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    big = bytearray(os.urandom(1 << 20))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(bytes(big))
+    packfs.pack_folder(tmp_path / "src", tmp_path / "big.ffr")
+    with Archive(tmp_path / "big.ffr") as archive:
+        start, _ = archive.extent(archive.find(b"big.bin"))
+    data = bytearray((tmp_path / "big.ffr").read_bytes())
+    data[start + 1000] ^= 0x01
+    (tmp_path / "bad.ffr").write_bytes(bytes(data))
+    with Archive(tmp_path / "bad.ffr", checksums="once") as archive:
+        entry = archive.find(b"big.bin")
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                archive.read(entry, 0, 4096)
+            except ChecksumError as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=read) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(errors) == 6 and all("big.bin" in str(error) for error in errors)
+        with pytest.raises(ChecksumError):
+            archive.read(entry, 0, 10)

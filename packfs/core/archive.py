@@ -21,6 +21,7 @@ The checksum policy is decided here, once, for every front end (``checksums``):
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, Union
 
 if TYPE_CHECKING:
@@ -140,6 +141,10 @@ class Archive:
         # One bit per data record, set once it was checked and found sound: bounded by
         # the archive's size (an eighth of a byte per file).
         self._checked = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
+        # Records being checked from the source now, under "once" (at most one entry per
+        # thread): the threads that want the same record wait for the one checking it.
+        self._checks_in_progress: dict[int, threading.Lock] = {}
+        self._checks_lock = threading.Lock()
         # The hot paths' direct item access (read_path, read_view): memoryviews of the
         # header's and the table's columns, each value checked before it is used.
         table = self._table
@@ -446,6 +451,9 @@ class Archive:
         ChecksumError names ``where``: an entry (its path is built only then, O(depth))
         or the path the caller was given."""
         container = self._container
+        if data is None and self._checked is not None:
+            self._check_once_from_source(record, where)
+            return
         if data is None:
             if not container.record_crc_ok(record):
                 raise container.checksum_error(record, self._label(where))
@@ -453,6 +461,27 @@ class Archive:
             container.check_crc(record, data, self._label(where))  # raises, with details
         if self._checked is not None:
             self._checked[record >> 3] |= 1 << (record & 7)
+
+    def _check_once_from_source(self, record: int, where: int | PathArg) -> None:
+        """Under "once", check a record read from the source with one thread at a time:
+        a large file's first READs arrive several at once (the kernel's readahead and
+        the worker threads), and each used to read and check all of the record itself.
+        The others wait, then find it marked sound; a damaged record is never marked,
+        so each later read checks it again and fails."""
+        with self._checks_lock:
+            lock = self._checks_in_progress.setdefault(record, threading.Lock())
+        with lock:
+            try:
+                checked: bytearray = self._checked  # type: ignore[assignment]  # "once": a bitmap
+                if not checked[record >> 3] & (1 << (record & 7)):
+                    container = self._container
+                    if not container.record_crc_ok(record):
+                        raise container.checksum_error(record, self._label(where))
+                    checked[record >> 3] |= 1 << (record & 7)
+            finally:
+                with self._checks_lock:
+                    if self._checks_in_progress.get(record) is lock:
+                        del self._checks_in_progress[record]
 
     def _label(self, where: int | PathArg) -> str:
         if isinstance(where, int):
