@@ -175,6 +175,17 @@ def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = "mfus
                 time.sleep(0.05)
 
 
+def damaged_copy(archive: Path, out: Path, path: bytes, at: int = 0, mask: int = 0xFF) -> Path:
+    """A copy of ``archive`` at ``out`` with byte ``at`` of file ``path``'s contents XORed
+    with ``mask``: contents that fail their CRC, every table value intact."""
+    with packfs.PackedFolder(archive) as opened:
+        start, _ = opened.archive.extent(opened.archive.find(path))
+    data = bytearray(archive.read_bytes())
+    data[start + at] ^= mask
+    out.write_bytes(bytes(data))
+    return out
+
+
 def archive_layout(archive: Path) -> tuple[int, list[int], int]:
     """(n, offsets, data_records) of an archive."""
     reader = RecordReader(archive)

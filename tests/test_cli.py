@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS
+from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, damaged_copy
 
 
 @pytest.fixture
@@ -92,14 +92,7 @@ def test_info(run, archive: Path) -> None:
 def test_verify(run, archive: Path, tmp_path: Path) -> None:
     result = run("verify", archive)
     assert result.exit_code == 0 and result.stdout.startswith("OK: ")
-    from packfs import PackedFolder
-
-    with PackedFolder(archive) as folder:
-        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
-    data = bytearray(archive.read_bytes())
-    data[start] ^= 0xFF
-    bad = tmp_path / "bad.ffr"
-    bad.write_bytes(bytes(data))
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", b"Zeta.txt")
     result = run("verify", bad)
     assert result.exit_code == 1
     assert "damaged: Zeta.txt" in result.stdout

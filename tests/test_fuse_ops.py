@@ -15,7 +15,7 @@ import packfs.core
 from packfs import PackedFolder
 from packfs.fuse.common import FuseError
 from packfs.fuse.pathdaemon import PackfsOperations
-from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8, rewrite_section
+from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8, damaged_copy, rewrite_section
 
 
 @pytest.fixture
@@ -98,11 +98,7 @@ def test_statfs(ops: PackfsOperations, archive: Path) -> None:
 
 
 def test_checksum_failure_is_eio_once_logged(archive: Path, tmp_path: Path, caplog) -> None:
-    with PackedFolder(archive) as folder:
-        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
-    data = bytearray(archive.read_bytes())
-    data[start] ^= 0xFF
-    (tmp_path / "bad.ffr").write_bytes(bytes(data))
+    damaged_copy(archive, tmp_path / "bad.ffr", b"Zeta.txt")
     with PackedFolder(tmp_path / "bad.ffr") as folder:
         ops = PackfsOperations(folder)
         for _ in range(3):

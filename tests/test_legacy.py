@@ -15,7 +15,7 @@ import pytest
 import packfs
 from packfs import FormatError, PackedFolder
 from packfs.core.legacy import MAGIC
-from tests.conftest import VECTORS, mounted, write_records
+from tests.conftest import VECTORS, damaged_copy, mounted, write_records
 
 LEGACY = ["packed_folder", "packed_folder_py37"]  # pickle protocols 4 and 3
 
@@ -206,12 +206,7 @@ def test_convert_then_verify(tmp_path: Path, name: str) -> None:
 
 
 def test_convert_of_a_damaged_legacy_archive_leaves_nothing(tmp_path: Path) -> None:
-    data = bytearray((VECTORS / "packed_folder.ffr").read_bytes())
-    with PackedFolder(VECTORS / "packed_folder.ffr") as folder:
-        start, _ = folder.archive.extent(folder.archive.find(b"sub/deeper/004.bin"))
-    data[start] ^= 1
-    bad = tmp_path / "bad.ffr"
-    bad.write_bytes(bytes(data))
+    bad = damaged_copy(VECTORS / "packed_folder.ffr", tmp_path / "bad.ffr", b"sub/deeper/004.bin", mask=1)
     with pytest.raises(packfs.ChecksumError, match="004.bin"):
         packfs.convert(bad, tmp_path / "out.ffr")
     assert sorted(os.listdir(tmp_path)) == ["bad.ffr"]

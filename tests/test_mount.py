@@ -21,7 +21,7 @@ import pytest
 
 import packfs
 from packfs.fuse import is_mounted, is_stale, state_file
-from tests.conftest import BLUEPRINT, daemon_pid, force_unmount, mounted, packfs_cli, require_fuse, wait_until
+from tests.conftest import BLUEPRINT, daemon_pid, damaged_copy, force_unmount, mounted, packfs_cli, require_fuse, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -174,12 +174,7 @@ def test_writes_fail_with_erofs(archive: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("binding", ["mfusepy", "fusepy"])  # CRC checked at read / at open
 def test_corrupt_file_reads_as_eio_while_others_read(archive: Path, tmp_path: Path, binding: str) -> None:
-    with packfs.PackedFolder(archive) as folder:
-        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
-    data = bytearray(archive.read_bytes())
-    data[start] ^= 0xFF
-    bad = tmp_path / "bad.ffr"
-    bad.write_bytes(bytes(data))
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", b"Zeta.txt")
     with mounted(bad, tmp_path / "mnt", binding=binding) as root:
         for _ in range(2):
             with pytest.raises(OSError) as caught:

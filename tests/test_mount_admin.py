@@ -17,9 +17,8 @@ from typing import Iterator
 
 import pytest
 
-import packfs
 from packfs.fuse import MOUNT_HELPER, helper_script, is_mounted, is_stale, remove_old_logs, state_file
-from tests.conftest import REPO, daemon_pid, force_unmount, mounted, packfs_cli, require_fuse, wait_until
+from tests.conftest import REPO, daemon_pid, damaged_copy, force_unmount, mounted, packfs_cli, require_fuse, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -418,12 +417,7 @@ def test_daemon_log_kept_only_when_it_says_something(archive: Path, tmp_path: Pa
         assert (root / "hello.txt").read_bytes() == b"hello world\n"
         assert clean_log.exists() and clean_log.read_text() == ""
     assert wait_until(lambda: not clean_log.exists())
-    with packfs.PackedFolder(archive) as folder:
-        start, _ = folder.archive.extent(folder.archive.find(b"Zeta.txt"))
-    data = bytearray(archive.read_bytes())
-    data[start] ^= 0xFF
-    bad = tmp_path / "bad.ffr"
-    bad.write_bytes(bytes(data))
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", b"Zeta.txt")
     bad_log = Path(state_file(str(tmp_path / "bad"), ".log"))
     with mounted(bad, tmp_path / "bad") as root:
         with pytest.raises(OSError):

@@ -227,13 +227,6 @@ class Container:
         start, end = self.record_span(index)
         return self.pread(start, end)
 
-    def record_view(self, index: int) -> memoryview:
-        """A zero-copy read-only view of record ``index``, unchecked."""
-        start, end = self.record_span(index)
-        if not self.zero_copy:
-            return memoryview(self.source.read(start, end))
-        return self.view[start:end]
-
     def check_crc(self, index: int, data: bytes | memoryview, label: str) -> None:
         """Raise ChecksumError naming ``label`` if ``data`` is not record ``index``'s bytes."""
         stored = self.crc_items[index]
@@ -269,12 +262,6 @@ class Container:
             if progress is not None:
                 progress(len(part))
         return value
-
-    def checked_record_bytes(self, index: int, label: str) -> bytes:
-        """A copy of record ``index``, CRC-checked (ChecksumError naming ``label``)."""
-        data = self.record_bytes(index)
-        self.check_crc(index, data, label)
-        return data
 
     def read_record(self, index: int, check: bool, label: str) -> bytes:
         """Record ``index``'s bytes, CRC-checked if ``check`` (ChecksumError naming
