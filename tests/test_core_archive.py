@@ -871,3 +871,24 @@ def test_once_under_concurrency_never_marks_a_damaged_record(tmp_path: Path, mon
         assert len(errors) == 6 and all("big.bin" in str(error) for error in errors)
         with pytest.raises(ChecksumError):
             archive.read(entry, 0, 10)
+
+
+def test_a_table_read_off_a_map_rewritten_in_place_is_the_change(archive: Path, tmp_path: Path) -> None:
+    """An archive written over in place while open: a table value read off the new bytes
+    that breaks a rule (a file type of 0 here) is reported as the change, not as a
+    damaged archive (CI met it once: a reader's FormatError mid-``cp``)."""
+    from packfs import ArchiveChangedError
+
+    target = tmp_path / "target.ffr"
+    target.write_bytes(archive.read_bytes())
+    with Archive(target) as opened:
+        entry = opened.find(b"hello.txt")
+        with open(target, "r+b") as rewrite:
+            rewrite.write(bytes(target.stat().st_size))
+        # Its mtime moved on for certain: in the same clock tick a rewrite keeps it.
+        before = target.stat()
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        for call in (lambda: opened.file_type(entry), lambda: opened.stat(entry),
+                     lambda: opened.lookup_kind("hello.txt", S_IFREG), lambda: opened.lookup("a/b")):
+            with pytest.raises(ArchiveChangedError):
+                call()

@@ -287,10 +287,15 @@ class Archive:
         """
         key = lookup_key(path)
         table = self._table
-        entry = table.lookup(key)
-        if entry >= 0 and (not follow or table.file_type(entry) != S_IFLNK):
-            return entry
-        return self._resolve(key, follow, path)
+        try:
+            entry = table.lookup(key)
+            if entry >= 0 and (not follow or table.file_type(entry) != S_IFLNK):
+                return entry
+            return self._resolve(key, follow, path)
+        except PackfsError:
+            # A "not found" or "not a directory" read off a map rewritten in place.
+            self._container.changed_instead()
+            raise
 
     def _resolve(self, key: bytes, follow: bool, original: PathArg) -> int:
         """Slow path: walk ``key`` a component at a time, expanding symlinks.  Each
@@ -341,6 +346,7 @@ class Archive:
         entry = self.lookup(path)
         actual = self._table.file_type(entry)
         if actual != kind:
+            self._container.changed_instead()
             if kind == S_IFDIR:
                 raise NotADirectoryPathError(f"{os.fsdecode(path)!r} is not a directory but a {_KIND[actual]}")
             raise NotAFileError(f"{os.fsdecode(path)!r} is not a file but a {_KIND[actual]}")

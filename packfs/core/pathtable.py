@@ -169,7 +169,10 @@ class PathTable:
     # -- validation ------------------------------------------------------------------
 
     def fail(self, message: str) -> None:
-        """Raise FormatError: the table breaks a rule, as ``message`` says."""
+        """Raise FormatError: the table breaks a rule, as ``message`` says; or
+        ArchiveChangedError if the archive changed in place since it was opened, since a
+        broken rule read from a rewritten map is that change's consequence."""
+        self.container.changed_instead()
         raise FormatError(f"{self.path!r}: invalid path table: {message}")
 
     def validate(self) -> None:
