@@ -1,10 +1,46 @@
-"""Build the optional C extension packfs._sigbus (everything else is in pyproject.toml).
+"""Build the optional C extensions (everything else is in pyproject.toml).
 
-``optional=True``: where it cannot be compiled (no C compiler, no Python headers),
-the install goes on without it and packfs uses its pure-Python checks instead
-(packfs.container explains the difference)."""
+- packfs._sigbus keeps readers alive when an archive is truncated under its map.
+- packfs._lowlevel is the compiled, inode-based FUSE daemon on libfuse3's low-level API
+  (`packfs mount --binding lowlevel`, the default where it is built).  It needs
+  libfuse3's headers (3.10 or later, found by pkg-config) and zlib's.
+
+Both are ``optional=True``: where one cannot be compiled (no C compiler, no headers),
+the install goes on without it; packfs then uses its pure-Python checks, and
+`packfs mount` the Python daemon, saying so in one line.
+"""
+
+import subprocess
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("packfs._sigbus", ["packfs/_sigbus.c"], optional=True,
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])])
+WARNINGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+
+def pkg_config(package: str, minimum: str) -> dict[str, list[str]] | None:
+    """Compiler and linker flags of ``package`` (at least ``minimum``), or None."""
+    try:
+        subprocess.run(["pkg-config", f"--atleast-version={minimum}", package], check=True, capture_output=True)
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", package], check=True, capture_output=True,
+                               text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {"include_dirs": [f[2:] for f in flags if f.startswith("-I")],
+            "library_dirs": [f[2:] for f in flags if f.startswith("-L")],
+            "libraries": [f[2:] for f in flags if f.startswith("-l")]}
+
+
+extensions = [Extension("packfs._sigbus", ["packfs/_sigbus.c"], depends=["packfs/_sigbus.h"], optional=True,
+                        extra_compile_args=WARNINGS)]
+fuse3 = pkg_config("fuse3", "3.10")
+if fuse3 is not None:
+    fuse3["libraries"].append("z")
+    if pkg_config("fuse3", "3.12") is not None:
+        fuse3["define_macros"] = [("PACKFS_FUSE_312", "1")]
+    extensions.append(Extension("packfs._lowlevel", ["packfs/_lowlevel.c"], depends=["packfs/_sigbus.h"],
+                                optional=True, extra_compile_args=WARNINGS, **fuse3))
+else:
+    print("packfs: libfuse3 (3.10 or later) not found by pkg-config: packfs._lowlevel, the compiled "
+          "mount daemon, is not built; `packfs mount` will use the Python daemon")
+
+setup(ext_modules=extensions)

@@ -34,6 +34,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "_sigbus.h"
+
 /* Maps open at once (RecordReader keeps one per shard); beyond this, register()
  * returns -1 and the caller falls back to its pure-Python checks. */
 #define CAPACITY 32768
@@ -270,11 +272,14 @@ PyDoc_STRVAR(check_doc,
 "device, inode, size and mtime as at register(); otherwise 1 (it faulted),\n"
 "2 (the file was changed or replaced) or 3 (fstat failed), and then always that.");
 
-static PyObject *sigbus_check(PyObject *module, PyObject *argument)
+/* check() without Python, for compiled readers (packfs._lowlevel's daemon threads,
+ * which hold no GIL): exported through the capsule packfs._sigbus._C_API.  The slot
+ * must be one register() returned and that is still registered. */
+static int check_slot(int index)
 {
-    Slot *slot = slot_of(argument);
-    if (slot == NULL)
-        return NULL;
+    if (index < 0 || index >= CAPACITY)
+        return STAT_FAILED;
+    Slot *slot = &slots[index];
     /* A handler installed after ours hides it until we are back in front: look every
      * 256 checks, and at each of the first ones in a forked child (torch installs its
      * own in each DataLoader worker).  A sigaction() per check would cost 40%. */
@@ -295,7 +300,15 @@ static PyObject *sigbus_check(PyObject *module, PyObject *argument)
         else if (__atomic_load_n(&slot->faults, __ATOMIC_SEQ_CST))  /* a fault during fstat */
             slot->changed = FAULTED;
     }
-    return PyLong_FromLong(slot->changed);
+    return slot->changed;
+}
+
+static PyObject *sigbus_check(PyObject *module, PyObject *argument)
+{
+    Slot *slot = slot_of(argument);
+    if (slot == NULL)
+        return NULL;
+    return PyLong_FromLong(check_slot((int) (slot - slots)));
 }
 
 PyDoc_STRVAR(faults_doc, "faults(slot) -> int\n\nHow many SIGBUS faults the map in ``slot`` survived.");
@@ -335,6 +348,13 @@ PyMODINIT_FUNC PyInit__sigbus(void)
         || PyModule_AddIntConstant(module, "REPLACED", REPLACED)
         || PyModule_AddIntConstant(module, "STAT_FAILED", STAT_FAILED)
         || PyModule_AddIntConstant(module, "CAPACITY", CAPACITY)) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    static const PackfsSigbusAPI api = {check_slot};
+    PyObject *capsule = PyCapsule_New((void *) &api, PACKFS_SIGBUS_CAPSULE, NULL);
+    if (capsule == NULL || PyModule_AddObject(module, "_C_API", capsule) != 0) {
+        Py_XDECREF(capsule);
         Py_DECREF(module);
         return NULL;
     }

@@ -620,9 +620,12 @@ def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
               help="Check each file's CRC once, at its first read; a mismatch reads as EIO.")
 @click.option("--threads", default=0, type=click.IntRange(0, 100000), metavar="N",
               help="Serve with at most N threads (1: one request at a time); the default is "
-                   "libfuse's, 10. N > 1 needs --binding mfusepy.")
-@click.option("--binding", type=click.Choice(["fusepy", "mfusepy"]), default="mfusepy", show_default=True,
-              help="FUSE binding: mfusepy (libfuse3, faster warm reads) or fusepy (libfuse2).")
+                   "libfuse's, 10. N > 1 needs libfuse 3.12 and is not for --binding fusepy.")
+@click.option("--binding", type=click.Choice(["auto", "lowlevel", "mfusepy", "fusepy"]), default="auto",
+              show_default=True,
+              help="Which daemon serves: lowlevel (compiled, libfuse3's low-level API, the fastest); "
+                   "mfusepy (Python, libfuse3) or fusepy (Python, libfuse2); auto takes lowlevel where "
+                   "it can serve the archive, else mfusepy, and says why.")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="Where a background daemon logs (default: a file named in the output, "
                    "removed when the daemon ends with nothing logged).")
@@ -658,6 +661,10 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     fuse_mount.check_fuse(binding)
     fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     opened = fuse_mount.open_for_mount(archive, check_data)
+    binding, notice = fuse_mount.choose_binding(binding, opened)
+    if notice:
+        click.echo(f"note: {notice}", err=True)
+    fuse_mount.check_fuse(binding)
     settings = dict(debug=fuse_debug, threads=threads, check_data=check_data,
                     allow_other=allow_other, options=extra, binding=binding)
     if foreground or fuse_debug:

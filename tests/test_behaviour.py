@@ -123,7 +123,7 @@ def source(tmp_path_factory) -> Path:
     return make_tree(tmp_path_factory.mktemp("behaviour") / "src")
 
 
-@pytest.fixture(scope="module", params=["PackedFolder", "Archive", "fsspec", "mfusepy", "fusepy"])
+@pytest.fixture(scope="module", params=["PackedFolder", "Archive", "fsspec", "lowlevel", "mfusepy", "fusepy"])
 def view(request, source: Path, tmp_path_factory):
     out = tmp_path_factory.mktemp("archive") / "tree.ffr"
     packfs.pack_folder(source, out)

@@ -18,13 +18,15 @@ LAYERS = {
     "write": 4,
     "folder": 5, "extract": 5, "records": 5,
     "dataset": 6, "torch": 6, "fsspec": 6, "ffrecord": 6, "fuse": 6, "mount": 6,
+    "_lowlevel": 6,  # the compiled daemon, imported by packfs.fuse.inodedaemon
     "cli": 7, "__main__": 7,
 }
 # Names with a leading underscore that are public by convention (namedtuple's API) or
 # the standard library's.
 CONVENTIONAL = {"_fields", "_make", "_asdict", "_replace", "_exit", "_getframe",
                 "_name",  # ctypes.CDLL's: the library's path
-                "_sigbus"}  # packfs's compiled extension module, imported by packfs.source.local
+                "_sigbus",  # packfs's compiled extension modules, imported by packfs.source.local
+                "_lowlevel"}  # and by packfs.fuse.inodedaemon
 
 
 def modules() -> list[Path]:

@@ -220,6 +220,18 @@ class Archive:
         return self._container.source.identity
 
     @property
+    def source(self) -> ByteSource:
+        """Where the archive's bytes come from."""
+        return self._container.source
+
+    @property
+    def section_spans(self) -> tuple[tuple[int, int], ...] | None:
+        """Where the path table's columns lie in the source's bytes (format section 4's
+        order), for a reader that reads them in place (the compiled daemon); None where
+        the table is not in place (legacy archives, sources without a map)."""
+        return self._table.section_spans
+
+    @property
     def version(self) -> str:
         """The format version, or what a legacy (FFRecord pack_folder) archive is."""
         if self.legacy:

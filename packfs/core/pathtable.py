@@ -146,6 +146,15 @@ class PathTable:
             raise ChecksumError(f"{self.path!r}: the parity record (record {parity}): checksum mismatch")
 
     @property
+    def section_spans(self) -> tuple[tuple[int, int], ...] | None:
+        """(start, end) of each column (format section 4's order) in the archive's own
+        bytes; None where the table is not read in place (a legacy archive's, built at
+        open, or one read into memory from a source without a map)."""
+        if self._in_memory:
+            return None
+        return tuple(self._section_span[name] for name, _ in SECTIONS)
+
+    @property
     def arrays(self) -> dict[str, np.ndarray]:
         """numpy views of the whole sections, by name (numpy is imported on first use)."""
         if self._arrays is None:

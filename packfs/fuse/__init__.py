@@ -2,7 +2,9 @@
 
 - ``common``: what every daemon shares (bindings, the name codec, errno mapping,
   the kernel's view of attributes);
-- ``pathdaemon``: the FUSE callbacks by path (libfuse's high-level API);
+- ``inodedaemon``: the compiled daemon (packfs._lowlevel, libfuse's low-level API,
+  inode = entry + 1): the default wherever it can serve;
+- ``pathdaemon``: the Python daemon, FUSE callbacks by path (libfuse's high-level API);
 - ``checks``: what must hold before a mount (FUSE present, the mount point, the mount
   table, options);
 - ``libfuse``: running libfuse's loop (packfs's own fuse_main);
@@ -13,12 +15,14 @@ Every daemon reads the archive through :class:`packfs.core.Archive` only.
 
 from __future__ import annotations
 
-from .common import BINDINGS, DEFAULT_BINDING
+from .common import BINDINGS, DAEMONS, DEFAULT_BINDING
+from .inodedaemon import LOWLEVEL, tree_for, unavailable
 from .pathdaemon import PackfsOperations
 from .checks import (FSNAME_PREFIX, FSTYPE, check_allow_other, check_fuse, check_mountpoint, check_options,
                      fuse_options, is_mounted)
 from .process import (
     MOUNT_HELPER,
+    choose_binding,
     helper_script,
     is_stale,
     mount,
@@ -32,7 +36,7 @@ from .process import (
 )
 
 __all__ = [
-    "BINDINGS", "DEFAULT_BINDING", "PackfsOperations", "FSNAME_PREFIX", "FSTYPE", "MOUNT_HELPER",
+    "BINDINGS", "DAEMONS", "DEFAULT_BINDING", "LOWLEVEL", "choose_binding", "tree_for", "unavailable", "PackfsOperations", "FSNAME_PREFIX", "FSTYPE", "MOUNT_HELPER",
     "check_allow_other", "check_fuse", "check_mountpoint", "check_options", "fuse_options", "helper_script",
     "is_mounted", "is_stale", "mount", "mount_helper", "mount_in_background", "open_for_mount", "remove_old_logs",
     "state_directory", "state_file", "unmount",

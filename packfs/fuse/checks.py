@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import MountError
 from .common import CACHE_SECONDS, DEFAULT_BINDING
+from .inodedaemon import LOWLEVEL, unavailable
 from .libfuse import load_binding
 
 __all__ = ["FSTYPE", "FSNAME_PREFIX", "FUSE_CONF", "mount_entry", "is_mounted", "check_fuse", "check_allow_other", "check_mountpoint",
@@ -59,8 +60,10 @@ def is_mounted(mountpoint: str) -> bool:
     return mount_entry(mountpoint) is not None
 
 
-def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType:
-    """Raise MountError naming what is missing unless FUSE can work here."""
+def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType | None:
+    """Raise MountError naming what is missing unless FUSE can work here with
+    ``binding``; return the binding's module (None for the compiled daemon, or "auto",
+    which process.choose_binding settles once the archive is open)."""
     if not os.path.exists("/dev/fuse"):
         raise MountError("FUSE is not available: /dev/fuse does not exist (load the fuse module)")
     try:
@@ -69,6 +72,13 @@ def check_fuse(binding: str = DEFAULT_BINDING) -> ModuleType:
         raise MountError(f"FUSE is not available: cannot open /dev/fuse: {error.strerror}") from None
     if not (shutil.which("fusermount3") or shutil.which("fusermount")):
         raise MountError("FUSE is not available: no fusermount or fusermount3 (install fuse3)")
+    if binding == "auto":
+        return None
+    if binding == LOWLEVEL:
+        reason = unavailable()
+        if reason is not None:
+            raise MountError(f"the compiled daemon (--binding {LOWLEVEL}) is not available: {reason}")
+        return None
     return load_binding(binding)
 
 

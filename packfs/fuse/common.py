@@ -20,16 +20,20 @@ from ..core import Archive, EntryStat
 from ..errors import ArchiveChangedError, NotADirectoryPathError, NotAFileError, PackfsError, PathNotFoundError
 from ..format import S_IFMT, S_IFREG
 
-__all__ = ["BINDINGS", "DEFAULT_BINDING", "CACHE_SECONDS", "NAME_CODEC", "FuseError", "LogOnce", "translated",
+__all__ = ["BINDINGS", "DAEMONS", "DEFAULT_BINDING", "PYTHON_FALLBACK", "CACHE_SECONDS", "NAME_CODEC", "FuseError", "LogOnce", "translated",
            "kernel_attributes", "read_only", "log"]
 
 log = logging.getLogger("packfs.mount")
 
-# fusepy (libfuse2) is the binding users asked for; mfusepy is its API-compatible,
-# maintained successor on libfuse3.  mfusepy is the default because libfuse3's no-open
-# support takes warm reads out of Python (bench/mount_compare.py; README, "Mounting").
+# The Python path daemon runs on a binding: fusepy (libfuse2) is the one users asked
+# for; mfusepy is its API-compatible, maintained successor on libfuse3.
 BINDINGS = {"fusepy": "fuse", "mfusepy": "mfusepy"}
-DEFAULT_BINDING = "mfusepy"
+# The daemons ``--binding`` chooses between: "lowlevel" is the compiled inode daemon
+# (packfs._lowlevel, fuse/inodedaemon.py); "auto" takes it where it can serve the
+# archive and mfusepy otherwise, saying why in one line (process.choose_binding).
+DAEMONS = ("auto", "lowlevel", "mfusepy", "fusepy")
+DEFAULT_BINDING = "auto"
+PYTHON_FALLBACK = "mfusepy"
 
 # The archive never changes while mounted, so the kernel may cache everything for long.
 CACHE_SECONDS = 86400

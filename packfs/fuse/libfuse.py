@@ -74,7 +74,7 @@ current = threading.local()
 _STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)  # libfuse's exit_handler
 
 
-class _CapturedStderr:
+class CapturedStderr:
     """Send fd 2 (where libfuse and fusermount write) to a file while setting up.
 
     fd 2 belongs to the process: one capture at a time (mounts set up in several
@@ -84,7 +84,7 @@ class _CapturedStderr:
     text = ""
     _one_at_a_time = threading.Lock()
 
-    def __enter__(self) -> _CapturedStderr:
+    def __enter__(self) -> CapturedStderr:
         self._one_at_a_time.acquire()
         sys.stderr.flush()
         self._file = tempfile.TemporaryFile()
@@ -113,7 +113,8 @@ class _CapturedStderr:
         return "; ".join(lines)
 
 
-def _options_error(said: _CapturedStderr) -> str:
+def options_error(said: CapturedStderr) -> str:
+    """What libfuse said about a rejected option, as one line naming the option."""
     # libfuse3: "fuse: unknown option(s): `-o bogus'"; libfuse2: "fuse: unknown option `bogus'"
     unknown = re.search(r"unknown option(?:\(s\))?:? `([^']*)'", said.text)
     if unknown:
@@ -160,14 +161,14 @@ def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations
         return 3
     kept = [argv[0], b"-o", options] + ([b"-d"] if debug else [])
     args = _FuseArgs(len(kept), (ctypes.c_char_p * len(kept))(*kept), 0)
-    with _CapturedStderr() as said:
+    with CapturedStderr() as said:
         fuse = lib.fuse_new(ctypes.byref(args), operations, size, None)
     try:
         if not fuse:
-            run.error = _options_error(said)
+            run.error = options_error(said)
             return 3
         said.replay()
-        with _CapturedStderr() as said:
+        with CapturedStderr() as said:
             failed = lib.fuse_mount(fuse, mountpoint)
         if failed:
             run.error = said.reason() or "libfuse could not mount (no reason given)"
@@ -212,12 +213,12 @@ def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations
 def _libfuse2_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations: Any, size: int) -> int:
     """fuse_main_real of libfuse 2.9: fuse_setup (parse, mount, signals), loop, teardown."""
     mountpoint, multithreaded = ctypes.c_char_p(), ctypes.c_int()
-    with _CapturedStderr() as said:
+    with CapturedStderr() as said:
         fuse = lib.fuse_setup(len(argv), (ctypes.c_char_p * len(argv))(*argv), operations, size,
                               ctypes.byref(mountpoint), ctypes.byref(multithreaded), None)
     if not fuse:
         # fuse_setup parses and mounts in one call: name the options only when they were it.
-        run.error = _options_error(said) if "option" in said.text else (
+        run.error = options_error(said) if "option" in said.text else (
             said.reason() or "libfuse could not mount (no reason given)")
         return 1
     said.replay()

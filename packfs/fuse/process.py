@@ -21,13 +21,14 @@ from typing import Any
 from ..core import Archive
 from ..errors import MountError
 from ..folder import PackedFolder
-from .common import DEFAULT_BINDING, NAME_CODEC, log
+from .common import DAEMONS, DEFAULT_BINDING, NAME_CODEC, PYTHON_FALLBACK, log
+from .inodedaemon import LOWLEVEL, serve, unavailable
 from .libfuse import LoopRun, current, has_own_main
 from .checks import (FSNAME_PREFIX, FSTYPE, check_allow_other, check_fuse, check_mountpoint, check_options,
                      fuse_options, is_mounted, mount_entry)
 from .pathdaemon import PackfsOperations, fuse_class
 
-__all__ = ["mount", "mount_in_background", "open_for_mount", "unmount", "is_stale", "state_file", "state_directory",
+__all__ = ["mount", "choose_binding", "mount_in_background", "open_for_mount", "unmount", "is_stale", "state_file", "state_directory",
            "remove_old_logs", "mount_helper", "helper_script", "MOUNT_HELPER"]
 
 def mount(
@@ -64,12 +65,20 @@ def mount(
     extra = dict(options or {})
     if allow_other or extra.get("allow_other"):
         check_allow_other()
+    check_fuse(binding)
+    path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
+    served = open_for_mount(archive, check_data)
+    binding, notice = choose_binding(binding, served)
+    if notice:
+        log.warning("%s", notice)
+    if binding == LOWLEVEL:
+        _serve_compiled(served, path, pidfile=state_file(path, ".pid"), threads=threads, debug=debug,
+                        options=fuse_options(served.path, allow_other, extra, binding))
+        return
     fuse = check_fuse(binding)
     if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and has_own_main(fuse)):
         raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
                          f"the mfusepy binding; libfuse2 always uses up to 10 threads")
-    path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    served = open_for_mount(archive, check_data)
     archive = served.path
     operations = PackfsOperations(served, no_open=True)
     pidfile = state_file(path, ".pid")
@@ -95,6 +104,44 @@ def mount(
             pass
     if run.stop_signal:
         log.debug("unmounted on %s", signal.Signals(run.stop_signal).name)
+
+
+def choose_binding(binding: str, archive: Archive) -> tuple[str, str | None]:
+    """The daemon that serves ``archive`` for ``--binding binding``, and the one-line
+    notice to show when "auto" falls back to the Python daemon.
+
+    Raises
+    ------
+    MountError
+        ``binding`` is "lowlevel" and the compiled daemon cannot serve this archive.
+    """
+    if binding not in DAEMONS:
+        raise ValueError(f"binding must be one of {', '.join(DAEMONS)}, got {binding!r}")
+    if binding not in ("auto", LOWLEVEL):
+        return binding, None
+    reason = unavailable(archive)
+    if reason is None:
+        return LOWLEVEL, None
+    if binding == LOWLEVEL:
+        raise MountError(f"the compiled daemon (--binding {LOWLEVEL}) cannot serve {archive.path!r}: {reason}")
+    return PYTHON_FALLBACK, f"serving with the Python daemon ({PYTHON_FALLBACK}), not the compiled one: {reason}"
+
+
+def _serve_compiled(archive: Archive, path: str, pidfile: str, threads: int, debug: bool,
+                    options: dict[str, Any]) -> None:
+    """mount()'s work for the compiled daemon: the pid file, serving, cleaning up."""
+    with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        status = serve(archive, path, options, threads=threads, debug=debug)
+    finally:
+        archive.close()
+        try:
+            os.unlink(pidfile)
+        except OSError:
+            pass
+    if status > 0:
+        log.debug("unmounted on %s", signal.Signals(status).name)
 
 
 def state_directory() -> str:

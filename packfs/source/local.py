@@ -126,6 +126,16 @@ class LocalFile:
         self._fd = fd
         self._close_fd = weakref.finalize(self, os.close, fd)
 
+    def fileno(self) -> int:
+        """The open file's descriptor (for a compiled reader that preads it itself)."""
+        return self._fd
+
+    @property
+    def guard_slot(self) -> int:
+        """The map's packfs._sigbus slot (-1 when not :attr:`guarded`): a compiled reader
+        of the map checks it after each operation, as :meth:`check_unchanged` does."""
+        return self._guard
+
     # -- reading -----------------------------------------------------------------------
 
     def read(self, start: int, end: int) -> bytes:

@@ -1,0 +1,1215 @@
+/* packfs._lowlevel: the inode-based FUSE daemon, on libfuse3's low-level API.
+ *
+ * Python opens and checks the archive (the format's open-time rules, packfs.core),
+ * then hands this module the archive's map, its descriptor, the SIGBUS guard's slot
+ * and where each path-table section lies.  From then on every request is served here,
+ * on libfuse's own worker threads, without the GIL:
+ *
+ *   inode   = entry index + 1 (the root is 1); every name of a hard-linked file
+ *             reports first_link + 1.  No per-inode state: FORGET costs nothing, and
+ *             memory does not grow with what the kernel has looked up.
+ *   LOOKUP  = a binary search of the parent's child range (names sorted bytewise).
+ *   READDIRPLUS hands the kernel every child's attributes with the listing.
+ *   OPEN and OPENDIR answer ENOSYS: the kernel then stops sending them, keeps file
+ *             pages across opens and caches listings (no_open, no_opendir).
+ *   READ    = pread() of the file's record; its CRC-32 is checked once per record
+ *             (a bitmap; one thread checks a record while the others asking wait).
+ *
+ * This is a second reader of the format (packfs/format.py is the specification):
+ * every value read from the table is checked, where it is used, against the rule of
+ * format section 5 that makes that use safe, and a broken rule answers EIO (logged
+ * once) instead of indexing with it.  The map is guarded by packfs._sigbus: a
+ * truncation under it reads zeros instead of killing the daemon, and the check after
+ * every operation (tree_changed) turns what was read then into EIO.
+ *
+ * The operations are plain C functions over a Tree (tree_lookup, entry_stat,
+ * tree_read, ...), called by the FUSE callbacks and, for tests and the fuzzer, by the
+ * Tree type's Python methods of the same names.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* 3.12's loop configuration sets a thread limit; 3.10 and 3.11 serve without one. */
+#ifdef PACKFS_FUSE_312
+#define FUSE_USE_VERSION 312
+#else
+#define FUSE_USE_VERSION 35
+#endif
+#include <fuse_lowlevel.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "_sigbus.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "packfs._lowlevel reads the archive's little-endian values in place"
+#endif
+
+/* The archive never changes while mounted (a change is EIO), so the kernel may keep
+ * entries, attributes and negative lookups for long: packfs.fuse.common.CACHE_SECONDS. */
+#define CACHE_SECONDS 86400.0
+/* The largest READ the kernel sends (max_pages = 256) and what one pread reads. */
+#define MAX_REQUEST (1u << 20)
+#define MAX_SYMLINK_TARGET 4095
+/* The longest name FUSE carries (the kernel's FUSE_NAME_MAX); statfs says 255. */
+#define MAX_NAME 1024
+/* Table and header pages a walk maps are dropped from the daemon's RSS (they stay in
+ * the page cache) after about this many entries were read, so RSS does not grow with
+ * the number of files served. */
+#define RELEASE_EVERY 65536
+/* A record is checked by one thread at a time: threads asking for records with the
+ * same stripe wait for it (the common case is the same record: a large file's first
+ * READs, arriving together from readahead). */
+#define STRIPES 256
+/* What the log keeps: each distinct (entry, rule) once, at most this many lines. */
+#define MAX_LOG_LINES 10000
+
+enum {
+    PARENT, MODE, UID, GID, MTIME_NS, SIZE, RECORD, CHILD_START, CHILD_COUNT, NAME_END, NLINK,
+    FIRST_LINK, NAMES, PATH_HASH, PATH_ENTRY, SECTIONS
+};
+static const int item_size[SECTIONS] = {4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 4, 4, 1, 4, 4};
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer map;                 /* the whole archive, mapped by packfs.source.LocalFile */
+    int have_map;
+    const uint8_t *base;
+    uint64_t file_size;
+    int fd;                        /* our own duplicate of the archive's descriptor */
+    int guard;                     /* packfs._sigbus slot of the map, or -1 */
+    int (*guard_check)(int);
+    struct stat identity;          /* without a guard: what fstat must keep showing */
+    uint64_t records, data_records, entries, header_end, data_end;
+    const uint8_t *column[SECTIONS];
+    uint64_t names_size;
+    int check_once;                /* 1: each record's CRC once; 0: never */
+    uint8_t *checked;              /* a bit per data record: its CRC matched */
+    pthread_mutex_t stripe[STRIPES];
+    int changed;                   /* sticky: the archive changed in place */
+    char *name;                    /* the archive's path, for the log */
+    long long uid, gid, umask;     /* -o uid=, gid=, umask= (-1: as stored) */
+    int direct_io;                 /* -o direct_io: OPEN answers, with FOPEN_DIRECT_IO */
+    uint64_t touched;              /* entries read since the table's pages were released */
+    uintptr_t table_low, table_high; /* the table's pages */
+    struct fuse_session *session;  /* between mount() and the end of run() */
+    uint64_t blocks;               /* statfs */
+} Tree;
+
+/* -- logging (stderr is the daemon's log file) --------------------------------------- */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned log_lines;
+static uint8_t log_seen[8192];     /* a bit per hash of (entry, rule): bounded in bytes */
+
+static void log_line(uint64_t key, const char *format, ...)
+{
+    pthread_mutex_lock(&log_lock);
+    uint32_t bit = (uint32_t) ((key * 0x9E3779B97F4A7C15ull) >> 48);
+    if (log_lines < MAX_LOG_LINES && !(log_seen[bit >> 3] & (1u << (bit & 7)))) {
+        log_seen[bit >> 3] |= (uint8_t) (1u << (bit & 7));
+        log_lines++;
+        struct timespec now;
+        struct tm local;
+        char stamp[32];
+        clock_gettime(CLOCK_REALTIME, &now);
+        localtime_r(&now.tv_sec, &local);
+        strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
+        fprintf(stderr, "%s,%03ld packfs: ", stamp, now.tv_nsec / 1000000);
+        va_list args;
+        va_start(args, format);
+        vfprintf(stderr, format, args);
+        va_end(args);
+        fputc('\n', stderr);
+        fflush(stderr);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* A broken rule of the table: EIO, logged once per entry and rule. */
+static int broken(Tree *t, uint64_t entry, int rule, const char *what)
+{
+    log_line(entry * 64 + (uint64_t) rule, "'%s': invalid path table: entry %llu %s", t->name,
+             (unsigned long long) entry, what);
+    return EIO;
+}
+
+/* -- values in place ------------------------------------------------------------------ */
+
+static inline uint32_t u32_at(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t u64_at(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+#define COLUMN32(t, k, e) u32_at((t)->column[k] + 4 * (e))
+#define COLUMN64(t, k, e) u64_at((t)->column[k] + 8 * (e))
+
+/* Record i's offset (the header was checked to hold n of them at open). */
+static inline uint64_t offset_of(Tree *t, uint64_t i)
+{
+    return u64_at(t->base + 12 + 4 * t->records + 8 * i);
+}
+
+/* After an operation: 1 if the archive changed in place since it was opened (a fault
+ * on the map, or another size, mtime, inode), so nothing read meanwhile is answered. */
+static int tree_changed(Tree *t)
+{
+    if (__atomic_load_n(&t->changed, __ATOMIC_RELAXED))
+        return 1;
+    int reason;
+    if (t->guard >= 0) {
+        reason = t->guard_check(t->guard);
+    } else {
+        struct stat now;
+        reason = fstat(t->fd, &now) != 0 ? 3
+                 : (now.st_dev != t->identity.st_dev || now.st_ino != t->identity.st_ino
+                    || now.st_size != t->identity.st_size
+                    || now.st_mtim.tv_sec != t->identity.st_mtim.tv_sec
+                    || now.st_mtim.tv_nsec != t->identity.st_mtim.tv_nsec) ? 2 : 0;
+    }
+    if (reason == 0)
+        return 0;
+    if (!__atomic_exchange_n(&t->changed, reason, __ATOMIC_RELAXED))
+        log_line(UINT64_MAX, "'%s': archive changed in place (%s); remount: every request now answers EIO",
+                 t->name, reason == 1 ? "truncated under its map" : reason == 2 ? "overwritten or replaced" : "fstat failed");
+    return 1;
+}
+
+/* Count ``entries`` read from the table; past RELEASE_EVERY, drop the header's and
+ * the table's mapped pages from RSS (a later use maps them again from the page cache). */
+static void touched(Tree *t, uint64_t entries)
+{
+    if (__atomic_add_fetch(&t->touched, entries, __ATOMIC_RELAXED) < RELEASE_EVERY)
+        return;
+    __atomic_store_n(&t->touched, 0, __ATOMIC_RELAXED);
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t) t->base;
+    uintptr_t header_end = (base + t->header_end + (uintptr_t) page - 1) & ~((uintptr_t) page - 1);
+    madvise((void *) base, header_end - base, MADV_DONTNEED);
+    if (t->table_high > t->table_low)
+        madvise((void *) t->table_low, t->table_high - t->table_low, MADV_DONTNEED);
+}
+
+/* -- the table's rules, where each value is used (format section 5) ------------------ */
+
+static int entry_of(Tree *t, fuse_ino_t inode, uint64_t *entry)
+{
+    if (inode < 1 || inode - 1 >= t->entries)
+        return EIO;  /* not an inode this daemon handed out */
+    *entry = inode - 1;
+    return 0;
+}
+
+static int file_type(Tree *t, uint64_t entry, unsigned *type)
+{
+    unsigned kind = COLUMN32(t, MODE, entry) & S_IFMT;
+    if (kind != S_IFDIR && kind != S_IFREG && kind != S_IFLNK)
+        return broken(t, entry, 1, "has a file type that is not a directory, file or symlink");
+    *type = kind;
+    return 0;
+}
+
+/* The name's bytes: in the names section, non-empty for every entry but the root. */
+static int name_of(Tree *t, uint64_t entry, const uint8_t **name, uint64_t *length)
+{
+    uint64_t start = entry ? COLUMN64(t, NAME_END, entry - 1) : 0;
+    uint64_t end = COLUMN64(t, NAME_END, entry);
+    if (start > end || end > t->names_size || (entry && start == end))
+        return broken(t, entry, 2, "has a name outside the names section, or an empty one");
+    *name = t->column[NAMES] + start;
+    *length = end - start;
+    return 0;
+}
+
+/* A name handed to the kernel: at most 1024 bytes, no '/', no NUL, not "." or "..". */
+static int name_fit(Tree *t, uint64_t entry, const uint8_t *name, uint64_t length)
+{
+    if (length > MAX_NAME || memchr(name, '/', length) || memchr(name, 0, length)
+        || (length == 1 && name[0] == '.') || (length == 2 && name[0] == '.' && name[1] == '.'))
+        return broken(t, entry, 3, "has a name that is longer than 1024 bytes, holds '/' or NUL, or is . or ..");
+    return 0;
+}
+
+/* A directory's child range: after it, within the table. */
+static int children_of(Tree *t, uint64_t entry, uint64_t *start, uint64_t *count)
+{
+    unsigned type;
+    int error = file_type(t, entry, &type);
+    if (error)
+        return error;
+    if (type != S_IFDIR)
+        return ENOTDIR;
+    *start = COLUMN32(t, CHILD_START, entry);
+    *count = COLUMN32(t, CHILD_COUNT, entry);
+    if (*count && (*start <= entry || *start + *count > t->entries))
+        return broken(t, entry, 4, "has a child range that is not after it and within the table");
+    return 0;
+}
+
+/* A child found in a directory's range must name it as its parent. */
+static int parent_is(Tree *t, uint64_t child, uint64_t directory)
+{
+    if (COLUMN32(t, PARENT, child) != directory)
+        return broken(t, child, 5, "is in a directory's child range but names another parent");
+    return 0;
+}
+
+/* A file's or symlink's record: below D, inside the data area, as long as its size. */
+static int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start, uint64_t *end)
+{
+    uint64_t r = COLUMN64(t, RECORD, entry);
+    if (r >= t->data_records)
+        return broken(t, entry, 6, "names a record that is not a data record");
+    uint64_t s = offset_of(t, r), e = offset_of(t, r + 1);
+    if (s < t->header_end || s > e || e > t->data_end)
+        return broken(t, entry, 7, "names a record whose offsets are outside the data area");
+    if (e - s != COLUMN64(t, SIZE, entry))
+        return broken(t, entry, 8, "has a size that is not its record's length");
+    *record = r;
+    *start = s;
+    *end = e;
+    return 0;
+}
+
+static int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode)
+{
+    *inode = entry + 1;
+    if (type != S_IFREG)
+        return 0;
+    uint64_t first = COLUMN32(t, FIRST_LINK, entry);
+    if (first == 0)
+        return 0;
+    if (first > entry || (COLUMN32(t, MODE, first) & S_IFMT) != S_IFREG
+        || COLUMN64(t, RECORD, first) != COLUMN64(t, RECORD, entry))
+        return broken(t, entry, 9, "has a first_link that is not an earlier name of the same file");
+    *inode = first + 1;
+    return 0;
+}
+
+/* The attributes the kernel takes (packfs.fuse.common.kernel_attributes, in C). */
+static int entry_stat(Tree *t, uint64_t entry, struct stat *st)
+{
+    unsigned type;
+    uint64_t inode;
+    int error = file_type(t, entry, &type);
+    if (!error)
+        error = inode_of(t, entry, type, &inode);
+    if (error)
+        return error;
+    memset(st, 0, sizeof *st);
+    uint64_t size = COLUMN64(t, SIZE, entry);
+    uint32_t uid = COLUMN32(t, UID, entry), gid = COLUMN32(t, GID, entry);
+    int64_t mtime = (int64_t) COLUMN64(t, MTIME_NS, entry);
+    if (size > (uint64_t) INT64_MAX)
+        size = INT64_MAX;  /* the kernel answers EIO for a larger one */
+    st->st_ino = inode;
+    st->st_mode = COLUMN32(t, MODE, entry);
+    st->st_nlink = COLUMN32(t, NLINK, entry);
+    st->st_uid = t->uid >= 0 ? (uid_t) t->uid : uid == UINT32_MAX ? UINT32_MAX - 1 : uid;  /* (uid_t)-1: no owner */
+    st->st_gid = t->gid >= 0 ? (gid_t) t->gid : gid == UINT32_MAX ? UINT32_MAX - 1 : gid;
+    if (t->umask >= 0)
+        st->st_mode &= ~(mode_t) t->umask;
+    st->st_size = (off_t) size;
+    st->st_blocks = type == S_IFREG ? (blkcnt_t) ((size + 511) / 512) : 0;
+    st->st_blksize = 128 * 1024;
+    int64_t seconds = mtime / 1000000000, nanoseconds = mtime % 1000000000;
+    if (nanoseconds < 0) {
+        nanoseconds += 1000000000;
+        seconds -= 1;
+    }
+    st->st_mtim.tv_sec = st->st_atim.tv_sec = st->st_ctim.tv_sec = seconds;
+    st->st_mtim.tv_nsec = st->st_atim.tv_nsec = st->st_ctim.tv_nsec = nanoseconds;
+    return 0;
+}
+
+/* -- operations ------------------------------------------------------------------------- */
+
+/* Entry of ``name`` in directory inode ``parent``: 0 and *found, or an errno. */
+static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t length, uint64_t *found)
+{
+    uint64_t directory, low, count;
+    int error = entry_of(t, parent, &directory);
+    if (!error)
+        error = children_of(t, directory, &low, &count);
+    if (error)
+        return error;
+    uint64_t high = low + count;
+    touched(t, 1);
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        const uint8_t *other;
+        uint64_t other_length;
+        if ((error = name_of(t, middle, &other, &other_length)) != 0)
+            return error;
+        int order = memcmp(other, name, other_length < length ? other_length : length);
+        if (order == 0)
+            order = other_length < length ? -1 : other_length > length ? 1 : 0;
+        if (order == 0) {
+            if ((error = parent_is(t, middle, directory)) != 0)
+                return error;
+            *found = middle;
+            return 0;
+        }
+        if (order < 0)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return ENOENT;
+}
+
+/* Position ``position`` of directory ``directory``'s listing: 0 is ".", 1 is "..",
+ * 2 + i its i-th child.  ENOENT past the end; *child is the entry (-1 for . and ..). */
+static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t count, uint64_t position,
+                        char *name, struct stat *st)
+{
+    memset(st, 0, sizeof *st);
+    st->st_mode = S_IFDIR;
+    if (position == 0) {
+        strcpy(name, ".");
+        st->st_ino = directory + 1;
+        return 0;
+    }
+    if (position == 1) {
+        uint64_t up = COLUMN32(t, PARENT, directory);
+        if (directory && up >= directory)
+            return broken(t, directory, 10, "has a parent that is not before it");
+        strcpy(name, "..");
+        st->st_ino = up + 1;
+        return 0;
+    }
+    if (position - 2 >= count)
+        return ENOENT;
+    uint64_t child = start + position - 2;
+    const uint8_t *bytes;
+    uint64_t length;
+    int error = name_of(t, child, &bytes, &length);
+    if (!error)
+        error = name_fit(t, child, bytes, length);
+    if (!error)
+        error = parent_is(t, child, directory);
+    if (!error)
+        error = entry_stat(t, child, st);
+    if (error)
+        return error;
+    memcpy(name, bytes, length);
+    name[length] = 0;
+    return 0;
+}
+
+/* Check record ``record`` once (the bitmap), one thread at a time per stripe; ``data``
+ * is the whole record when the caller already read it, else it is read here in
+ * MAX_REQUEST pieces.  0, or EIO for a mismatch or a short read. */
+static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, const uint8_t *data)
+{
+    uint8_t bit = (uint8_t) (1u << (record & 7));
+    if (!t->check_once || (__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & bit))
+        return 0;
+    pthread_mutex_t *lock = &t->stripe[record % STRIPES];
+    pthread_mutex_lock(lock);
+    int error = 0;
+    if (!(__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & bit)) {
+        uLong crc = crc32(0L, Z_NULL, 0);
+        if (data != NULL) {
+            for (uint64_t done = 0; done < end - start;) {
+                uInt piece = (uInt) (end - start - done < MAX_REQUEST ? end - start - done : MAX_REQUEST);
+                crc = crc32(crc, data + done, piece);
+                done += piece;
+            }
+        } else {
+            uint8_t *buffer = malloc(MAX_REQUEST);
+            if (buffer == NULL)
+                error = ENOMEM;
+            for (uint64_t at = start; !error && at < end;) {
+                size_t piece = end - at < MAX_REQUEST ? (size_t) (end - at) : MAX_REQUEST;
+                ssize_t got = pread(t->fd, buffer, piece, (off_t) at);
+                if (got <= 0) {
+                    error = EIO;
+                    tree_changed(t);
+                    break;
+                }
+                crc = crc32(crc, buffer, (uInt) got);
+                at += (uint64_t) got;
+            }
+            free(buffer);
+        }
+        if (!error && (uint32_t) crc != u32_at(t->base + 12 + 4 * record)) {
+            if (!tree_changed(t))
+                log_line(((uint64_t) 1 << 62) + record, "'%s': record %llu: checksum mismatch (the archive is "
+                         "damaged): its files answer EIO", t->name, (unsigned long long) record);
+            error = EIO;
+        }
+        if (!error)
+            __atomic_fetch_or(&t->checked[record >> 3], bit, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(lock);
+    return error;
+}
+
+/* Up to ``size`` bytes of file inode ``inode`` from ``offset``: *out (malloc'ed, free
+ * it) and *got, or an errno.  A whole small record is read once and checked from the
+ * same bytes. */
+static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
+                     size_t *skip)
+{
+    uint64_t entry, record, start, end;
+    unsigned type;
+    int error = entry_of(t, inode, &entry);
+    if (!error)
+        error = file_type(t, entry, &type);
+    if (error)
+        return error;
+    if (type != S_IFREG)
+        return type == S_IFDIR ? EISDIR : EINVAL;
+    if ((error = record_of(t, entry, &record, &start, &end)) != 0)
+        return error;
+    uint64_t length = end - start;
+    *out = NULL;
+    *got = *skip = 0;
+    if (offset >= length || size == 0)
+        return 0;
+    uint64_t want = length - offset < size ? length - offset : size;
+    uint8_t bit = (uint8_t) (1u << (record & 7));
+    int unchecked = t->check_once && !(__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & bit);
+    uint64_t from = offset, count = want;
+    if (unchecked && length <= MAX_REQUEST) {
+        from = 0;  /* the whole record: one pread serves the check and the reply */
+        count = length;
+    } else if (unchecked && (error = check_record(t, record, start, end, NULL)) != 0) {
+        return error;
+    }
+    uint8_t *buffer = malloc(count ? count : 1);
+    if (buffer == NULL)
+        return ENOMEM;
+    for (uint64_t done = 0; done < count;) {
+        ssize_t n = pread(t->fd, buffer + done, count - done, (off_t) (start + from + done));
+        if (n <= 0) {
+            free(buffer);
+            tree_changed(t);
+            return EIO;  /* the file is shorter than at open: it changed */
+        }
+        done += (uint64_t) n;
+    }
+    if (unchecked && length <= MAX_REQUEST && (error = check_record(t, record, start, end, buffer)) != 0) {
+        free(buffer);
+        return error;
+    }
+    *out = buffer;
+    *skip = (size_t) (offset - from);
+    *got = (size_t) want;
+    return 0;
+}
+
+/* Symlink inode ``inode``'s target into ``target`` (MAX_SYMLINK_TARGET + 1 bytes),
+ * NUL-terminated: non-empty, no NUL byte, at most 4,095 bytes, its CRC checked. */
+static int tree_readlink(Tree *t, fuse_ino_t inode, char *target)
+{
+    uint64_t entry, record, start, end;
+    unsigned type;
+    int error = entry_of(t, inode, &entry);
+    if (!error)
+        error = file_type(t, entry, &type);
+    if (error)
+        return error;
+    if (type != S_IFLNK)
+        return EINVAL;
+    if ((error = record_of(t, entry, &record, &start, &end)) != 0)
+        return error;
+    if (end == start || end - start > MAX_SYMLINK_TARGET)
+        return broken(t, entry, 11, "is a symlink whose target is empty or longer than 4095 bytes");
+    ssize_t n = pread(t->fd, target, end - start, (off_t) start);
+    if (n != (ssize_t) (end - start)) {
+        tree_changed(t);
+        return EIO;
+    }
+    if (memchr(target, 0, (size_t) n))
+        return broken(t, entry, 12, "is a symlink whose target holds a NUL byte");
+    target[n] = 0;
+    if ((error = check_record(t, record, start, end, (const uint8_t *) target)) != 0)
+        return error;
+    return 0;
+}
+
+/* -- the FUSE callbacks: each runs an operation, then the change check -------------------- */
+
+static Tree *tree_of(fuse_req_t request)
+{
+    return (Tree *) fuse_req_userdata(request);
+}
+
+static int finished(Tree *t, int error)
+{
+    return tree_changed(t) ? EIO : error;
+}
+
+static void ll_init(void *userdata, struct fuse_conn_info *conn)
+{
+    if (conn->capable & FUSE_CAP_READDIRPLUS)
+        conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~(unsigned) FUSE_CAP_READDIRPLUS_AUTO;  /* attributes with every listing */
+    if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
+        conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+    /* The archive never changes: nothing to invalidate when attributes are fetched. */
+    conn->want &= ~(unsigned) FUSE_CAP_AUTO_INVAL_DATA;
+    /* max_pages follows max_write in libfuse: 1 MiB requests, READ included. */
+    conn->max_write = MAX_REQUEST;
+    conn->max_read = MAX_REQUEST;  /* as -o max_read= says (libfuse insists they agree) */
+    conn->time_gran = 1;
+}
+
+static void ll_lookup(fuse_req_t request, fuse_ino_t parent, const char *name)
+{
+    Tree *t = tree_of(request);
+    struct fuse_entry_param entry;
+    memset(&entry, 0, sizeof entry);
+    uint64_t child;
+    int error = tree_lookup(t, parent, (const uint8_t *) name, strlen(name), &child);
+    if (!error)
+        error = entry_stat(t, child, &entry.attr);
+    error = finished(t, error);
+    entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
+    if (error == ENOENT) {
+        fuse_reply_entry(request, &entry);  /* inode 0: a negative entry the kernel keeps */
+    } else if (error) {
+        fuse_reply_err(request, error);
+    } else {
+        entry.ino = entry.attr.st_ino;
+        fuse_reply_entry(request, &entry);
+    }
+}
+
+static void ll_getattr(fuse_req_t request, fuse_ino_t inode, struct fuse_file_info *info)
+{
+    Tree *t = tree_of(request);
+    struct stat st;
+    uint64_t entry;
+    int error = entry_of(t, inode, &entry);
+    if (!error)
+        error = entry_stat(t, entry, &st);
+    if ((error = finished(t, error)) != 0)
+        fuse_reply_err(request, error);
+    else
+        fuse_reply_attr(request, &st, CACHE_SECONDS);
+}
+
+static void ll_readlink(fuse_req_t request, fuse_ino_t inode)
+{
+    Tree *t = tree_of(request);
+    char target[MAX_SYMLINK_TARGET + 1];
+    int error = finished(t, tree_readlink(t, inode, target));
+    if (error)
+        fuse_reply_err(request, error);
+    else
+        fuse_reply_readlink(request, target);
+}
+
+static void ll_open(fuse_req_t request, fuse_ino_t inode, struct fuse_file_info *info)
+{
+    Tree *t = tree_of(request);
+    if (t->direct_io) {  /* -o direct_io: every read comes here, none from the page cache */
+        info->direct_io = 1;
+        fuse_reply_open(request, info);
+        return;
+    }
+    /* The kernel then opens every file itself (no_open) and keeps its pages cached. */
+    fuse_reply_err(request, ENOSYS);
+}
+
+static void ll_opendir(fuse_req_t request, fuse_ino_t inode, struct fuse_file_info *info)
+{
+    /* no_opendir: the kernel also caches listings (Linux 5.1, "fuse: cache readdir
+     * calls if filesystem opts out of opendir"). */
+    fuse_reply_err(request, ENOSYS);
+}
+
+static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
+{
+    Tree *t = tree_of(request);
+    uint8_t *data;
+    size_t got, skip;
+    int error = finished(t, offset < 0 ? EINVAL : tree_read(t, inode, (uint64_t) offset, size, &data, &got, &skip));
+    if (error) {
+        fuse_reply_err(request, error);
+        return;
+    }
+    fuse_reply_buf(request, (const char *) data + skip, got);
+    free(data);
+}
+
+static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, int plus)
+{
+    Tree *t = tree_of(request);
+    uint64_t directory, start, count;
+    int error = entry_of(t, inode, &directory);
+    if (!error)
+        error = children_of(t, directory, &start, &count);
+    if (error || offset < 0) {
+        fuse_reply_err(request, finished(t, error ? error : EINVAL));
+        return;
+    }
+    char *buffer = malloc(size ? size : 1);
+    if (buffer == NULL) {
+        fuse_reply_err(request, ENOMEM);
+        return;
+    }
+    size_t used = 0;
+    char name[MAX_NAME + 1];
+    for (uint64_t position = (uint64_t) offset;; position++) {
+        struct fuse_entry_param entry;
+        memset(&entry, 0, sizeof entry);
+        error = listing_item(t, directory, start, count, position, name, &entry.attr);
+        if (error == ENOENT) {
+            error = 0;
+            break;
+        }
+        if (error)
+            break;
+        size_t added;
+        if (plus) {
+            /* "." and ".." go without an inode: the kernel makes no entry of them. */
+            if (position >= 2) {
+                entry.ino = entry.attr.st_ino;
+                entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
+            }
+            added = fuse_add_direntry_plus(request, buffer + used, size - used, name, &entry, (off_t) position + 1);
+        } else {
+            added = fuse_add_direntry(request, buffer + used, size - used, name, &entry.attr, (off_t) position + 1);
+        }
+        if (added > size - used)
+            break;  /* full: the kernel asks again from this position */
+        used += added;
+    }
+    touched(t, used / 64 + 1);
+    if ((error = finished(t, error)) != 0)
+        fuse_reply_err(request, error);
+    else
+        fuse_reply_buf(request, buffer, used);
+    free(buffer);
+}
+
+static void ll_readdir(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
+{
+    reply_listing(request, inode, size, offset, 0);
+}
+
+static void ll_readdirplus(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset,
+                           struct fuse_file_info *info)
+{
+    reply_listing(request, inode, size, offset, 1);
+}
+
+static void ll_statfs(fuse_req_t request, fuse_ino_t inode)
+{
+    Tree *t = tree_of(request);
+    struct statvfs st;
+    memset(&st, 0, sizeof st);
+    st.f_bsize = st.f_frsize = 4096;
+    st.f_blocks = t->blocks;
+    st.f_files = t->entries;
+    st.f_namemax = MAX_NAME;
+    int error = finished(t, 0);
+    if (error)
+        fuse_reply_err(request, error);
+    else
+        fuse_reply_statfs(request, &st);
+}
+
+static void ll_forget(fuse_req_t request, fuse_ino_t inode, uint64_t lookups)
+{
+    fuse_reply_none(request);  /* inodes are entry numbers: nothing to free */
+}
+
+static void ll_forget_multi(fuse_req_t request, size_t count, struct fuse_forget_data *forgets)
+{
+    fuse_reply_none(request);
+}
+
+static const struct fuse_lowlevel_ops operations = {
+    .init = ll_init,
+    .lookup = ll_lookup,
+    .forget = ll_forget,
+    .forget_multi = ll_forget_multi,
+    .getattr = ll_getattr,
+    .readlink = ll_readlink,
+    .open = ll_open,
+    .read = ll_read,
+    .opendir = ll_opendir,
+    .readdir = ll_readdir,
+    .readdirplus = ll_readdirplus,
+    .statfs = ll_statfs,
+};
+
+/* -- the Tree type ---------------------------------------------------------------------------- */
+
+static PyObject *os_error(int error)
+{
+    errno = error;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
+                               "check_once", "name", NULL};
+    PyObject *mapping, *sections;
+    const char *name = "archive";
+    int fd, guard, check_once;
+    unsigned long long records, data_records, entries;
+    if (t->have_map) {
+        PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|s:Tree", keywords, &mapping, &fd, &guard, &records,
+                                     &data_records, &entries, &sections, &check_once, &name))
+        return -1;
+    t->fd = -1;
+    if ((t->name = strdup(name)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyObject_GetBuffer(mapping, &t->map, PyBUF_SIMPLE) != 0)
+        return -1;
+    t->have_map = 1;
+    t->base = t->map.buf;
+    t->file_size = (uint64_t) t->map.len;
+    /* The header's own rules (section 1), again: every later index relies on them. */
+    if (t->file_size < 12 || records < 1 || records > (t->file_size - 12) / 12) {
+        PyErr_SetString(PyExc_ValueError, "the record count does not fit the archive");
+        return -1;
+    }
+    t->records = records;
+    t->header_end = 12 + 12 * records;
+    if (data_records >= records || entries < 1 || entries > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "data_records or entries out of range");
+        return -1;
+    }
+    t->data_records = data_records;
+    t->entries = entries;
+    t->data_end = offset_of(t, data_records);
+    if (t->data_end < t->header_end || t->data_end > t->file_size) {
+        PyErr_SetString(PyExc_ValueError, "the data area's end is outside the archive");
+        return -1;
+    }
+    PyObject *spans = PySequence_Fast(sections, "sections: a sequence of (start, end)");
+    if (spans == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(spans) != SECTIONS) {
+        Py_DECREF(spans);
+        PyErr_Format(PyExc_ValueError, "expected %d sections", SECTIONS);
+        return -1;
+    }
+    for (int k = 0; k < SECTIONS; k++) {
+        unsigned long long start, end;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(spans, k), "KK", &start, &end)) {
+            Py_DECREF(spans);
+            return -1;
+        }
+        if (start > end || end > t->file_size
+            || (k != NAMES && end - start != entries * (unsigned long long) item_size[k])) {
+            Py_DECREF(spans);
+            PyErr_Format(PyExc_ValueError, "section %d's span does not fit the archive", k);
+            return -1;
+        }
+        t->column[k] = t->base + start;
+        if (k == 0 || (uintptr_t) t->base + start < t->table_low)
+            t->table_low = (uintptr_t) t->base + start;
+        if ((uintptr_t) t->base + end > t->table_high)
+            t->table_high = (uintptr_t) t->base + end;
+        if (k == NAMES)
+            t->names_size = end - start;
+    }
+    Py_DECREF(spans);
+    long page = sysconf(_SC_PAGESIZE);
+    t->table_low &= ~((uintptr_t) page - 1);  /* whole pages: the map starts on one */
+    t->table_high &= ~((uintptr_t) page - 1);  /* the last partial page stays */
+    t->guard = guard;
+    if (guard >= 0) {
+        PackfsSigbusAPI *api = PyCapsule_Import(PACKFS_SIGBUS_CAPSULE, 0);
+        if (api == NULL)
+            return -1;
+        t->guard_check = api->check;
+    }
+    t->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (t->fd < 0 || fstat(t->fd, &t->identity) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    t->check_once = check_once;
+    t->checked = calloc(data_records / 8 + 1, 1);
+    if (t->checked == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < STRIPES; i++)
+        pthread_mutex_init(&t->stripe[i], NULL);
+    t->blocks = (t->file_size + 4095) / 4096;
+    return 0;
+}
+
+static void tree_dealloc(Tree *t)
+{
+    if (t->session != NULL) {  /* mounted, never run */
+        fuse_session_unmount(t->session);
+        fuse_remove_signal_handlers(t->session);
+        fuse_session_destroy(t->session);
+    }
+    if (t->have_map)
+        PyBuffer_Release(&t->map);
+    if (t->fd >= 0)
+        close(t->fd);
+    free(t->checked);
+    free(t->name);
+    Py_TYPE(t)->tp_free((PyObject *) t);
+}
+
+static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    Tree *t = (Tree *) type->tp_alloc(type, 0);
+    if (t != NULL) {
+        t->fd = -1;
+        t->uid = t->gid = t->umask = -1;
+    }
+    return (PyObject *) t;
+}
+
+static int ready(Tree *t)
+{
+    if (!t->have_map) {
+        PyErr_SetString(PyExc_ValueError, "the Tree is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *stat_tuple(const struct stat *st)
+{
+    return Py_BuildValue("{s:K,s:I,s:K,s:I,s:I,s:L,s:L,s:L}", "st_ino", (unsigned long long) st->st_ino,
+                         "st_mode", (unsigned) st->st_mode, "st_nlink", (unsigned long long) st->st_nlink,
+                         "st_uid", (unsigned) st->st_uid, "st_gid", (unsigned) st->st_gid,
+                         "st_size", (long long) st->st_size, "st_blocks", (long long) st->st_blocks,
+                         "st_mtime_ns", (long long) st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec);
+}
+
+PyDoc_STRVAR(lookup_doc, "lookup(parent_inode, name: bytes) -> dict of st_* (LOOKUP); OSError with the errno.");
+
+static PyObject *py_lookup(Tree *t, PyObject *args)
+{
+    unsigned long long parent;
+    Py_buffer name;
+    if (!ready(t) || !PyArg_ParseTuple(args, "Ky*:lookup", &parent, &name))
+        return NULL;
+    uint64_t child;
+    struct stat st;
+    int error = tree_lookup(t, parent, name.buf, (size_t) name.len, &child);
+    PyBuffer_Release(&name);
+    if (!error)
+        error = entry_stat(t, child, &st);
+    if ((error = finished(t, error)) != 0)
+        return os_error(error);
+    return stat_tuple(&st);
+}
+
+PyDoc_STRVAR(getattr_doc, "getattr(inode) -> dict of st_* (GETATTR); OSError with the errno.");
+
+static PyObject *py_getattr(Tree *t, PyObject *args)
+{
+    unsigned long long inode;
+    if (!ready(t) || !PyArg_ParseTuple(args, "K:getattr", &inode))
+        return NULL;
+    uint64_t entry;
+    struct stat st;
+    int error = entry_of(t, inode, &entry);
+    if (!error)
+        error = entry_stat(t, entry, &st);
+    if ((error = finished(t, error)) != 0)
+        return os_error(error);
+    return stat_tuple(&st);
+}
+
+PyDoc_STRVAR(readdir_doc,
+"readdir(inode, offset=0) -> [(name: bytes, st_ino, st_mode, next_offset)] (READDIRPLUS's\n"
+"entries, . and .. first); OSError with the errno.");
+
+static PyObject *py_readdir(Tree *t, PyObject *args)
+{
+    unsigned long long inode, offset = 0;
+    if (!ready(t) || !PyArg_ParseTuple(args, "K|K:readdir", &inode, &offset))
+        return NULL;
+    uint64_t directory, start, count;
+    int error = entry_of(t, inode, &directory);
+    if (!error)
+        error = children_of(t, directory, &start, &count);
+    if (error)
+        return os_error(finished(t, error));
+    PyObject *items = PyList_New(0);
+    char name[MAX_NAME + 1];
+    for (uint64_t position = offset; items != NULL; position++) {
+        struct stat st;
+        error = listing_item(t, directory, start, count, position, name, &st);
+        if (error)
+            break;
+        PyObject *item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st.st_ino,
+                                       (unsigned) st.st_mode, (unsigned long long) position + 1);
+        if (item == NULL || PyList_Append(items, item) != 0)
+            Py_CLEAR(items);
+        Py_XDECREF(item);
+    }
+    if (items == NULL)
+        return NULL;
+    if ((error = finished(t, error == ENOENT ? 0 : error)) != 0) {
+        Py_DECREF(items);
+        return os_error(error);
+    }
+    return items;
+}
+
+PyDoc_STRVAR(read_doc, "read(inode, offset, size) -> bytes (READ); OSError with the errno.");
+
+static PyObject *py_read(Tree *t, PyObject *args)
+{
+    unsigned long long inode, offset;
+    Py_ssize_t size;
+    if (!ready(t) || !PyArg_ParseTuple(args, "KKn:read", &inode, &offset, &size))
+        return NULL;
+    if (size < 0 || (size_t) size > MAX_REQUEST)
+        return os_error(EINVAL);
+    uint8_t *data = NULL;
+    size_t got = 0, skip = 0;
+    int error;
+    Py_BEGIN_ALLOW_THREADS
+    error = finished(t, tree_read(t, inode, offset, (size_t) size, &data, &got, &skip));
+    Py_END_ALLOW_THREADS
+    if (error) {
+        free(data);
+        return os_error(error);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(data ? (const char *) data + skip : "", (Py_ssize_t) got);
+    free(data);
+    return result;
+}
+
+PyDoc_STRVAR(readlink_doc, "readlink(inode) -> bytes (READLINK); OSError with the errno.");
+
+static PyObject *py_readlink(Tree *t, PyObject *args)
+{
+    unsigned long long inode;
+    if (!ready(t) || !PyArg_ParseTuple(args, "K:readlink", &inode))
+        return NULL;
+    char target[MAX_SYMLINK_TARGET + 1];
+    int error = finished(t, tree_readlink(t, inode, target));
+    if (error)
+        return os_error(error);
+    return PyBytes_FromString(target);
+}
+
+PyDoc_STRVAR(mount_doc,
+"mount(mountpoint, options: str, debug=False)\n\n"
+"Mount at ``mountpoint`` with libfuse's ``-o options`` (a comma-separated string);\n"
+"SIGINT, SIGTERM and SIGHUP will end :meth:`run`.  RuntimeError if libfuse refused\n"
+"the options or could not mount (it printed why on stderr).");
+
+static PyObject *py_mount(Tree *t, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"mountpoint", "options", "debug", NULL};
+    const char *mountpoint, *options;
+    int debug = 0;
+    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "ss|p:mount", keywords, &mountpoint, &options,
+                                                  &debug))
+        return NULL;
+    if (t->guard < 0) {
+        PyErr_SetString(PyExc_ValueError, "serving needs the map guarded by packfs._sigbus");
+        return NULL;
+    }
+    if (t->session != NULL) {
+        PyErr_SetString(PyExc_ValueError, "already mounted");
+        return NULL;
+    }
+    char *argv[] = {"packfs", "-o", (char *) options, debug ? "-d" : NULL, NULL};
+    struct fuse_args fuse_arguments = FUSE_ARGS_INIT(debug ? 4 : 3, argv);
+    struct fuse_session *session = fuse_session_new(&fuse_arguments, &operations, sizeof operations, t);
+    fuse_opt_free_args(&fuse_arguments);
+    if (session == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libfuse refused the mount options");
+        return NULL;
+    }
+    if (fuse_set_signal_handlers(session) != 0) {
+        fuse_session_destroy(session);
+        PyErr_SetString(PyExc_RuntimeError, "cannot install the signal handlers");
+        return NULL;
+    }
+    int mounted;
+    Py_BEGIN_ALLOW_THREADS
+    mounted = fuse_session_mount(session, mountpoint);
+    Py_END_ALLOW_THREADS
+    if (mounted != 0) {
+        fuse_remove_signal_handlers(session);
+        fuse_session_destroy(session);
+        PyErr_SetString(PyExc_RuntimeError, "libfuse could not mount");
+        return NULL;
+    }
+    t->session = session;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(run_doc,
+"run(threads=0, clone_fd=False, max_idle_threads=-1) -> int\n\n"
+"Serve the mount until it is unmounted or a signal stops it, then unmount; the GIL is\n"
+"released meanwhile.  ``threads``: 1 serves one request at a time, N > 1 with at most\n"
+"N worker threads (libfuse 3.12 or later), 0 libfuse's default; the other two are\n"
+"libfuse's loop options of those names (-1: its default).  Returns the session\n"
+"loop's status: 0 when unmounted, the signal's number when stopped by one (libfuse\n"
+"3.12 or later), negative errno on failure.");
+
+static PyObject *py_run(Tree *t, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"threads", "clone_fd", "max_idle_threads", NULL};
+    int threads = 0, clone_fd = 0, idle = -1;
+    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "|ipi:run", keywords, &threads, &clone_fd, &idle))
+        return NULL;
+    struct fuse_session *session = t->session;
+    if (session == NULL) {
+        PyErr_SetString(PyExc_ValueError, "not mounted");
+        return NULL;
+    }
+#ifndef PACKFS_FUSE_312
+    if (threads > 1) {
+        PyErr_SetString(PyExc_ValueError, "a thread limit needs libfuse 3.12 or later");
+        return NULL;
+    }
+#endif
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    if (threads == 1) {
+        status = fuse_session_loop(session);
+    } else {
+#ifdef PACKFS_FUSE_312
+        struct fuse_loop_config *config = fuse_loop_cfg_create();
+        fuse_loop_cfg_set_clone_fd(config, (unsigned) clone_fd);
+        if (idle >= 0)
+            fuse_loop_cfg_set_idle_threads(config, (unsigned) idle);
+        if (threads > 1)
+            fuse_loop_cfg_set_max_threads(config, (unsigned) threads);
+        status = fuse_session_loop_mt(session, config);
+        fuse_loop_cfg_destroy(config);
+#else
+        struct fuse_loop_config config = {.clone_fd = clone_fd, .max_idle_threads = idle >= 0 ? idle : 10};
+        status = fuse_session_loop_mt(session, &config);
+#endif
+    }
+    fuse_session_unmount(session);
+    fuse_remove_signal_handlers(session);
+    fuse_session_destroy(session);
+    Py_END_ALLOW_THREADS
+    t->session = NULL;
+    return PyLong_FromLong(status);
+}
+
+PyDoc_STRVAR(override_doc,
+"override(uid=-1, gid=-1, umask=-1, direct_io=False)\n\n"
+"Show every entry with this owner, group, or permission bits masked (-o uid=, gid=,\n"
+"umask=, as libfuse's high-level API does; -1 keeps what the archive stores); with\n"
+"``direct_io``, files are opened so that every read reaches the daemon (-o direct_io).");
+
+static PyObject *py_override(Tree *t, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"uid", "gid", "umask", "direct_io", NULL};
+    long long uid = -1, gid = -1, umask_bits = -1;
+    int direct_io = 0;
+    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "|LLLp:override", keywords, &uid, &gid, &umask_bits,
+                                                  &direct_io))
+        return NULL;
+    if (uid < -1 || uid >= UINT32_MAX || gid < -1 || gid >= UINT32_MAX || umask_bits < -1 || umask_bits > 07777) {
+        PyErr_SetString(PyExc_ValueError, "uid and gid must be below 2**32 - 1, umask at most 0o7777");
+        return NULL;
+    }
+    t->uid = uid;
+    t->gid = gid;
+    t->umask = umask_bits;
+    t->direct_io = direct_io;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_changed(Tree *t, PyObject *unused)
+{
+    if (!ready(t))
+        return NULL;
+    return PyBool_FromLong(tree_changed(t));
+}
+
+static PyMethodDef tree_methods[] = {
+    {"lookup", (PyCFunction) py_lookup, METH_VARARGS, lookup_doc},
+    {"getattr", (PyCFunction) py_getattr, METH_VARARGS, getattr_doc},
+    {"readdir", (PyCFunction) py_readdir, METH_VARARGS, readdir_doc},
+    {"read", (PyCFunction) py_read, METH_VARARGS, read_doc},
+    {"readlink", (PyCFunction) py_readlink, METH_VARARGS, readlink_doc},
+    {"mount", (PyCFunction) (void (*)(void)) py_mount, METH_VARARGS | METH_KEYWORDS, mount_doc},
+    {"run", (PyCFunction) (void (*)(void)) py_run, METH_VARARGS | METH_KEYWORDS, run_doc},
+    {"override", (PyCFunction) (void (*)(void)) py_override, METH_VARARGS | METH_KEYWORDS, override_doc},
+    {"changed", (PyCFunction) py_changed, METH_NOARGS, "changed() -> bool: the archive changed in place since open."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(tree_doc,
+"Tree(mapping, fd, guard, records, data_records, entries, sections, check_once, name)\n\n"
+"An archive's path table as the compiled daemon serves it: ``mapping`` the whole\n"
+"archive's map, ``fd`` its descriptor (duplicated), ``guard`` the map's packfs._sigbus\n"
+"slot or -1, ``sections`` the 15 (start, end) spans of the table's columns, and\n"
+"``check_once`` whether each record's CRC is checked at its first read.");
+
+static PyTypeObject TreeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "packfs._lowlevel.Tree",
+    .tp_basicsize = sizeof(Tree),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = tree_doc,
+    .tp_new = tree_new,
+    .tp_init = (initproc) tree_init,
+    .tp_dealloc = (destructor) tree_dealloc,
+    .tp_methods = tree_methods,
+};
+
+static struct PyModuleDef module_definition = {
+    PyModuleDef_HEAD_INIT, "packfs._lowlevel",
+    "The compiled, inode-based FUSE daemon on libfuse3's low-level API (see _lowlevel.c).",
+    -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lowlevel(void)
+{
+    if (PyType_Ready(&TreeType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_definition);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&TreeType);
+    if (PyModule_AddObject(module, "Tree", (PyObject *) &TreeType) != 0
+        || PyModule_AddIntConstant(module, "FUSE_VERSION", fuse_version()) != 0
+        || PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) != 0) {
+        Py_DECREF(&TreeType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

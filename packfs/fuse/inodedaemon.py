@@ -1,0 +1,185 @@
+"""The compiled daemon: packfs._lowlevel serves every request in C on libfuse3's
+low-level API (inode = entry + 1, READDIRPLUS, no-open and no-opendir so the kernel
+caches pages and listings, 1 MiB requests), on libfuse's own worker threads without the
+GIL.  Python only decides whether it can serve, mounts, and waits.
+
+What it needs, and what ``packfs mount`` does without it (the Python path daemon, said
+in one line): the extension built (a C compiler, libfuse3 3.10+ and zlib headers at
+install time), a native archive of format 1.1 or later read in place from a local file,
+and its map guarded by packfs._sigbus (the daemon must survive the archive being
+truncated under it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any, Iterator
+
+from ..core import Archive
+from ..errors import MountError
+from .libfuse import CapturedStderr, options_error
+
+__all__ = ["LOWLEVEL", "unavailable", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
+
+LOWLEVEL = "lowlevel"
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# The kernel's readahead for the mount (its bdi's read_ahead_kb; FUSE starts at 128):
+# a large file read cold then comes in 1 MiB requests, several in flight.
+READ_AHEAD_KB = 1024
+
+# libfuse's high-level options that the low-level API does not take: the compiled
+# daemon sets what they mean itself (inode numbers, kernel caching, timeouts).
+_HIGH_LEVEL_ONLY = {"use_ino", "kernel_cache", "entry_timeout", "attr_timeout", "negative_timeout"}
+# High-level options the compiled daemon applies itself, to every entry.
+_OVERRIDES = ("uid", "gid", "umask", "direct_io")
+# libfuse's loop options, which the loop takes rather than the session.
+_LOOP_OPTIONS = ("clone_fd", "max_idle_threads", "max_threads")
+
+
+def unavailable(archive: Archive | None = None) -> str | None:
+    """Why the compiled daemon cannot serve ``archive`` (or, without one, cannot serve
+    at all), in words for a one-line notice; None when it can."""
+    try:
+        from .. import _lowlevel
+    except ImportError as error:
+        if "No module named" in str(error):
+            return ("packfs._lowlevel is not built (it needs gcc, libfuse3-dev 3.10 or later, pkg-config and "
+                    "zlib1g-dev when packfs is installed)")
+        return f"packfs._lowlevel cannot be loaded ({error})"
+    if _lowlevel.FUSE_VERSION < 310:
+        return f"libfuse {_lowlevel.FUSE_VERSION // 100}.{_lowlevel.FUSE_VERSION % 100} is older than 3.10"
+    if archive is None:
+        return None
+    if archive.legacy:
+        return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
+    if archive.footer.version_minor < 1:
+        return f"the archive is format {archive.version} (packfs convert writes 1.1, with inode numbers stored)"
+    source = archive.source
+    if archive.section_spans is None or not hasattr(source, "guard_slot"):
+        return "the archive is not a local file read in place"
+    if source.guard_slot < 0:
+        return "the archive's map is not guarded against truncation (packfs._sigbus is not built)"
+    return None
+
+
+def tree_for(archive: Archive) -> Any:
+    """The compiled daemon's view of ``archive`` (a packfs._lowlevel.Tree), which reads
+    its map, descriptor and guard in place; each record's CRC is checked at its first
+    read unless the archive's policy is "never".  Its methods (lookup, getattr,
+    readdir, read, readlink) are the daemon's operations, for tests and the fuzzer.
+
+    Raises
+    ------
+    MountError
+        :func:`unavailable` gives a reason.
+    """
+    reason = unavailable(archive)
+    if reason is not None:
+        raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {reason}")
+    from .. import _lowlevel
+
+    source = archive.source
+    return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
+                          archive.data_records, archive.entry_count, archive.section_spans,
+                          archive.checksums != "never", os.fsdecode(archive.path))
+
+
+def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:
+    """``options`` (as checks.fuse_options gives them) as libfuse's low-level ``-o``
+    string, the uid/gid/umask overrides the daemon applies itself, and the loop's
+    options (clone_fd, max_idle_threads, max_threads: fuse_main takes them out before
+    fuse_new, and so does this)."""
+    words = []
+    overrides: dict[str, int] = {}
+    loop: dict[str, int] = {}
+    for key, value in options.items():
+        if key in _HIGH_LEVEL_ONLY:
+            continue
+        if key in _OVERRIDES or key in _LOOP_OPTIONS:
+            try:
+                number = 1 if value is True else int(str(value), 8 if key == "umask" else 10)
+            except ValueError:
+                raise MountError(f"-o {key}={value}: expected a number") from None
+            (overrides if key in _OVERRIDES else loop)[key] = number
+            continue
+        if value is True:
+            words.append(key)
+        elif value is not False and value is not None:
+            words.append(f"{key}={value}")
+    words.append(f"max_read={1 << 20}")
+    return ",".join(words), overrides, loop
+
+
+def _raise_read_ahead(mountpoint: str, deadline: float) -> None:
+    """Set the mount's read_ahead_kb once it is there (root only; otherwise the
+    kernel's 128 KiB stays, which costs large cold files some speed)."""
+    from .checks import is_mounted
+
+    while not is_mounted(mountpoint):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+    try:
+        device = os.stat(mountpoint).st_dev
+        with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb", "w") as setting:
+            setting.write(str(READ_AHEAD_KB))
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def _default_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP at their default actions while libfuse serves:
+    libfuse installs its stop handlers only over default ones, and Python's own SIGINT
+    handler would only set a flag that no Python code runs to see."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {number: signal.signal(number, signal.SIG_DFL) for number in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+
+
+def serve(archive: Archive, mountpoint: str, options: dict[str, Any], threads: int = 0, debug: bool = False) -> int:
+    """Mount ``archive`` at ``mountpoint`` with the compiled daemon and serve until it
+    is unmounted or stopped (SIGINT, SIGTERM, SIGHUP); return the loop's status (0, or
+    the stopping signal's number).
+
+    Raises
+    ------
+    MountError
+        The compiled daemon cannot serve it, libfuse refused an option, mounting failed.
+    """
+    tree = tree_for(archive)
+    text, overrides, loop = lowlevel_options(options)
+    tree.override(**overrides)
+    threads = loop.pop("max_threads", threads)
+    with _default_signals():  # before mount(), which installs libfuse's handlers
+        with CapturedStderr() as said:
+            try:
+                tree.mount(mountpoint, text, debug=debug)
+            except RuntimeError:
+                failed = True
+            else:
+                failed = False
+                said.replay()  # -d's output, warnings
+        if failed:
+            if "unknown option" in said.text:
+                raise MountError(f"mounting {archive.path!r} at {mountpoint!r}: {options_error(said)}")
+            raise MountError(f"mounting {archive.path!r} at {mountpoint!r} failed: "
+                             f"{said.reason() or 'libfuse error'}")
+        threading.Thread(target=_raise_read_ahead, args=(mountpoint, time.monotonic() + 10), daemon=True).start()
+        status = tree.run(threads=threads, **loop)
+    if status < 0:
+        raise MountError(f"serving {archive.path!r} at {mountpoint!r} failed: libfuse's loop ended with "
+                         f"{os.strerror(-status)}")
+    return status
