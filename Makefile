@@ -6,10 +6,11 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse2
-# What pip needs to build packfs._sigbus, the C extension that keeps readers alive when
-# an archive is overwritten in place.  Optional: without them (and not root) the
-# install goes on without it, and packfs falls back to its pure-Python checks.
-BUILD_PACKAGES := gcc python3-dev
+# What pip needs to build packfs's C extensions: _sigbus, which keeps readers alive when
+# an archive is overwritten in place, and _lowlevel, the compiled mount daemon (libfuse3's
+# headers, found by pkg-config, and zlib's).  Optional: without them (and not root) the
+# install goes on without them; packfs falls back to its pure-Python checks and daemon.
+BUILD_PACKAGES := gcc python3-dev libfuse3-dev pkg-config zlib1g-dev
 
 .PHONY: setup system-packages build-packages apt-build-packages test demo bench bench-tools fuzz soak clean install-mount-helper
 
@@ -50,17 +51,21 @@ apt-build-packages:
 # Elsewhere: make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-$(STAMP): pyproject.toml setup.py packfs/_sigbus.c
+$(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h packfs/_lowlevel.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	@# setuptools announces every editable install with a 10-line notice; it is not a problem.
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test,demo]"
 	@$(PY) -c "import packfs._sigbus" 2>/dev/null || echo "note: packfs._sigbus was not built (no C compiler or Python headers?): packfs works, but an archive overwritten in place can kill its readers"
+	@$(PY) -c "import packfs._lowlevel" 2>/dev/null || echo "note: packfs._lowlevel was not built (no libfuse3-dev, pkg-config or zlib1g-dev?): packfs mount uses the slower Python daemon"
 	touch $(STAMP)
 
+# Everything, then the mount tests again on the Python daemon (the first pass mounts
+# with the compiled one, packfs mount's default), so both daemons pass them.
 test: setup
 	$(PY) -m pytest -rs $(PYTEST_ARGS)
+	PACKFS_TEST_BINDING=mfusepy $(PY) -m pytest -rs -m fuse -q $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) demo/demo.py

@@ -10,6 +10,8 @@ the install goes on without it; packfs then uses its pure-Python checks, and
 `packfs mount` the Python daemon, saying so in one line.
 """
 
+from __future__ import annotations
+
 import subprocess
 
 from setuptools import Extension, setup

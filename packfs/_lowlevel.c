@@ -105,44 +105,47 @@ typedef struct {
     int direct_io;                 /* -o direct_io: OPEN answers, with FOPEN_DIRECT_IO */
     uint64_t touched;              /* entries read since the table's pages were released */
     uintptr_t table_low, table_high; /* the table's pages */
+    int log_fd;                    /* where problems are logged, each (entry, rule) once */
+    pthread_mutex_t log_lock;
+    unsigned log_lines;
+    uint8_t log_seen[8192];        /* a bit per hash of (entry, rule): bounded in bytes */
     struct fuse_session *session;  /* between mount() and the end of run() */
     uint64_t blocks;               /* statfs */
 } Tree;
 
-/* -- logging (stderr is the daemon's log file) --------------------------------------- */
+/* -- logging (to log_fd: stderr, the daemon's log file, by default) ---------------------- */
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned log_lines;
-static uint8_t log_seen[8192];     /* a bit per hash of (entry, rule): bounded in bytes */
-
-static void log_line(uint64_t key, const char *format, ...)
+static void log_line(Tree *t, uint64_t key, const char *format, ...)
 {
-    pthread_mutex_lock(&log_lock);
+    pthread_mutex_lock(&t->log_lock);
     uint32_t bit = (uint32_t) ((key * 0x9E3779B97F4A7C15ull) >> 48);
-    if (log_lines < MAX_LOG_LINES && !(log_seen[bit >> 3] & (1u << (bit & 7)))) {
-        log_seen[bit >> 3] |= (uint8_t) (1u << (bit & 7));
-        log_lines++;
+    if (t->log_lines < MAX_LOG_LINES && !(t->log_seen[bit >> 3] & (1u << (bit & 7)))) {
+        t->log_seen[bit >> 3] |= (uint8_t) (1u << (bit & 7));
+        t->log_lines++;
         struct timespec now;
         struct tm local;
-        char stamp[32];
+        char stamp[32], line[1024];
         clock_gettime(CLOCK_REALTIME, &now);
         localtime_r(&now.tv_sec, &local);
         strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
-        fprintf(stderr, "%s,%03ld packfs: ", stamp, now.tv_nsec / 1000000);
+        int used = snprintf(line, sizeof line, "%s,%03ld packfs: ", stamp, now.tv_nsec / 1000000);
         va_list args;
         va_start(args, format);
-        vfprintf(stderr, format, args);
+        vsnprintf(line + used, sizeof line - (size_t) used - 1, format, args);
         va_end(args);
-        fputc('\n', stderr);
-        fflush(stderr);
+        size_t length = strlen(line);
+        line[length++] = '\n';
+        if (write(t->log_fd, line, length) < 0) {
+            /* nowhere left to say it */
+        }
     }
-    pthread_mutex_unlock(&log_lock);
+    pthread_mutex_unlock(&t->log_lock);
 }
 
 /* A broken rule of the table: EIO, logged once per entry and rule. */
 static int broken(Tree *t, uint64_t entry, int rule, const char *what)
 {
-    log_line(entry * 64 + (uint64_t) rule, "'%s': invalid path table: entry %llu %s", t->name,
+    log_line(t, entry * 64 + (uint64_t) rule, "'%s': invalid path table: entry %llu %s", t->name,
              (unsigned long long) entry, what);
     return EIO;
 }
@@ -192,7 +195,7 @@ static int tree_changed(Tree *t)
     if (reason == 0)
         return 0;
     if (!__atomic_exchange_n(&t->changed, reason, __ATOMIC_RELAXED))
-        log_line(UINT64_MAX, "'%s': archive changed in place (%s); remount: every request now answers EIO",
+        log_line(t, UINT64_MAX, "'%s': archive changed in place (%s); remount: every request now answers EIO",
                  t->name, reason == 1 ? "truncated under its map" : reason == 2 ? "overwritten or replaced" : "fstat failed");
     return 1;
 }
@@ -457,7 +460,7 @@ static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, 
         }
         if (!error && (uint32_t) crc != u32_at(t->base + 12 + 4 * record)) {
             if (!tree_changed(t))
-                log_line(((uint64_t) 1 << 62) + record, "'%s': record %llu: checksum mismatch (the archive is "
+                log_line(t, ((uint64_t) 1 << 62) + record, "'%s': record %llu: checksum mismatch (the archive is "
                          "damaged): its files answer EIO", t->name, (unsigned long long) record);
             error = EIO;
         }
@@ -772,17 +775,18 @@ static PyObject *os_error(int error)
 static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
-                               "check_once", "name", NULL};
+                               "check_once", "name", "log_fd", NULL};
     PyObject *mapping, *sections;
     const char *name = "archive";
+    int log_fd = 2;
     int fd, guard, check_once;
     unsigned long long records, data_records, entries;
     if (t->have_map) {
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|s:Tree", keywords, &mapping, &fd, &guard, &records,
-                                     &data_records, &entries, &sections, &check_once, &name))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|si:Tree", keywords, &mapping, &fd, &guard, &records,
+                                     &data_records, &entries, &sections, &check_once, &name, &log_fd))
         return -1;
     t->fd = -1;
     if ((t->name = strdup(name)) == NULL) {
@@ -857,6 +861,8 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
         return -1;
     }
     t->check_once = check_once;
+    t->log_fd = log_fd;
+    pthread_mutex_init(&t->log_lock, NULL);
     t->checked = calloc(data_records / 8 + 1, 1);
     if (t->checked == NULL) {
         PyErr_NoMemory();
@@ -1172,11 +1178,12 @@ static PyMethodDef tree_methods[] = {
 };
 
 PyDoc_STRVAR(tree_doc,
-"Tree(mapping, fd, guard, records, data_records, entries, sections, check_once, name)\n\n"
+"Tree(mapping, fd, guard, records, data_records, entries, sections, check_once, name, log_fd=2)\n\n"
 "An archive's path table as the compiled daemon serves it: ``mapping`` the whole\n"
 "archive's map, ``fd`` its descriptor (duplicated), ``guard`` the map's packfs._sigbus\n"
 "slot or -1, ``sections`` the 15 (start, end) spans of the table's columns, and\n"
-"``check_once`` whether each record's CRC is checked at its first read.");
+"``check_once`` whether each record's CRC is checked at its first read; problems\n"
+"are logged to ``log_fd`` (not closed here), each once.");
 
 static PyTypeObject TreeType = {
     PyVarObject_HEAD_INIT(NULL, 0)

@@ -215,7 +215,63 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
             except OSError as error:
                 if error.errno not in _FUSE_ERRNOS:
                     raise Failure(f"FUSE callback answered errno {error.errno}") from error
+    tree = compiled_tree(folder.archive)
+    if tree is not None:
+        wrong += use_compiled(tree, files)
     return errors, wrong
+
+
+_DEVNULL = os.open(os.devnull, os.O_WRONLY)
+
+
+def compiled_tree(archive: packfs.core.Archive):
+    """The compiled daemon's operations over ``archive`` (its problems logged to
+    /dev/null: a damaged table gives thousands of lines), or None where it is not built
+    or cannot serve this archive (a legacy one)."""
+    from packfs.fuse import tree_for, unavailable
+
+    if unavailable(archive) is not None:
+        return None
+    return tree_for(archive, _DEVNULL)
+
+
+def use_compiled(tree, files: dict[str, bytes], budget: int = 20000) -> int:
+    """Drive the compiled daemon's operations over everything its listings reach (at
+    most ``budget`` entries): readdir, lookup of each name, getattr, read, readlink.
+    Every failure must be an errno a FUSE request may get; returns the reads whose
+    bytes differ from ``files`` without an error."""
+    wrong = 0
+    pending = [(1, "")]
+    visited = 0
+
+    def answered(call):
+        try:
+            return call()
+        except OSError as error:
+            if error.errno not in _FUSE_ERRNOS:
+                raise Failure(f"compiled daemon answered errno {error.errno}") from error
+            return None
+
+    while pending and visited < budget:
+        inode, prefix = pending.pop()
+        for name, child, mode, _ in answered(lambda: tree.readdir(inode)) or []:
+            visited += 1
+            if name in (b".", b"..") or visited > budget:
+                continue
+            path = prefix + os.fsdecode(name)
+            found = answered(lambda: tree.lookup(inode, name))
+            attributes = answered(lambda: tree.getattr(child))
+            for stat in (found, attributes):
+                if stat is not None:
+                    _kernel_attributes(path, dict(stat, st_mtime=stat["st_mtime_ns"] // 10**9))
+            if mode & 0o170000 == 0o040000:
+                pending.append((child, path + "/"))
+            data = answered(lambda: tree.read(child, 0, 1 << 20))
+            answered(lambda: tree.read(child, 1, 4096))
+            answered(lambda: tree.readlink(child))
+            if data is not None and path in files and data != files[path][:1 << 20]:
+                wrong += 1
+    return wrong
 
 
 def _kernel_attributes(path: str, attributes: dict[str, int]) -> None:
@@ -367,6 +423,9 @@ def run_structure(kind: str, path: Path, paths: list[str], work: Path, counts: C
                     bounded("readdir", operations.readdir, fuse_path, 0)
                     bounded("fuse read", operations.read, fuse_path, 1 << 17, 0, 0)
                     bounded("fuse readlink", operations.readlink, fuse_path)
+                tree = bounded("compiled daemon", compiled_tree, folder.archive)
+                if tree is not None:
+                    bounded("compiled daemon", use_compiled, tree, {}, 2000)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

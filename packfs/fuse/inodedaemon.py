@@ -68,11 +68,12 @@ def unavailable(archive: Archive | None = None) -> str | None:
     return None
 
 
-def tree_for(archive: Archive) -> Any:
+def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     """The compiled daemon's view of ``archive`` (a packfs._lowlevel.Tree), which reads
     its map, descriptor and guard in place; each record's CRC is checked at its first
     read unless the archive's policy is "never".  Its methods (lookup, getattr,
-    readdir, read, readlink) are the daemon's operations, for tests and the fuzzer.
+    readdir, read, readlink) are the daemon's operations, for tests and the fuzzer; it
+    logs what it finds wrong (each entry's problem once) to ``log_fd``.
 
     Raises
     ------
@@ -87,7 +88,7 @@ def tree_for(archive: Archive) -> Any:
     source = archive.source
     return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
                           archive.data_records, archive.entry_count, archive.section_spans,
-                          archive.checksums != "never", os.fsdecode(archive.path))
+                          archive.checksums != "never", os.fsdecode(archive.path), log_fd)
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:

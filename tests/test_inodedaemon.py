@@ -1,0 +1,231 @@
+"""The compiled daemon's operations (packfs._lowlevel.Tree), called directly: each one
+answers what the core's Archive answers for the same entry, or the errno a FUSE
+request gets; damaged and hostile tables end in EIO, logged once, never in a crash.
+Real mounts of it run in the behaviour suite, the mount tests and the fuzzer."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import stat as stat_module
+import threading
+from pathlib import Path
+
+import pytest
+
+import packfs
+from packfs.core import Archive
+from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, damaged_copy
+
+
+def _compiled():
+    from packfs.fuse import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the compiled daemon must be built under CI: {reason}")
+        pytest.skip(reason)
+    from packfs.fuse import tree_for
+
+    return tree_for
+
+
+@pytest.fixture
+def opened(archive: Path):
+    with Archive(archive, checksums="once") as served:
+        yield served
+
+
+@pytest.fixture
+def compiled(opened: Archive):
+    return _compiled()(opened)
+
+
+def errno_of(call) -> int:
+    with pytest.raises(OSError) as caught:
+        call()
+    return caught.value.errno
+
+
+def walk(tree, inode: int = 1, prefix: str = ""):
+    """(path, inode, mode) of every entry below ``inode``, from readdir alone."""
+    for name, child, mode, _ in tree.readdir(inode):
+        if name in (b".", b".."):
+            continue
+        path = prefix + os.fsdecode(name)
+        yield path, child, mode
+        if mode & S_IFMT == S_IFDIR:
+            yield from walk(tree, child, path + "/")
+
+
+def test_every_entry_agrees_with_the_archive(compiled, opened: Archive) -> None:
+    seen = 0
+    for path, inode, mode in walk(compiled):
+        entry = opened.lookup(path, follow=False)
+        stored = opened.stat(entry)
+        assert (inode, mode) == (stored.inode, stored.mode), path
+        attributes = compiled.getattr(inode)
+        assert attributes == compiled.lookup(opened.inode(opened.parent(entry)), os.fsencode(path.rpartition("/")[2]))
+        assert (attributes["st_mode"], attributes["st_nlink"], attributes["st_uid"], attributes["st_gid"],
+                attributes["st_mtime_ns"]) == (stored.mode, stored.nlink, stored.uid, stored.gid, stored.mtime_ns)
+        kind = stored.mode & S_IFMT
+        assert attributes["st_size"] == (stored.size if kind != S_IFDIR else 0)
+        if kind == S_IFREG:
+            assert attributes["st_blocks"] == (stored.size + 511) // 512
+            assert compiled.read(inode, 0, 1 << 20) == opened.read(entry, 0, 1 << 20) == (BLUEPRINT.get(path) or
+                                                                                      opened.read(entry))[:1 << 20]
+        if kind == S_IFLNK:
+            assert compiled.readlink(inode) == os.fsencode(SYMLINKS[path])
+        seen += 1
+    assert seen == opened.entry_count - 1
+
+
+def test_reads_at_any_offset_and_size(compiled, opened: Archive) -> None:
+    contents = BLUEPRINT["big/large.bin"]
+    inode = opened.inode(opened.find(b"big/large.bin"))
+    rng = random.Random(1)
+    for _ in range(50):
+        offset, size = rng.randrange(len(contents) + 10), rng.randrange(1 << 20)
+        assert compiled.read(inode, offset, size) == contents[offset:offset + size]
+    assert compiled.read(inode, len(contents), 4096) == b""
+    assert compiled.read(inode, 0, 0) == b""
+    assert errno_of(lambda: compiled.read(inode, 0, (1 << 20) + 1)) == errno.EINVAL
+
+
+def test_listings_resume_at_any_offset(compiled, opened: Archive) -> None:
+    whole = compiled.readdir(1)
+    assert [item[0] for item in whole[:2]] == [b".", b".."] and whole[0][1] == whole[1][1] == 1
+    assert [item[0] for item in whole[2:]] == opened.listing(0)[1]
+    for offset in range(len(whole) + 1):
+        assert compiled.readdir(1, offset) == whole[offset:]
+    assert [item[3] for item in whole] == list(range(1, len(whole) + 1))
+
+
+def test_hard_links_share_an_inode_and_names_resolve(compiled, opened: Archive) -> None:
+    first, second = (compiled.lookup(1, os.fsencode(name)) for name in HARDLINK)
+    assert first["st_ino"] == second["st_ino"] and first["st_nlink"] == 2
+    assert compiled.getattr(first["st_ino"]) == first
+    a = compiled.lookup(1, b"a")
+    deep = compiled.lookup(compiled.lookup(compiled.lookup(a["st_ino"], b"b")["st_ino"], b"c")["st_ino"], b"deep.bin")
+    assert stat_module.S_IMODE(deep["st_mode"]) == 0o755
+
+
+def test_errnos(compiled, opened: Archive) -> None:
+    hello = compiled.lookup(1, b"hello.txt")["st_ino"]
+    a = compiled.lookup(1, b"a")["st_ino"]
+    link = compiled.lookup(1, b"link-to-hello")["st_ino"]
+    assert errno_of(lambda: compiled.lookup(1, b"missing")) == errno.ENOENT
+    assert errno_of(lambda: compiled.lookup(1, b"")) == errno.ENOENT
+    assert errno_of(lambda: compiled.lookup(hello, b"x")) == errno.ENOTDIR
+    assert errno_of(lambda: compiled.readdir(hello)) == errno.ENOTDIR
+    assert errno_of(lambda: compiled.read(a, 0, 10)) == errno.EISDIR
+    assert errno_of(lambda: compiled.read(link, 0, 10)) == errno.EINVAL
+    assert errno_of(lambda: compiled.readlink(hello)) == errno.EINVAL
+    for inode in (0, opened.entry_count + 1, 2**63):
+        assert errno_of(lambda: compiled.getattr(inode)) == errno.EIO  # never handed out
+
+
+def test_a_damaged_file_is_eio_logged_once_and_the_rest_serves(tmp_path: Path, archive: Path) -> None:
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", b"big/large.bin", at=2 << 20)
+    with Archive(bad, checksums="once") as opened:
+        log_path = tmp_path / "bad.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            inode = opened.inode(opened.find(b"big/large.bin"))
+            for _ in range(3):  # a check failed is never marked: asked again, EIO again
+                assert errno_of(lambda: tree.read(inode, 0, 4096)) == errno.EIO
+            assert tree.read(opened.inode(opened.find(b"hello.txt")), 0, 100) == b"hello world\n"
+        lines = log_path.read_text().splitlines()
+        assert len(lines) == 1 and "checksum mismatch" in lines[0] and str(bad) in lines[0], lines
+    with Archive(bad, checksums="never") as opened:
+        tree = _compiled()(opened)
+        assert len(tree.read(opened.inode(opened.find(b"big/large.bin")), 0, 4096)) == 4096
+
+
+def test_first_reads_of_a_large_file_together_get_the_right_bytes(tmp_path: Path) -> None:
+    """Threads reading a large file's first pieces at once (readahead does): one checks
+    the record, the others wait for it; every read gets its bytes."""
+    contents = os.urandom(24 << 20)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(contents)
+    packfs.pack_folder(tmp_path / "src", tmp_path / "big.ffr")
+    with Archive(tmp_path / "big.ffr", checksums="once") as opened:
+        tree = _compiled()(opened)
+        inode = opened.inode(opened.find(b"big.bin"))
+        start = threading.Barrier(8)
+        results: dict[int, bytes] = {}
+
+        def read(part: int) -> None:
+            start.wait()
+            results[part] = tree.read(inode, part << 20, 1 << 20)
+
+        threads = [threading.Thread(target=read, args=(part,)) for part in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(results[part] == contents[part << 20:(part + 1) << 20] for part in range(8))
+
+
+def test_an_archive_written_over_in_place_answers_eio_from_then_on(tmp_path: Path, archive: Path) -> None:
+    target = tmp_path / "target.ffr"
+    target.write_bytes(archive.read_bytes())
+    with Archive(target, checksums="once") as opened:
+        log_path = tmp_path / "changed.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            hello = tree.lookup(1, b"hello.txt")["st_ino"]
+            assert not tree.changed()
+            with open(target, "r+b") as rewrite:
+                rewrite.write(bytes(target.stat().st_size))
+            before = target.stat()
+            os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))  # a new mtime for certain
+            for call in (lambda: tree.getattr(1), lambda: tree.lookup(1, b"hello.txt"), lambda: tree.readdir(1),
+                         lambda: tree.read(hello, 0, 100)):
+                assert errno_of(call) == errno.EIO
+            assert tree.changed()
+        assert "archive changed in place" in log_path.read_text()
+
+
+def test_options_for_the_low_level_api() -> None:
+    from packfs.errors import MountError
+    from packfs.fuse.inodedaemon import lowlevel_options
+
+    text, overrides, loop = lowlevel_options({"ro": True, "fsname": "packfs:/a", "use_ino": True,
+                                              "kernel_cache": True, "entry_timeout": 86400, "uid": "1000",
+                                              "umask": "022", "max_threads": "3", "clone_fd": True,
+                                              "allow_other": True})
+    assert text == f"ro,fsname=packfs:/a,allow_other,max_read={1 << 20}"
+    assert overrides == {"uid": 1000, "umask": 0o22} and loop == {"max_threads": 3, "clone_fd": 1}
+    with pytest.raises(MountError, match="uid=abc"):
+        lowlevel_options({"uid": "abc"})
+
+
+def test_owner_and_mode_overrides(compiled, opened: Archive) -> None:
+    compiled.override(uid=1234, gid=99, umask=0o077)
+    hello = compiled.lookup(1, b"hello.txt")
+    assert (hello["st_uid"], hello["st_gid"], stat_module.S_IMODE(hello["st_mode"])) == (1234, 99, 0o600)
+    assert stat_module.S_IMODE(compiled.getattr(compiled.lookup(1, b"a")["st_ino"])["st_mode"]) == 0o700
+    with pytest.raises(ValueError):
+        compiled.override(uid=2**32 - 1)
+
+
+def test_what_the_compiled_daemon_cannot_serve_is_said(tmp_path: Path) -> None:
+    from packfs.fuse import choose_binding, unavailable
+    from tests.conftest import REPO
+
+    _compiled()
+    legacy = REPO / "tests" / "vectors" / "ffrecord" / "packed_folder.ffr"
+    with Archive(legacy) as opened:
+        assert "FFRecord packed folder" in unavailable(opened)
+        binding, notice = choose_binding("auto", opened)
+        assert binding == "mfusepy" and "Python daemon" in notice and "FFRecord" in notice
+        with pytest.raises(packfs.errors.MountError, match="cannot serve"):
+            choose_binding("lowlevel", opened)
+    packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "a.ffr")
+    with Archive(tmp_path / "a.ffr") as opened:
+        assert choose_binding("auto", opened) == ("lowlevel", None)
+        assert choose_binding("fusepy", opened) == ("fusepy", None)
