@@ -493,6 +493,7 @@ def info(archive: str, as_json: bool) -> None:
     """
     with PackedFolder(archive) as folder:
         details = folder.info()
+        details["mount_daemon"] = _mount_daemon(folder)
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return
@@ -505,6 +506,16 @@ def info(archive: str, as_json: bool) -> None:
         click.echo("largest files")
         for item in largest:  # type: ignore[attr-defined]
             _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
+
+
+def _mount_daemon(folder: PackedFolder) -> str:
+    """Which daemon `packfs mount` would serve the archive with, and why."""
+    from . import fuse as fuse_mount
+
+    binding, notice = fuse_mount.choose_binding("auto", folder.archive)
+    if binding == fuse_mount.LOWLEVEL:
+        return f"{binding} (compiled, libfuse {fuse_mount.compiled_libfuse_version()})"
+    return f"{binding} (Python): {notice.partition(': ')[2]}"
 
 
 @main.command()

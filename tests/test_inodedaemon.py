@@ -229,3 +229,27 @@ def test_what_the_compiled_daemon_cannot_serve_is_said(tmp_path: Path) -> None:
     with Archive(tmp_path / "a.ffr") as opened:
         assert choose_binding("auto", opened) == ("lowlevel", None)
         assert choose_binding("fusepy", opened) == ("fusepy", None)
+
+
+@pytest.mark.fuse
+def test_the_cli_says_which_daemon_serves(tmp_path: Path) -> None:
+    """`packfs info` names the daemon a mount would use; `packfs mount` of an archive the
+    compiled daemon cannot serve says so in one line, then serves it with mfusepy."""
+    from tests.conftest import REPO, packfs_cli, require_fuse
+
+    require_fuse("auto")
+    _compiled()
+    legacy = REPO / "tests" / "vectors" / "ffrecord" / "packed_folder.ffr"
+    packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "a.ffr")
+    assert "mount daemon    lowlevel (compiled, libfuse 3." in packfs_cli("info", tmp_path / "a.ffr").stdout
+    assert "mount daemon    mfusepy (Python): the archive is an FFRecord" in packfs_cli("info", legacy).stdout
+    (tmp_path / "m").mkdir()
+    result = packfs_cli("mount", legacy, tmp_path / "m")
+    try:
+        lines = result.stderr.splitlines()
+        assert result.returncode == 0 and len(lines) == 2, result.stderr
+        assert lines[0].startswith("note: serving with the Python daemon (mfusepy)") and "FFRecord" in lines[0]
+        assert lines[1].startswith("mounted ")
+        assert os.listdir(tmp_path / "m")
+    finally:
+        assert packfs_cli("unmount", tmp_path / "m").returncode == 0

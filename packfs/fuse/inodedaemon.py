@@ -23,7 +23,7 @@ from ..core import Archive
 from ..errors import MountError
 from .libfuse import CapturedStderr, options_error
 
-__all__ = ["LOWLEVEL", "unavailable", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
+__all__ = ["LOWLEVEL", "unavailable", "compiled_libfuse_version", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
 
 LOWLEVEL = "lowlevel"
 
@@ -66,6 +66,15 @@ def unavailable(archive: Archive | None = None) -> str | None:
     if source.guard_slot < 0:
         return "the archive's map is not guarded against truncation (packfs._sigbus is not built)"
     return None
+
+
+def compiled_libfuse_version() -> str:
+    """The libfuse version the compiled daemon runs on ("3.14"); "" if it is not built."""
+    try:
+        from .. import _lowlevel
+    except ImportError:
+        return ""
+    return f"{_lowlevel.FUSE_VERSION // 100}.{_lowlevel.FUSE_VERSION % 100}"
 
 
 def tree_for(archive: Archive, log_fd: int = 2) -> Any:
