@@ -396,8 +396,8 @@ static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t co
         return 0;
     }
     if (position == 1) {
-        uint64_t up = COLUMN32(t, PARENT, directory);
-        if (directory && up >= directory)
+        uint64_t up = directory ? COLUMN32(t, PARENT, directory) : 0;  /* the root's ".." is itself */
+        if (up >= directory && directory)
             return broken(t, directory, 10, "has a parent that is not before it");
         strcpy(name, "..");
         st->st_ino = up + 1;
