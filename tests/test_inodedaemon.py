@@ -253,3 +253,24 @@ def test_the_cli_says_which_daemon_serves(tmp_path: Path) -> None:
         assert os.listdir(tmp_path / "m")
     finally:
         assert packfs_cli("unmount", tmp_path / "m").returncode == 0
+
+
+def test_without_the_extension_auto_falls_back_and_lowlevel_says_why(tmp_path: Path, monkeypatch) -> None:
+    """Where pip could not build packfs._lowlevel (no compiler or headers), packfs still
+    works: auto serves with mfusepy and says why; lowlevel is a one-line error."""
+    import sys
+
+    from packfs.fuse import check_fuse, choose_binding, unavailable
+
+    monkeypatch.setitem(sys.modules, "packfs._lowlevel", None)  # an import of it now fails, as unbuilt
+    monkeypatch.delattr(packfs, "_lowlevel", raising=False)  # (the package keeps what was imported)
+    assert "packfs._lowlevel is not built" in unavailable()
+    packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "a.ffr")
+    with Archive(tmp_path / "a.ffr") as opened:
+        binding, notice = choose_binding("auto", opened)
+        assert binding == "mfusepy" and "not built" in notice
+        with pytest.raises(packfs.errors.MountError, match="not built"):
+            choose_binding("lowlevel", opened)
+    if os.path.exists("/dev/fuse"):
+        with pytest.raises(packfs.errors.MountError, match="compiled daemon .* is not available"):
+            check_fuse("lowlevel")

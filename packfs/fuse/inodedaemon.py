@@ -48,7 +48,7 @@ def unavailable(archive: Archive | None = None) -> str | None:
     try:
         from .. import _lowlevel
     except ImportError as error:
-        if "No module named" in str(error):
+        if isinstance(error, ModuleNotFoundError):
             return ("packfs._lowlevel is not built (it needs gcc, libfuse3-dev 3.10 or later, pkg-config and "
                     "zlib1g-dev when packfs is installed)")
         return f"packfs._lowlevel cannot be loaded ({error})"
