@@ -48,22 +48,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import packfs  # noqa: E402
+# Page cache, dentries and inodes dropped: what a first listing after boot would meet.
+from compare import drop_caches  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 PYTHON = sys.executable
 MOUNT_TIMEOUT_S = 1800.0  # a 10M-entry archive on a Python daemon may take a while
 
 
 # -- helpers -------------------------------------------------------------------------
-
-
-def drop_caches() -> bool:
-    """Page cache, dentries and inodes: what a first listing after boot would meet."""
-    try:
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def children_of(pid: int) -> list[int]:

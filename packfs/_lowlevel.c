@@ -235,6 +235,13 @@ static int file_type(Tree *t, uint64_t entry, unsigned *type)
     return 0;
 }
 
+/* Inode ``inode``'s entry and file type. */
+static int typed_entry(Tree *t, fuse_ino_t inode, uint64_t *entry, unsigned *type)
+{
+    int error = entry_of(t, inode, entry);
+    return error ? error : file_type(t, *entry, type);
+}
+
 /* The name's bytes: in the names section, non-empty for every entry but the root. */
 static int name_of(Tree *t, uint64_t entry, const uint8_t **name, uint64_t *length)
 {
@@ -423,18 +430,39 @@ static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t co
     return 0;
 }
 
+/* Whether record ``record``'s CRC needs no check: checks are off, or it matched. */
+static inline int record_checked(Tree *t, uint64_t record)
+{
+    return !t->check_once
+           || (__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (record & 7)));
+}
+
+/* ``count`` bytes at ``at`` into ``buffer``, or EIO (noting the change) when fewer are
+ * there: the file is shorter than at open. */
+static int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at)
+{
+    for (uint64_t done = 0; done < count;) {
+        ssize_t n = pread(t->fd, buffer + done, count - done, (off_t) (at + done));
+        if (n <= 0) {
+            tree_changed(t);
+            return EIO;
+        }
+        done += (uint64_t) n;
+    }
+    return 0;
+}
+
 /* Check record ``record`` once (the bitmap), one thread at a time per stripe; ``data``
  * is the whole record when the caller already read it, else it is read here in
  * MAX_REQUEST pieces.  0, or EIO for a mismatch or a short read. */
 static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, const uint8_t *data)
 {
-    uint8_t bit = (uint8_t) (1u << (record & 7));
-    if (!t->check_once || (__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & bit))
+    if (record_checked(t, record))
         return 0;
     pthread_mutex_t *lock = &t->stripe[record % STRIPES];
     pthread_mutex_lock(lock);
     int error = 0;
-    if (!(__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & bit)) {
+    if (!record_checked(t, record)) {
         uLong crc = crc32(0L, Z_NULL, 0);
         if (data != NULL) {
             for (uint64_t done = 0; done < end - start;) {
@@ -448,14 +476,9 @@ static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, 
                 error = ENOMEM;
             for (uint64_t at = start; !error && at < end;) {
                 size_t piece = end - at < MAX_REQUEST ? (size_t) (end - at) : MAX_REQUEST;
-                ssize_t got = pread(t->fd, buffer, piece, (off_t) at);
-                if (got <= 0) {
-                    error = EIO;
-                    tree_changed(t);
-                    break;
-                }
-                crc = crc32(crc, buffer, (uInt) got);
-                at += (uint64_t) got;
+                if ((error = read_exactly(t, buffer, piece, at)) == 0)
+                    crc = crc32(crc, buffer, (uInt) piece);
+                at += piece;
             }
             free(buffer);
         }
@@ -466,7 +489,7 @@ static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, 
             error = EIO;
         }
         if (!error)
-            __atomic_fetch_or(&t->checked[record >> 3], bit, __ATOMIC_RELEASE);
+            __atomic_fetch_or(&t->checked[record >> 3], (uint8_t) (1u << (record & 7)), __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(lock);
     return error;
@@ -480,9 +503,7 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
 {
     uint64_t entry, record, start, end;
     unsigned type;
-    int error = entry_of(t, inode, &entry);
-    if (!error)
-        error = file_type(t, entry, &type);
+    int error = typed_entry(t, inode, &entry, &type);
     if (error)
         return error;
     if (type != S_IFREG)
@@ -495,8 +516,7 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
     if (offset >= length || size == 0)
         return 0;
     uint64_t want = length - offset < size ? length - offset : size;
-    uint8_t bit = (uint8_t) (1u << (record & 7));
-    int unchecked = t->check_once && !(__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & bit);
+    int unchecked = !record_checked(t, record);
     uint64_t from = offset, count = want;
     if (unchecked && length <= MAX_REQUEST) {
         from = 0;  /* the whole record: one pread serves the check and the reply */
@@ -507,16 +527,10 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
     uint8_t *buffer = malloc(count ? count : 1);
     if (buffer == NULL)
         return ENOMEM;
-    for (uint64_t done = 0; done < count;) {
-        ssize_t n = pread(t->fd, buffer + done, count - done, (off_t) (start + from + done));
-        if (n <= 0) {
-            free(buffer);
-            tree_changed(t);
-            return EIO;  /* the file is shorter than at open: it changed */
-        }
-        done += (uint64_t) n;
-    }
-    if (unchecked && length <= MAX_REQUEST && (error = check_record(t, record, start, end, buffer)) != 0) {
+    error = read_exactly(t, buffer, count, start + from);
+    if (!error && unchecked && length <= MAX_REQUEST)
+        error = check_record(t, record, start, end, buffer);
+    if (error) {
         free(buffer);
         return error;
     }
@@ -532,9 +546,7 @@ static int tree_readlink(Tree *t, fuse_ino_t inode, char *target)
 {
     uint64_t entry, record, start, end;
     unsigned type;
-    int error = entry_of(t, inode, &entry);
-    if (!error)
-        error = file_type(t, entry, &type);
+    int error = typed_entry(t, inode, &entry, &type);
     if (error)
         return error;
     if (type != S_IFLNK)
@@ -543,17 +555,41 @@ static int tree_readlink(Tree *t, fuse_ino_t inode, char *target)
         return error;
     if (end == start || end - start > MAX_SYMLINK_TARGET)
         return broken(t, entry, 11, "is a symlink whose target is empty or longer than 4095 bytes");
-    ssize_t n = pread(t->fd, target, end - start, (off_t) start);
-    if (n != (ssize_t) (end - start)) {
-        tree_changed(t);
-        return EIO;
-    }
-    if (memchr(target, 0, (size_t) n))
-        return broken(t, entry, 12, "is a symlink whose target holds a NUL byte");
-    target[n] = 0;
-    if ((error = check_record(t, record, start, end, (const uint8_t *) target)) != 0)
+    size_t length = (size_t) (end - start);
+    if ((error = read_exactly(t, (uint8_t *) target, length, start)) != 0)
         return error;
-    return 0;
+    if (memchr(target, 0, length))
+        return broken(t, entry, 12, "is a symlink whose target holds a NUL byte");
+    target[length] = 0;
+    return check_record(t, record, start, end, (const uint8_t *) target);
+}
+
+/* GETATTR: inode ``inode``'s attributes, the change check included. */
+static int tree_getattr(Tree *t, fuse_ino_t inode, struct stat *st)
+{
+    uint64_t entry;
+    int error = entry_of(t, inode, &entry);
+    if (!error)
+        error = entry_stat(t, entry, st);
+    return tree_changed(t) ? EIO : error;
+}
+
+/* LOOKUP: the attributes of ``name`` in directory inode ``parent``, the change check
+ * included (ENOENT when it is not there). */
+static int tree_lookup_stat(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t length, struct stat *st)
+{
+    uint64_t child;
+    int error = tree_lookup(t, parent, name, length, &child);
+    if (!error)
+        error = entry_stat(t, child, st);
+    return tree_changed(t) ? EIO : error;
+}
+
+/* A listing's directory: inode ``inode``'s entry and child range. */
+static int directory_of(Tree *t, fuse_ino_t inode, uint64_t *directory, uint64_t *start, uint64_t *count)
+{
+    int error = entry_of(t, inode, directory);
+    return error ? error : children_of(t, *directory, start, count);
 }
 
 /* -- the FUSE callbacks: each runs an operation, then the change check -------------------- */
@@ -594,11 +630,7 @@ static void ll_lookup(fuse_req_t request, fuse_ino_t parent, const char *name)
     Tree *t = tree_of(request);
     struct fuse_entry_param entry;
     memset(&entry, 0, sizeof entry);
-    uint64_t child;
-    int error = tree_lookup(t, parent, (const uint8_t *) name, strlen(name), &child);
-    if (!error)
-        error = entry_stat(t, child, &entry.attr);
-    error = finished(t, error);
+    int error = tree_lookup_stat(t, parent, (const uint8_t *) name, strlen(name), &entry.attr);
     entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
     if (error == ENOENT) {
         fuse_reply_entry(request, &entry);  /* inode 0: a negative entry the kernel keeps */
@@ -614,11 +646,8 @@ static void ll_getattr(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
 {
     Tree *t = tree_of(request);
     struct stat st;
-    uint64_t entry;
-    int error = entry_of(t, inode, &entry);
-    if (!error)
-        error = entry_stat(t, entry, &st);
-    if ((error = finished(t, error)) != 0)
+    int error = tree_getattr(t, inode, &st);
+    if (error)
         fuse_reply_err(request, error);
     else
         fuse_reply_attr(request, &st, CACHE_SECONDS);
@@ -672,9 +701,7 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
 {
     Tree *t = tree_of(request);
     uint64_t directory, start, count;
-    int error = entry_of(t, inode, &directory);
-    if (!error)
-        error = children_of(t, directory, &start, &count);
+    int error = directory_of(t, inode, &directory, &start, &count);
     if (error || offset < 0) {
         fuse_reply_err(request, finished(t, error ? error : EINVAL));
         return;
@@ -881,12 +908,18 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
+/* Unmount, give the signals back, free: the end of every session mount() started. */
+static void end_session(struct fuse_session *session)
+{
+    fuse_session_unmount(session);
+    fuse_remove_signal_handlers(session);
+    fuse_session_destroy(session);
+}
+
 static void tree_dealloc(Tree *t)
 {
     if (t->session != NULL) {  /* mounted, never run */
-        fuse_session_unmount(t->session);
-        fuse_remove_signal_handlers(t->session);
-        fuse_session_destroy(t->session);
+        end_session(t->session);
     }
     if (t->have_map)
         PyBuffer_Release(&t->map);
@@ -933,13 +966,10 @@ static PyObject *py_lookup(Tree *t, PyObject *args)
     Py_buffer name;
     if (!ready(t) || !PyArg_ParseTuple(args, "Ky*:lookup", &parent, &name))
         return NULL;
-    uint64_t child;
     struct stat st;
-    int error = tree_lookup(t, parent, name.buf, (size_t) name.len, &child);
+    int error = tree_lookup_stat(t, parent, name.buf, (size_t) name.len, &st);
     PyBuffer_Release(&name);
-    if (!error)
-        error = entry_stat(t, child, &st);
-    if ((error = finished(t, error)) != 0)
+    if (error)
         return os_error(error);
     return stat_tuple(&st);
 }
@@ -951,12 +981,9 @@ static PyObject *py_getattr(Tree *t, PyObject *args)
     unsigned long long inode;
     if (!ready(t) || !PyArg_ParseTuple(args, "K:getattr", &inode))
         return NULL;
-    uint64_t entry;
     struct stat st;
-    int error = entry_of(t, inode, &entry);
-    if (!error)
-        error = entry_stat(t, entry, &st);
-    if ((error = finished(t, error)) != 0)
+    int error = tree_getattr(t, inode, &st);
+    if (error)
         return os_error(error);
     return stat_tuple(&st);
 }
@@ -971,9 +998,7 @@ static PyObject *py_readdir(Tree *t, PyObject *args)
     if (!ready(t) || !PyArg_ParseTuple(args, "K|K:readdir", &inode, &offset))
         return NULL;
     uint64_t directory, start, count;
-    int error = entry_of(t, inode, &directory);
-    if (!error)
-        error = children_of(t, directory, &start, &count);
+    int error = directory_of(t, inode, &directory, &start, &count);
     if (error)
         return os_error(finished(t, error));
     PyObject *items = PyList_New(0);
@@ -1131,9 +1156,7 @@ static PyObject *py_run(Tree *t, PyObject *args, PyObject *kwargs)
         status = fuse_session_loop_mt(session, &config);
 #endif
     }
-    fuse_session_unmount(session);
-    fuse_remove_signal_handlers(session);
-    fuse_session_destroy(session);
+    end_session(session);
     Py_END_ALLOW_THREADS
     t->session = NULL;
     return PyLong_FromLong(status);

@@ -274,3 +274,20 @@ def test_without_the_extension_auto_falls_back_and_lowlevel_says_why(tmp_path: P
     if os.path.exists("/dev/fuse"):
         with pytest.raises(packfs.errors.MountError, match="compiled daemon .* is not available"):
             check_fuse("lowlevel")
+
+
+@pytest.mark.fuse
+def test_the_mount_reads_ahead_1_mib(tmp_path: Path) -> None:
+    """As root the compiled daemon raises its mount's read_ahead_kb from FUSE's 128 to
+    READ_AHEAD_KB, so a large file read cold keeps several 1 MiB READs in flight."""
+    from packfs.fuse.inodedaemon import READ_AHEAD_KB
+    from tests.conftest import mounted, wait_until
+
+    _compiled()
+    if os.geteuid() != 0:
+        pytest.skip("only root may write /sys/class/bdi/*/read_ahead_kb")
+    packfs.pack_entries([packfs.Entry("a", b"x")], tmp_path / "a.ffr")
+    with mounted(tmp_path / "a.ffr", tmp_path / "m", binding="lowlevel") as root:
+        device = os.stat(root).st_dev
+        setting = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+        assert wait_until(lambda: setting.read_text().strip() == str(READ_AHEAD_KB), 10), setting.read_text()

@@ -16,7 +16,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from typing import Any, Iterator
 
 from ..core import Archive
@@ -126,15 +125,10 @@ def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict
     return ",".join(words), overrides, loop
 
 
-def _raise_read_ahead(mountpoint: str, deadline: float) -> None:
-    """Set the mount's read_ahead_kb once it is there (root only; otherwise the
-    kernel's 128 KiB stays, which costs large cold files some speed)."""
-    from .checks import is_mounted
-
-    while not is_mounted(mountpoint):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.005)
+def _raise_read_ahead(mountpoint: str) -> None:
+    """Set the mount's read_ahead_kb (root only; otherwise the kernel's 128 KiB stays,
+    which costs large cold files some speed).  Run on a thread once mounted: the stat
+    of the mount point is a request the serving loop answers."""
     try:
         device = os.stat(mountpoint).st_dev
         with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb", "w") as setting:
@@ -187,7 +181,7 @@ def serve(archive: Archive, mountpoint: str, options: dict[str, Any], threads: i
                 raise MountError(f"mounting {archive.path!r} at {mountpoint!r}: {options_error(said)}")
             raise MountError(f"mounting {archive.path!r} at {mountpoint!r} failed: "
                              f"{said.reason() or 'libfuse error'}")
-        threading.Thread(target=_raise_read_ahead, args=(mountpoint, time.monotonic() + 10), daemon=True).start()
+        threading.Thread(target=_raise_read_ahead, args=(mountpoint,), daemon=True).start()
         status = tree.run(threads=threads, **loop)
     if status < 0:
         raise MountError(f"serving {archive.path!r} at {mountpoint!r} failed: libfuse's loop ended with "
