@@ -65,6 +65,9 @@
 /* The largest READ the kernel sends (max_pages = 256) and what one pread reads. */
 #define MAX_REQUEST (1u << 20)
 #define MAX_SYMLINK_TARGET 4095
+/* Format section 4b (1.2): records longer than this have a CRC per piece of this size. */
+#define PIECE_SIZE ((uint64_t) 1 << 20)
+#define NO_PIECES UINT64_MAX
 /* The longest name FUSE carries (the kernel's FUSE_NAME_MAX); statfs says 255. */
 #define MAX_NAME 1024
 /* Table and header pages a walk maps are dropped from the daemon's RSS (they stay in
@@ -99,6 +102,11 @@ typedef struct {
     uint64_t names_size;
     int check_once;                /* 1: each record's CRC once; 0: never */
     uint8_t *checked;              /* a bit per data record: its CRC matched */
+    const uint8_t *piece_record;   /* section 4b: M records with piece CRCs, ascending */
+    const uint8_t *piece_start;    /* M + 1 indices into piece_crc */
+    const uint8_t *piece_crc;      /* piece_total CRCs */
+    uint64_t piece_records, piece_total;
+    uint8_t *piece_checked;        /* a bit per piece CRC: its piece matched */
     pthread_mutex_t stripe[STRIPES];
     int changed;                   /* sticky: the archive changed in place */
     char *name;                    /* the archive's path, for the log */
@@ -495,9 +503,91 @@ static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, 
     return error;
 }
 
+/* The index of record ``record``'s first piece CRC (the record is ``length`` bytes), in
+ * *first, or NO_PIECES if it has none (short, not listed, or a 1.1 archive): a binary
+ * search of piece_record, its piece_start values checked as section 5 says.  ``entry``
+ * names the file in the log. */
+static int pieces_of(Tree *t, uint64_t entry, uint64_t record, uint64_t length, uint64_t *first)
+{
+    *first = NO_PIECES;
+    if (length <= PIECE_SIZE || t->piece_records == 0)
+        return 0;
+    uint64_t low = 0, high = t->piece_records;
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        if (u64_at(t->piece_record + 8 * middle) < record)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    if (low == t->piece_records || u64_at(t->piece_record + 8 * low) != record)
+        return 0;  /* not listed: checked whole, as in 1.1 */
+    uint64_t from = u64_at(t->piece_start + 8 * low), to = u64_at(t->piece_start + 8 * (low + 1));
+    if (from > to || to > t->piece_total || to - from != (length + PIECE_SIZE - 1) / PIECE_SIZE)
+        return broken(t, entry, 13, "has a record whose piece CRCs do not match its length");
+    *first = from;
+    return 0;
+}
+
+static inline int piece_checked(Tree *t, uint64_t piece)
+{
+    return __atomic_load_n(&t->piece_checked[piece >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (piece & 7));
+}
+
+/* Bytes [offset, offset + want) of a record at ``start`` (``length`` bytes) whose piece
+ * CRCs begin at ``first``: the pieces they cover that are not checked yet are read
+ * whole, each checked once (one thread at a time per stripe), and the reply cut from
+ * the same bytes; once all are checked, just the bytes asked for are read. */
+static int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length, uint64_t offset, uint64_t want,
+                       uint8_t **out, size_t *skip)
+{
+    uint64_t low = offset / PIECE_SIZE, high = (offset + want - 1) / PIECE_SIZE + 1;
+    uint64_t from = offset, to = offset + want;
+    int unchecked = 0;
+    for (uint64_t p = low; p < high && !unchecked; p++)
+        unchecked = !piece_checked(t, first + p);
+    if (unchecked) {
+        from = low * PIECE_SIZE;
+        to = high * PIECE_SIZE < length ? high * PIECE_SIZE : length;
+    }
+    uint8_t *buffer = malloc(to - from);
+    if (buffer == NULL)
+        return ENOMEM;
+    int error = read_exactly(t, buffer, to - from, start + from);
+    for (uint64_t p = low; !error && unchecked && p < high; p++) {
+        uint64_t piece = first + p;
+        if (piece_checked(t, piece))
+            continue;
+        pthread_mutex_t *lock = &t->stripe[piece % STRIPES];
+        pthread_mutex_lock(lock);
+        if (!piece_checked(t, piece)) {
+            uint64_t at = p * PIECE_SIZE - from, size = length - p * PIECE_SIZE < PIECE_SIZE ? length - p * PIECE_SIZE
+                                                                                          : PIECE_SIZE;
+            uLong crc = crc32(crc32(0L, Z_NULL, 0), buffer + at, (uInt) size);
+            if ((uint32_t) crc != u32_at(t->piece_crc + 4 * piece)) {
+                if (!tree_changed(t))
+                    log_line(t, ((uint64_t) 1 << 61) + piece, "'%s': piece %llu of a record at offset %llu: "
+                             "checksum mismatch (the archive is damaged): its file answers EIO there", t->name,
+                             (unsigned long long) p, (unsigned long long) start);
+                error = EIO;
+            } else {
+                __atomic_fetch_or(&t->piece_checked[piece >> 3], (uint8_t) (1u << (piece & 7)), __ATOMIC_RELEASE);
+            }
+        }
+        pthread_mutex_unlock(lock);
+    }
+    if (error) {
+        free(buffer);
+        return error;
+    }
+    *out = buffer;
+    *skip = (size_t) (offset - from);
+    return 0;
+}
+
 /* Up to ``size`` bytes of file inode ``inode`` from ``offset``: *out (malloc'ed, free
  * it) and *got, or an errno.  A whole small record is read once and checked from the
- * same bytes. */
+ * same bytes; a large one with piece CRCs, piece by piece. */
 static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
                      size_t *skip)
 {
@@ -518,6 +608,16 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
     uint64_t want = length - offset < size ? length - offset : size;
     int unchecked = !record_checked(t, record);
     uint64_t from = offset, count = want;
+    if (unchecked && length > PIECE_SIZE) {
+        uint64_t first;
+        if ((error = pieces_of(t, entry, record, length, &first)) != 0)
+            return error;
+        if (first != NO_PIECES) {
+            if ((error = read_pieces(t, first, start, length, offset, want, out, skip)) == 0)
+                *got = (size_t) want;
+            return error;
+        }
+    }
     if (unchecked && length <= MAX_REQUEST) {
         from = 0;  /* the whole record: one pread serves the check and the reply */
         count = length;
@@ -806,11 +906,48 @@ static PyObject *os_error(int error)
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
+/* Section 4b's three spans, ((start, end) x 3), checked to fit the archive and each
+ * other, so that every index pieces_of() and read_pieces() make is in bounds. */
+static int init_pieces(Tree *t, PyObject *pieces)
+{
+    unsigned long long span[3][2];
+    if (!PyArg_ParseTuple(pieces, "(KK)(KK)(KK):pieces", &span[0][0], &span[0][1], &span[1][0], &span[1][1],
+                          &span[2][0], &span[2][1]))
+        return -1;
+    for (int k = 0; k < 3; k++) {
+        if (span[k][0] > span[k][1] || span[k][1] > t->file_size) {
+            PyErr_Format(PyExc_ValueError, "piece section %d's span does not fit the archive", k);
+            return -1;
+        }
+    }
+    uint64_t count = (span[0][1] - span[0][0]) / 8;
+    if ((span[0][1] - span[0][0]) % 8 || count > t->data_records || span[1][1] - span[1][0] != 8 * (count + 1)) {
+        PyErr_SetString(PyExc_ValueError, "the piece_record and piece_start sections do not agree");
+        return -1;
+    }
+    uint64_t total = u64_at(t->base + span[1][0] + 8 * count);
+    if ((span[2][1] - span[2][0]) % 4 || (span[2][1] - span[2][0]) / 4 != total) {
+        PyErr_SetString(PyExc_ValueError, "the piece_crc section does not hold piece_start's count");
+        return -1;
+    }
+    t->piece_record = t->base + span[0][0];
+    t->piece_start = t->base + span[1][0];
+    t->piece_crc = t->base + span[2][0];
+    /* At most the archive's size / 32 bytes: section 17 holds 4 bytes per piece. */
+    if ((t->piece_checked = calloc(total / 8 + 1, 1)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->piece_records = count;
+    t->piece_total = total;
+    return 0;
+}
+
 static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
-                               "check_once", "name", "log_fd", NULL};
-    PyObject *mapping, *sections;
+                               "check_once", "name", "log_fd", "pieces", NULL};
+    PyObject *mapping, *sections, *pieces = Py_None;
     const char *name = "archive";
     int log_fd = 2;
     int fd, guard, check_once;
@@ -819,8 +956,8 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|si:Tree", keywords, &mapping, &fd, &guard, &records,
-                                     &data_records, &entries, &sections, &check_once, &name, &log_fd))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siO:Tree", keywords, &mapping, &fd, &guard, &records,
+                                     &data_records, &entries, &sections, &check_once, &name, &log_fd, &pieces))
         return -1;
     t->fd = -1;
     if ((t->name = strdup(name)) == NULL) {
@@ -879,6 +1016,8 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
             t->names_size = end - start;
     }
     Py_DECREF(spans);
+    if (pieces != Py_None && init_pieces(t, pieces) != 0)
+        return -1;
     long page = sysconf(_SC_PAGESIZE);
     t->table_low &= ~((uintptr_t) page - 1);  /* whole pages: the map starts on one */
     t->table_high &= ~((uintptr_t) page - 1);  /* the last partial page stays */
@@ -926,6 +1065,7 @@ static void tree_dealloc(Tree *t)
     if (t->fd >= 0)
         close(t->fd);
     free(t->checked);
+    free(t->piece_checked);
     free(t->name);
     Py_TYPE(t)->tp_free((PyObject *) t);
 }

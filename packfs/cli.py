@@ -256,10 +256,14 @@ def _count(number: int, noun: str) -> str:
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
-    """Rewrite LEGACY, an archive made by FFRecord's pack_folder, as a packfs archive OUT.
+    """Rewrite LEGACY as a packfs archive OUT of the current format version: an archive
+    made by FFRecord's pack_folder, or a packfs archive of an older version.
 
-    Every packfs command already reads LEGACY as it is; OUT opens in O(1) instead of
-    building the path table in memory at each open, and carries packfs' checks.
+    Every packfs command already reads LEGACY as it is.  From FFRecord, OUT opens in
+    O(1) instead of building the path table in memory at each open, and carries
+    packfs' checks; from format 1.0, OUT stores the inode numbers of hard links (the
+    compiled mount daemon needs them); from 1.0 or 1.1, it has piece CRCs, so the
+    first bytes of a large file are served without checking all of it first.
 
     \b
     Example:

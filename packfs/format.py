@@ -25,7 +25,8 @@ the file size; ``checksum_meta`` not matching (when checking data); offsets that
 
 2. Record order in a packfs archive
 -----------------------------------
-With ``D`` data records and ``S`` sections (``S = 15`` in version 1)::
+With ``D`` data records and ``S`` sections (``S = 15`` in versions 1.0 and 1.1, ``18`` in
+1.2: the 15 of the path table, then the 3 of the piece CRCs, section 4b)::
 
     records 0 .. D-1        data: file contents and symlink targets, one record each
     record  D + 2k          padding before section k: zero bytes, so that section k
@@ -47,11 +48,12 @@ are adjacent; readers do not depend on that order.
     offset  size  field
     0       8     magic                b"\\x93PACKFS\\x00"
     8       2     version_major  u16   1
-    10      2     version_minor  u16   1 (1.1 gave section 11 its meaning)
+    10      2     version_minor  u16   2 (1.1 gave section 11 its meaning; 1.2
+                                       added sections 15-17, section 4b)
     12      4     flags          u32   0; a reader rejects any bit it does not know
     16      8     entry_count    u64   N, the number of path-table entries (>= 1)
     24      8     data_records   u64   D
-    32      4     section_count  u32   S; 15 in version 1
+    32      4     section_count  u32   S; 15 in versions 1.0 and 1.1, 18 in 1.2
     36      28    reserved             zero
 
 Version policy: a reader rejects another ``version_major``.  A higher
@@ -101,14 +103,42 @@ that range.
 An entry's inode number is its index + 1 (the root is 1), except that all names of a
 hard-linked file share the inode number of the first (``first_link + 1``).
 
+4b. Piece CRCs (sections 15..17, version 1.2)
+---------------------------------------------
+A record's CRC covers all of it, so a reader that checks before it answers must read
+a whole 10 GiB file before the first byte of it can be trusted.  Version 1.2 adds a
+CRC for each ``PIECE_SIZE`` = 1 MiB piece of every data record longer than
+``PIECE_SIZE`` bytes (piece ``p`` of a record is its bytes ``[p * PIECE_SIZE, (p + 1)
+* PIECE_SIZE)``, the last one possibly shorter), so a reader checks just the pieces a
+read covers.  The record's own CRC is still written (FFRecord's readers check it, and
+so do ``verify`` and ``unpack``).  With ``M`` such records::
+
+    k   name          type  items   meaning
+    15  piece_record  u64   M       the data records that have piece CRCs, ascending
+    16  piece_start   u64   M + 1   piece_start[j]: index in piece_crc of the first
+                                    piece of piece_record[j]; piece_start[0] = 0 and
+                                    piece_start[M] is the number of piece CRCs
+    17  piece_crc     u32   P       CRC-32 of each piece, record after record
+
+Each section is 64-byte aligned, with its padding record before it, like the table's.
+A writer lists every data record longer than ``PIECE_SIZE`` and no other; a reader
+that finds a record not listed checks it whole, as in 1.1.  An older reader ignores
+the three sections (section 3's version policy).
+
 5. What a reader must reject, and when
 --------------------------------------
 At open, with no per-entry work: besides the header rules of section 1 (the offsets
 excepted, see below), a last record that is not a 64-byte footer with
-the magic; another major version; unknown flags; ``section_count < 15``; ``n`` not
+the magic; another major version; unknown flags; ``section_count < 15`` (``< 18``
+from version 1.2 on); ``n`` not
 equal to ``D + 2S + 1`` plus the parity record; a section whose length is not ``N``
 times its item size (section 12: ``name_end[N-1]``); a section not starting at a
-multiple of 64; a root entry that is not a directory with parent 0 and an empty name.
+multiple of 64; a root entry that is not a directory with parent 0 and an empty name;
+from 1.2, a piece section (4b) not 64-byte aligned, ``piece_record`` not a multiple
+of 8 bytes, ``piece_start`` not ``8 (M + 1)`` bytes, ``piece_start[0] != 0``, ``M >
+D``, ``piece_crc`` not ``4 * piece_start[M]`` bytes, or more piece CRCs than the data
+area can have (``piece_start[M] > M + (offset[D] - (12 + 12n)) / PIECE_SIZE``, which
+bounds what a reader allocates for them).
 When checking data, also a CRC mismatch in the header or a table section: one pass
 over their bytes (about 100 bytes per entry) at CRC speed, not a walk of the table.
 
@@ -136,7 +166,12 @@ table; ``verify`` checks every rule at once):
   of targets besides the path itself;
 - ``path_entry`` values are below N;
 - a non-zero ``first_link`` is at most the entry's own index and names a regular
-  file with the same record.
+  file with the same record;
+- a record's pieces (4b), found by binary search of ``piece_record``, are used only if
+  ``piece_start[j] <= piece_start[j+1] <= piece_start[M]`` and ``piece_start[j+1] -
+  piece_start[j]`` is the record's piece count, ``ceil(length / PIECE_SIZE)``; else the
+  archive is malformed.  A ``piece_record`` that is not ascending can only hide a
+  record from the search, which is then checked whole.
 
 Before writing out a whole archive (``unpack``, ``convert``), all at once, because
 what is written is what the table claims, not what was read: the offsets are
@@ -155,7 +190,9 @@ against that record's CRC, and equal bytes read twice are the same contents.
 By ``verify``, the rules that make lookups and listings agree but that no single
 access relies on: each entry's parent is a directory whose child range holds it (the
 converse is checked where used, above); the
-child counts add up to ``N - 1``; non-directories have ``child_start == child_count
+child counts add up to ``N - 1``; ``piece_record`` is strictly ascending, below ``D``,
+lists exactly the records longer than ``PIECE_SIZE``, each with its piece count, and
+every piece CRC matches its bytes; non-directories have ``child_start == child_count
 == 0`` and directories record 2**64 - 1; ``path_hash`` is sorted and each hash is its
 path's CRC-32.  A reader therefore never indexes out of bounds, never loops and never
 produces a name that leaves the tree: an inconsistent table is an error where it is
@@ -182,6 +219,11 @@ __all__ = [
     "SECTION_ALIGNMENT",
     "SECTIONS",
     "SECTION_COUNT",
+    "PIECE_SECTIONS",
+    "PIECE_SIZE",
+    "PIECES_SINCE_MINOR",
+    "WRITTEN_SECTION_COUNT",
+    "piece_count",
     "NO_RECORD",
     "MAX_SYMLINK_TARGET",
     "Footer",
@@ -202,7 +244,7 @@ __all__ = [
 
 MAGIC = b"\x93PACKFS\x00"
 VERSION_MAJOR = 1
-VERSION_MINOR = 1
+VERSION_MINOR = 2
 
 # Section 1: checksum_meta u32, n i64.  The arrays that follow are read as numpy views.
 HEADER_PREFIX = struct.Struct("<Iq")
@@ -261,7 +303,23 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("path_hash", "<u4"),
     ("path_entry", "<u4"),
 )
-SECTION_COUNT = len(SECTIONS)
+SECTION_COUNT = len(SECTIONS)  # the path table's; the fewest an archive may have
+
+# Section 4b (version 1.2): the piece CRCs of records longer than PIECE_SIZE.
+PIECE_SIZE = 1 << 20
+PIECE_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("piece_record", "<u8"),
+    ("piece_start", "<u8"),
+    ("piece_crc", "<u4"),
+)
+PIECES_SINCE_MINOR = 2
+WRITTEN_SECTION_COUNT = SECTION_COUNT + len(PIECE_SECTIONS)
+
+
+def piece_count(length: int) -> int:
+    """How many piece CRCs a record of ``length`` bytes has (section 4b): none up to
+    PIECE_SIZE bytes (its record CRC is its one piece), else one per PIECE_SIZE bytes."""
+    return 0 if length <= PIECE_SIZE else -(-length // PIECE_SIZE)
 
 
 class Footer(NamedTuple):
@@ -285,7 +343,7 @@ def header_size(record_count: int) -> int:
     return 12 + 12 * record_count
 
 
-def record_count_for(data_records: int, section_count: int = SECTION_COUNT) -> int:
+def record_count_for(data_records: int, section_count: int = WRITTEN_SECTION_COUNT) -> int:
     """Total records in an archive with ``data_records`` data records (section 2)."""
     count = data_records + 2 * section_count + 1
     return count if count % 2 else count + 1
@@ -294,7 +352,7 @@ def record_count_for(data_records: int, section_count: int = SECTION_COUNT) -> i
 def pack_footer(entry_count: int, data_records: int) -> bytes:
     """Encode a version-1 footer."""
     return FOOTER.pack(
-        MAGIC, VERSION_MAJOR, VERSION_MINOR, 0, entry_count, data_records, SECTION_COUNT, bytes(28)
+        MAGIC, VERSION_MAJOR, VERSION_MINOR, 0, entry_count, data_records, WRITTEN_SECTION_COUNT, bytes(28)
     )
 
 
@@ -317,9 +375,10 @@ def unpack_footer(data: bytes, where: str) -> Footer:
         )
     if flags:
         raise FormatError(f"{where}: unknown feature flags {flags:#x} in the footer")
-    if sections < SECTION_COUNT:
+    needed = WRITTEN_SECTION_COUNT if minor >= PIECES_SINCE_MINOR else SECTION_COUNT
+    if sections < needed:
         raise FormatError(
-            f"{where}: footer lists {sections} sections, version {major} needs {SECTION_COUNT}"
+            f"{where}: footer lists {sections} sections, version {major}.{minor} needs {needed}"
         )
     if entries < 1:
         raise FormatError(f"{where}: footer says the path table has {entries} entries, expected >= 1")

@@ -13,7 +13,7 @@ import pytest
 
 import packfs
 from packfs import RecordReader, RecordWriter
-from packfs.format import SECTIONS
+from packfs.format import PIECE_SECTIONS, SECTION_ALIGNMENT, SECTION_COUNT, SECTIONS, header_size, record_count_for
 
 # Files written by FFRecord's own code (see its README there); copied in, never edited.
 VECTORS = Path(__file__).resolve().parent / "vectors" / "ffrecord"
@@ -227,11 +227,34 @@ def write_records(out: Path, records: list[bytes]) -> Path:
 
 
 def rewrite_section(archive: Path, out: Path, section: str, mutate: Callable[[np.ndarray], None]) -> Path:
-    """Copy ``archive`` with one table section changed in place, all CRCs recomputed."""
+    """Copy ``archive`` with one section (of the table or the piece CRCs) changed in
+    place, all CRCs recomputed."""
     _, _, data_records = archive_layout(archive)
-    index = data_records + 2 * [name for name, _ in SECTIONS].index(section) + 1
+    sections = SECTIONS + PIECE_SECTIONS
+    index = data_records + 2 * [name for name, _ in sections].index(section) + 1
     records = read_records(archive)
-    array = np.frombuffer(records[index], dict(SECTIONS)[section]).copy()
+    array = np.frombuffer(records[index], dict(sections)[section]).copy()
     mutate(array)
     records[index] = array.tobytes()
     return write_records(out, records)
+
+
+def as_version_1_1(archive: Path, out: Path) -> Path:
+    """A copy of a 1.2 archive as 1.1 wrote it: the same data and table, without the
+    piece CRC sections (format section 4b), each section's padding laid out anew."""
+    _, _, data_records = archive_layout(archive)
+    records = read_records(archive)
+    data = records[:data_records]
+    sections = [records[data_records + 2 * k + 1] for k in range(SECTION_COUNT)]
+    footer = bytearray(records[-1])
+    struct.pack_into("<H", footer, 10, 1)  # version_minor
+    struct.pack_into("<I", footer, 32, SECTION_COUNT)
+    n = record_count_for(data_records, SECTION_COUNT)
+    position = header_size(n) + sum(len(record) for record in data)
+    laid_out = list(data)
+    for section in sections:
+        padding = -position % SECTION_ALIGNMENT
+        laid_out += [bytes(padding), section]
+        position += padding + len(section)
+    laid_out += [b""] * (n - len(laid_out) - 1) + [bytes(footer)]
+    return write_records(out, laid_out)

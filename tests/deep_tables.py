@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packfs.format import SECTION_ALIGNMENT, SECTIONS, crc32, pack_footer, record_count_for
+from packfs.format import PIECE_SECTIONS, SECTION_ALIGNMENT, SECTIONS, crc32, pack_footer, record_count_for
 from packfs.format import S_IFDIR, S_IFREG
 from tests.conftest import write_records
 
@@ -50,10 +50,12 @@ def chain_archive(out: Path, depth: int, name_length: int, contents: bytes = b"a
         "child_count": child_count, "name_end": name_end, "nlink": nlink,
         "first_link": np.zeros(count, "<u4"), "names": names,
         "path_hash": hashes[by_hash].astype("<u4"), "path_entry": by_hash.astype("<u4"),
+        # No record is over 1 MiB: the piece CRC sections (format 4b) are empty.
+        "piece_record": np.zeros(0, "<u8"), "piece_start": np.zeros(1, "<u8"), "piece_crc": np.zeros(0, "<u4"),
     }
     records = [contents]
     position = 12 + 12 * record_count_for(1) + len(contents)
-    for section, dtype in SECTIONS:
+    for section, dtype in SECTIONS + PIECE_SECTIONS:
         data = np.ascontiguousarray(columns[section], dtype=dtype).tobytes()
         padding = -position % SECTION_ALIGNMENT
         records += [bytes(padding), data]
@@ -92,7 +94,8 @@ def realigned(records: list[bytes], data_records: int) -> list[bytes]:
     record changed length (format section 2: sections start at multiples of 64)."""
     records = list(records)
     position = 12 + 12 * len(records) + sum(map(len, records[:data_records]))
-    for k in range(len(SECTIONS)):
+    sections = int.from_bytes(records[-1][32:36], "little")  # the footer's section_count
+    for k in range(sections):
         padding = -position % SECTION_ALIGNMENT
         records[data_records + 2 * k] = bytes(padding)
         position += padding + len(records[data_records + 2 * k + 1])

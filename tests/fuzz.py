@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import packfs  # noqa: E402
 from packfs import PackedFolder  # noqa: E402
 from packfs.dataset import PackedFiles  # noqa: E402
-from packfs.format import SECTIONS  # noqa: E402
+from packfs.format import PIECE_SIZE  # noqa: E402
 from packfs.fuse import PackfsOperations  # noqa: E402
 from tests.conftest import read_records, write_records  # noqa: E402
 from tests.deep_tables import chain_archive, long_target_archive, wide_long_names_archive  # noqa: E402
@@ -77,6 +77,8 @@ def build_seed(path: Path) -> dict[str, bytes]:
         "names/\u00e9t\u00e9.txt": "\u00fcn\u00efc\u00f6d\u00e9".encode(),
         os.fsdecode(b"names/bytes-\xff.bin"): b"\x00\x01\x02",
         "big.bin": random.Random(1).randbytes(70_000),
+        # Over 1 MiB: piece CRCs (format 4b), read in part by both daemons' reads below.
+        "pieces.bin": random.Random(2).randbytes(2 * PIECE_SIZE + 3000),
     }
     entries = [packfs.Entry(p, c) for p, c in files.items()]
     entries += [
@@ -119,7 +121,8 @@ def mutate(original: bytes, records: list[bytes], data_records: int, rng: random
     else:  # hostile: a table section (or the footer) changed, every CRC recomputed
         changed = list(records)
         for _ in range(rng.randint(1, 3)):
-            index = rng.choice([data_records + 2 * k + 1 for k in range(len(SECTIONS))] + [len(records) - 1])
+            sections = int.from_bytes(records[-1][32:36], "little")  # the table's and the piece CRCs'
+            index = rng.choice([data_records + 2 * k + 1 for k in range(sections)] + [len(records) - 1])
             raw = bytearray(changed[index])
             if raw:
                 position = rng.randrange(len(raw))
@@ -208,7 +211,8 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
     operations = PackfsOperations(folder, check_data=folder.check_data, no_open=True)
     for path in ["/" + p for p in list(files) + ["", "a", "a/b", "empty_dir", "link", "missing"]]:
         for call in (lambda: _kernel_attributes(path, operations.getattr(path)), lambda: operations.readdir(path, 0),
-                     lambda: operations.read(path, 1 << 20, 0, 0), lambda: operations.readlink(path),
+                     lambda: operations.read(path, 1 << 20, 0, 0), lambda: operations.read(path, 4096, PIECE_SIZE + 5, 0),
+                     lambda: operations.readlink(path),
                      lambda: operations.open(path, os.O_RDONLY)):
             try:
                 call()
@@ -268,6 +272,9 @@ def use_compiled(tree, files: dict[str, bytes], budget: int = 20000) -> int:
                 pending.append((child, path + "/"))
             data = answered(lambda: tree.read(child, 0, 1 << 20))
             answered(lambda: tree.read(child, 1, 4096))
+            later = answered(lambda: tree.read(child, PIECE_SIZE + 5, 4096))
+            if later is not None and path in files and later != files[path][PIECE_SIZE + 5: PIECE_SIZE + 4101]:
+                wrong += 1
             answered(lambda: tree.readlink(child))
             if data is not None and path in files and data != files[path][:1 << 20]:
                 wrong += 1

@@ -31,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from packfs.format import FOOTER_SIZE, NO_RECORD, SECTION_ALIGNMENT, SECTIONS, crc32, pack_footer, record_count_for
+from packfs.format import (FOOTER_SIZE, NO_RECORD, PIECE_SECTIONS, SECTION_ALIGNMENT, SECTIONS, crc32, pack_footer,
+                           record_count_for)
 from packfs.core.legacy import MAGIC as LEGACY_MAGIC
 from packfs.format import S_IFDIR, S_IFREG
 from packfs.core.tablebuild import TableRows, build_tables
@@ -40,6 +41,12 @@ __all__ = ["aliasing_archive", "shared_record_archive", "record_over_table", "le
            "write_container", "Layout", "assemble", "all_hostile", "HOSTILE_KINDS", "hostile_structure"]
 
 MTIME_NS = 1_600_000_000_000_000_000
+# The path table's sections, then the piece CRCs' (empty here: no record is over 1 MiB).
+ALL_SECTIONS = SECTIONS + PIECE_SECTIONS
+
+
+def _no_pieces() -> dict[str, np.ndarray]:
+    return {"piece_record": np.zeros(0, "<u8"), "piece_start": np.zeros(1, "<u8"), "piece_crc": np.zeros(0, "<u4")}
 
 
 def write_container(out: Path, body: bytes, offsets: list[int]) -> Path:
@@ -73,13 +80,13 @@ def _layout(tables: dict[str, np.ndarray], blob_size: int, data_records: int) ->
     data_start = 12 + 12 * record_count_for(data_records)
     position = blob_size
     offsets, spans = [], {}
-    for name, _ in SECTIONS:
+    for name, _ in ALL_SECTIONS:
         offsets.append(position)  # padding
         position += -(data_start + position) % SECTION_ALIGNMENT
         offsets.append(position)
         spans[name] = (position, position + tables[name].nbytes)
         position += tables[name].nbytes
-    if record_count_for(data_records) != data_records + 2 * len(SECTIONS) + 1:
+    if record_count_for(data_records) != data_records + 2 * len(ALL_SECTIONS) + 1:
         offsets.append(position)  # the parity record
     offsets.append(position)  # the footer
     return Layout(data_records, blob_size, position, spans), offsets
@@ -92,11 +99,12 @@ def assemble(out: Path, rows: TableRows, blob: bytes, data_records: int,
     records start where ``data_offsets(layout)`` says (relative to the data area's
     start); ``patch(tables, layout)`` may then change the table's columns."""
     tables = {name: array.copy() for name, array in build_tables(rows).items()}
+    tables.update(_no_pieces())
     layout, table_offsets = _layout(tables, len(blob), data_records)
     if patch is not None:
         patch(tables, layout)
     body = bytearray(blob)
-    for name, _ in SECTIONS:
+    for name, _ in ALL_SECTIONS:
         start, end = layout.section_spans[name]
         body += bytes(start - len(body))
         body += tables[name].tobytes()

@@ -16,8 +16,8 @@ import pytest
 import packfs
 from packfs import (ChecksumError, ClosedArchiveError, NotADirectoryPathError, NotAFileError, PathNotFoundError)
 from packfs.core import Archive, Container, EntryStat
-from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, SYMLINKS
+from packfs.format import PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, SYMLINKS, as_version_1_1
 
 CORRUPT = "a/b/c/deep.bin"  # the file whose byte the corrupted copies flip
 SOUND = "Zeta.txt"  # a file the corrupted copies leave alone
@@ -801,10 +801,13 @@ def test_a_source_that_reports_a_change_fails_every_read(archive: Path, tmp_path
                 call()
 
 
-def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Path, monkeypatch,
+                                                                     version: str) -> None:
     """A large file's first reads arrive together (readahead, worker threads): one thread
-    reads and checks the record, the others wait for it instead of each checking all of
-    it; every read gets the right bytes."""
+    reads and checks what they need, the others wait for it instead of each checking it
+    again; every read gets the right bytes.  In 1.1 that is the whole record; in 1.2 the
+    one 1 MiB piece the reads fall in (a read in the next piece checks that one)."""
     import threading
     import time
 
@@ -812,18 +815,29 @@ def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Pa
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "big.bin").write_bytes(big)
     packfs.pack_folder(tmp_path / "src", tmp_path / "big.ffr")
-    real_crc_ok = Container.record_crc_ok
-    calls = []
+    path = tmp_path / "big.ffr"
+    if version == "1.1":
+        path = as_version_1_1(path, tmp_path / "old.ffr")
+    real_crc_ok, real_pread = Container.record_crc_ok, Container.pread
+    checks = []
 
     def slow_crc_ok(self, record, progress=None):
-        calls.append(record)
+        checks.append(("record", record))
         time.sleep(0.05)  # widen the window in which the other threads arrive
         return real_crc_ok(self, record, progress)
 
+    def slow_pread(self, start, end):
+        if end - start == PIECE_SIZE:  # a piece read to be checked (the replies are 64 KiB)
+            checks.append(("piece", start))
+            time.sleep(0.05)
+        return real_pread(self, start, end)
+
     monkeypatch.setattr(Container, "record_crc_ok", slow_crc_ok)
-    with Archive(tmp_path / "big.ffr", checksums="once") as archive:
+    monkeypatch.setattr(Container, "pread", slow_pread)
+    with Archive(path, checksums="once") as archive:
+        assert archive.version == version
         entry = archive.find(b"big.bin")
-        calls.clear()  # opening checked the table's records
+        checks.clear()  # opening checked the table's records
         start = threading.Barrier(8)
         results: dict[int, bytes] = {}
 
@@ -836,9 +850,10 @@ def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Pa
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(calls) == 1
+        assert len(checks) == 1 and checks[0][0] == ("record" if version == "1.1" else "piece")
         assert all(results[part] == big[part * 65536 : (part + 1) * 65536] for part in range(8))
-        assert archive.read(entry, 1 << 20, 10) == big[1 << 20 : (1 << 20) + 10] and len(calls) == 1
+        assert archive.read(entry, 1 << 20, 10) == big[1 << 20 : (1 << 20) + 10]
+        assert len(checks) == (1 if version == "1.1" else 2)
 
 
 def test_once_under_concurrency_never_marks_a_damaged_record(tmp_path: Path, monkeypatch) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from packfs.errors import FormatError
 from packfs.format import (
-    FOOTER_SIZE, MAGIC, SECTION_COUNT, crc32, header_size, pack_footer, record_count_for,
+    FOOTER_SIZE, MAGIC, SECTION_COUNT, WRITTEN_SECTION_COUNT, crc32, header_size, pack_footer, record_count_for,
     unpack_footer,
 )
 
@@ -24,7 +24,7 @@ def test_record_count_is_odd_so_the_offset_table_is_aligned() -> None:
         n = record_count_for(data_records)
         assert n % 2 == 1
         assert (12 + 4 * n) % 8 == 0
-        assert n - data_records - 2 * SECTION_COUNT - 1 in (0, 1)
+        assert n - data_records - 2 * WRITTEN_SECTION_COUNT - 1 in (0, 1)
     assert header_size(5) == 72
 
 
@@ -33,14 +33,14 @@ def test_footer_round_trip() -> None:
     assert len(data) == FOOTER_SIZE == 64
     assert data.startswith(MAGIC)
     footer = unpack_footer(data, "x")
-    assert (footer.entry_count, footer.data_records, footer.section_count) == (7, 3, SECTION_COUNT)
+    assert (footer.entry_count, footer.data_records, footer.section_count) == (7, 3, WRITTEN_SECTION_COUNT)
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: b"\0" + d[1:], "not a packfs archive"),
-        (lambda d: d[:8] + (2).to_bytes(2, "little") + d[10:], "unsupported format version 2.1"),  # the minor stays that of the writer
+        (lambda d: d[:8] + (2).to_bytes(2, "little") + d[10:], "unsupported format version 2.2"),  # the minor stays that of the writer
         (lambda d: d[:12] + (1).to_bytes(4, "little") + d[16:], "unknown feature flags"),
         (lambda d: d[:32] + (3).to_bytes(4, "little") + d[36:], "lists 3 sections"),
         (lambda d: d[:16] + bytes(8) + d[24:], "0 entries"),

@@ -10,10 +10,13 @@ The checksum policy is decided here, once, for every front end (``checksums``):
 
 - ``"always"``: every read of a file checks its record's CRC (a read of part of a
   file checks the whole record first, so front ends that read in parts open a file
-  with :meth:`Archive.open`, which checks it once per handle);
+  with :meth:`Archive.open`, which checks it once per handle; a record with piece CRCs,
+  format 1.2's files over 1 MiB, checks just the 1 MiB pieces the read covers);
 - ``"once"``: a record is checked the first time it is read and remembered in a
   bitmap of one bit per data record (what a mount wants: a large file read in 128 KiB
-  requests is checked once, not once per request);
+  requests is checked once, not once per request); a record with piece CRCs has a bit
+  per piece instead, so the first bytes of a large file wait for one piece's check,
+  not the whole file's;
 - ``"never"``: no CRC of contents is checked (the header and the table are not
   checked at open either).
 """
@@ -22,13 +25,14 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, Union
 
 if TYPE_CHECKING:
     import numpy as np
 
-from ..errors import ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError, PathNotFoundError
-from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
+from ..errors import ChecksumError, ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError, PathNotFoundError
+from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
                       symlink_length_problem, symlink_target_problem, unpack_footer)
 from ..source import ByteSource
 from . import legacy
@@ -36,6 +40,7 @@ from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import PackedFile, read_entries
 from .paths import PathArg, lookup_key
 from .pathtable import PathTable
+from .pieces import NO_PIECES, PieceTable
 from .verify import VerifyReport, verify_archive
 
 __all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED"]
@@ -141,6 +146,9 @@ class Archive:
         # One bit per data record, set once it was checked and found sound: bounded by
         # the archive's size (an eighth of a byte per file).
         self._checked = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
+        # And one per piece CRC (format section 4b), bounded by the archive's size too.
+        self._pieces_checked = (bytearray((self._pieces.piece_total + 7) // 8)
+                                if checksums == "once" else None)
         # Records being checked from the source now, under "once" (at most one entry per
         # thread): the threads that want the same record wait for the one checking it.
         self._checks_in_progress: dict[int, threading.Lock] = {}
@@ -173,6 +181,7 @@ class Archive:
             if check_data:
                 container.check_crc(n - 1, footer_data, "FFRecord packed-folder metadata")
             self.footer, self._table = legacy.legacy_table(container, footer_data, repr(self.path))
+            self._pieces = PieceTable(container, None)
             self.legacy = True
             return
         if len(footer_data) == FOOTER_SIZE and check_data:
@@ -186,6 +195,7 @@ class Archive:
             )
         self.footer = footer
         self._table = PathTable(container, footer)
+        self._pieces = PieceTable(container, footer)
         # Opening touched a few header and table pages; a fault may map a whole large
         # folio around each, which stayed in RSS (about 1.5 MiB an open at 100,000
         # entries, paid again by every DataLoader worker).  Lookups fault back in what
@@ -232,6 +242,13 @@ class Archive:
         return self._table.section_spans
 
     @property
+    def piece_spans(self) -> tuple[tuple[int, int], ...] | None:
+        """Where the piece CRC sections (format section 4b) lie in the source's bytes,
+        or None: an archive before 1.2, a legacy one, or one read into memory."""
+        container = self._container
+        return self._pieces.spans if container.zero_copy else None
+
+    @property
     def version(self) -> str:
         """The format version, or what a legacy (FFRecord pack_folder) archive is."""
         if self.legacy:
@@ -252,7 +269,7 @@ class Archive:
         when the last holder drops them, which for an idle archive is this call.  Files
         from :meth:`open` and views from :meth:`read_view` keep working until closed.
         """
-        self._table = self._container = CLOSED  # type: ignore[assignment]
+        self._table = self._container = self._pieces = CLOSED  # type: ignore[assignment]
         # The item views too (they export the map, which would stay open while this
         # object lives).
         self._offset_items = self._crc_items = self._mode_items = CLOSED  # type: ignore[assignment]
@@ -486,20 +503,27 @@ class Archive:
         the worker threads), and each used to read and check all of the record itself.
         The others wait, then find it marked sound; a damaged record is never marked,
         so each later read checks it again and fails."""
+        with self._checking(record):
+            checked: bytearray = self._checked  # type: ignore[assignment]  # "once": a bitmap
+            if not checked[record >> 3] & (1 << (record & 7)):
+                container = self._container
+                if not container.record_crc_ok(record):
+                    raise container.checksum_error(record, self._label(where))
+                checked[record >> 3] |= 1 << (record & 7)
+
+    @contextmanager
+    def _checking(self, key: int) -> Iterator[None]:
+        """Hold the lock of check ``key`` (a record, or below 0 a piece): the threads
+        that want the same check wait for the one doing it."""
         with self._checks_lock:
-            lock = self._checks_in_progress.setdefault(record, threading.Lock())
+            lock = self._checks_in_progress.setdefault(key, threading.Lock())
         with lock:
             try:
-                checked: bytearray = self._checked  # type: ignore[assignment]  # "once": a bitmap
-                if not checked[record >> 3] & (1 << (record & 7)):
-                    container = self._container
-                    if not container.record_crc_ok(record):
-                        raise container.checksum_error(record, self._label(where))
-                    checked[record >> 3] |= 1 << (record & 7)
+                yield
             finally:
                 with self._checks_lock:
-                    if self._checks_in_progress.get(record) is lock:
-                        del self._checks_in_progress[record]
+                    if self._checks_in_progress.get(key) is lock:
+                        del self._checks_in_progress[key]
 
     def _label(self, where: int | PathArg) -> str:
         if isinstance(where, int):
@@ -593,8 +617,45 @@ class Archive:
                 data = self._container.pread(start, end)
                 self._checked_sound(record, data, entry)
                 return data
+            first = self._pieces.first_piece(record, end - start)
+            if first != NO_PIECES:
+                return self._read_pieces(first, start, end, begin, stop, entry)
             self._checked_sound(record, None, entry)
         return self._container.pread(begin, stop) if begin < stop else b""
+
+    def _read_pieces(self, first: int, start: int, end: int, begin: int, stop: int, entry: int) -> bytes:
+        """Bytes [begin, stop) of a record at [start, end) whose piece CRCs start at
+        ``first``: the pieces they cover are read once, checked, and the reply cut from
+        them, so the bytes returned are the bytes checked.  Under "once" a piece is
+        checked by one thread at a time and then remembered."""
+        if begin >= stop:
+            return b""
+        low, high = (begin - start) // PIECE_SIZE, (stop - start - 1) // PIECE_SIZE + 1
+        checked = self._pieces_checked
+        if checked is not None:
+            pieces = range(first + low, first + high)
+            if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):
+                return self._container.pread(begin, stop)
+            with self._checking(-1 - first - low):  # below 0: never a record's key
+                if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):  # checked while we waited
+                    return self._container.pread(begin, stop)
+                return self._check_pieces(first, start, end, low, high, begin, stop, entry)
+        return self._check_pieces(first, start, end, low, high, begin, stop, entry)
+
+    def _check_pieces(self, first: int, start: int, end: int, low: int, high: int, begin: int, stop: int,
+                      entry: int) -> bytes:
+        span_start = start + low * PIECE_SIZE
+        data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE))
+        view = memoryview(data)
+        checked, pieces = self._pieces_checked, self._pieces
+        for p in range(low, high):
+            at = (p - low) * PIECE_SIZE
+            if crc32(view[at: at + PIECE_SIZE]) != pieces.crc(first + p):
+                raise ChecksumError(f"{self.path!r}: {self._label(entry)}: checksum mismatch in bytes "
+                                    f"[{p * PIECE_SIZE}, {min(end - start, (p + 1) * PIECE_SIZE)})")
+            if checked is not None:
+                checked[(first + p) >> 3] |= 1 << ((first + p) & 7)
+        return data[begin - span_start: stop - span_start]
 
     def _regular_file(self, entry: int) -> int:
         if not 0 <= entry < self.footer.entry_count or self._table.file_type(entry) != S_IFREG:
@@ -718,7 +779,7 @@ class Archive:
 
         ``progress`` is called with byte counts as records are checked.
         """
-        return verify_archive(self._container, self._table, progress)
+        return verify_archive(self._container, self._table, progress, self._pieces)
 
     def check_records(self) -> int:
         """Check that the records the entries name are what writing the whole archive out

@@ -11,6 +11,7 @@ from ..errors import FormatError
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, symlink_length_problem, symlink_target_problem
 from .container import Container
 from .pathtable import PathTable
+from .pieces import PieceTable
 
 __all__ = ["VerifyReport", "verify_archive"]
 
@@ -32,10 +33,12 @@ class VerifyReport:
 
 
 def verify_archive(
-    container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None
+    container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None,
+    pieces: PieceTable | None = None,
 ) -> VerifyReport:
     """Check everything at once: the header CRC, every offset, every record's CRC and,
-    with ``table``, every rule of the path table (each path's stored hash included)."""
+    with ``table``, every rule of the path table (each path's stored hash included)
+    and, with ``pieces``, every piece CRC (format section 4b)."""
     bad_records = []
     checked_bytes = 0
     header_crc = container.mapping[:4]
@@ -68,6 +71,8 @@ def verify_archive(
             for entry in (file_type != S_IFDIR).nonzero()[0]:
                 if int(records[entry]) in bad:
                     bad_paths.append(os.fsdecode(table.full_path(int(entry))))
+            if pieces is not None:
+                problems.extend(pieces.problems(container))
             for entry in (file_type == S_IFLNK).nonzero()[0].tolist():
                 length = container.record_length(int(records[entry]))
                 problem = symlink_length_problem(length) or symlink_target_problem(

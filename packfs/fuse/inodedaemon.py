@@ -58,7 +58,7 @@ def unavailable(archive: Archive | None = None) -> str | None:
     if archive.legacy:
         return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
     if archive.footer.version_minor < 1:
-        return f"the archive is format {archive.version} (packfs convert writes 1.1, with inode numbers stored)"
+        return f"the archive is format {archive.version} (packfs convert writes the current version, with inode numbers stored)"
     source = archive.source
     if archive.section_spans is None or not hasattr(source, "guard_slot"):
         return "the archive is not a local file read in place"
@@ -79,7 +79,8 @@ def compiled_libfuse_version() -> str:
 def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     """The compiled daemon's view of ``archive`` (a packfs._lowlevel.Tree), which reads
     its map, descriptor and guard in place; each record's CRC is checked at its first
-    read unless the archive's policy is "never".  Its methods (lookup, getattr,
+    read unless the archive's policy is "never" (a record with piece CRCs, format 1.2's
+    files over 1 MiB, piece by piece as reads reach them).  Its methods (lookup, getattr,
     readdir, read, readlink) are the daemon's operations, for tests and the fuzzer; it
     logs what it finds wrong (each entry's problem once) to ``log_fd``.
 
@@ -96,7 +97,8 @@ def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     source = archive.source
     return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
                           archive.data_records, archive.entry_count, archive.section_spans,
-                          archive.checksums != "never", os.fsdecode(archive.path), log_fd)
+                          archive.checksums != "never", os.fsdecode(archive.path), log_fd,
+                          pieces=archive.piece_spans)
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import PackError
-from ..format import HEADER_PREFIX, crc32, header_size
+from ..format import HEADER_PREFIX, PIECE_SIZE, crc32, header_size
 
 __all__ = ["ContainerWriter", "TEMP_MARKER", "remove_unfinished"]
 
@@ -94,6 +94,9 @@ class ContainerWriter:
         Exactly how many records will be written.
     force
         Replace ``out`` if it exists; otherwise an existing ``out`` is an error.
+    pieces
+        Also compute the CRC of each PIECE_SIZE piece of every record longer than
+        PIECE_SIZE (format section 4b), for :meth:`piece_table`.
 
     Raises
     ------
@@ -101,7 +104,8 @@ class ContainerWriter:
         ``out`` exists (without ``force``) or cannot be created.
     """
 
-    def __init__(self, out: str | os.PathLike[str], record_count: int, force: bool = False) -> None:
+    def __init__(self, out: str | os.PathLike[str], record_count: int, force: bool = False,
+                 pieces: bool = False) -> None:
         if record_count < 0:
             raise ValueError(f"record_count must be >= 0, got {record_count!r}")
         if sys.byteorder != "little":
@@ -139,6 +143,14 @@ class ContainerWriter:
             raise
         self._record_start = -1
         self._record_crc = 0
+        # Section 4b's columns, and the current record's finished pieces past its first
+        # (a record's first piece CRC is its record CRC until it grows past PIECE_SIZE).
+        self._pieces = pieces
+        self._piece_records = array("Q")
+        self._piece_starts = array("Q", [0])
+        self._piece_crcs = array("I")
+        self._record_pieces = array("I")
+        self._piece_crc = 0
 
     def __enter__(self) -> ContainerWriter:
         return self
@@ -160,18 +172,55 @@ class ContainerWriter:
             )
         self._record_start = self.position
         self._record_crc = 0
+        del self._record_pieces[:]
 
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data`` to the record begun with :meth:`begin_record`."""
         self._file.write(data)
+        written = self.position - self._record_start
+        if self._pieces and written + len(data) > PIECE_SIZE:
+            self._add_to_pieces(memoryview(data).cast("B"), written)
         self._record_crc = crc32(data, self._record_crc)
         self.position += len(data)
+
+    def _add_to_pieces(self, data: memoryview, written: int) -> None:
+        """Carry the piece CRCs over ``data``, which starts ``written`` bytes into the
+        record: a small record costs nothing, a large one a second CRC pass past its
+        first piece."""
+        if written <= PIECE_SIZE:  # the first piece ends here: its CRC is the record's so far
+            head = PIECE_SIZE - written
+            self._record_pieces.append(crc32(data[:head], self._record_crc))
+            data, written, self._piece_crc = data[head:], PIECE_SIZE, 0
+        while data:
+            head = PIECE_SIZE - written % PIECE_SIZE
+            self._piece_crc = crc32(data[:head], self._piece_crc)
+            written += min(head, len(data))
+            if written % PIECE_SIZE == 0:
+                self._record_pieces.append(self._piece_crc)
+                self._piece_crc = 0
+            data = data[head:]
 
     def end_record(self) -> int:
         """Finish the current record and return its index."""
         self._offsets.append(self._record_start)
         self._crcs.append(self._record_crc)
-        return len(self._offsets) - 1
+        record = len(self._offsets) - 1
+        length = self.position - self._record_start
+        if self._pieces and length > PIECE_SIZE:
+            if length % PIECE_SIZE:
+                self._record_pieces.append(self._piece_crc)
+            self._piece_records.append(record)
+            self._piece_crcs.extend(self._record_pieces)
+            self._piece_starts.append(len(self._piece_crcs))
+            del self._record_pieces[:]
+        return record
+
+    def piece_table(self) -> tuple[array, array, array]:
+        """Format section 4b's three columns for the records written so far (with
+        ``pieces``): piece_record, piece_start and piece_crc.  Tracking stops here: the
+        records that follow (the table) have no pieces."""
+        self._pieces = False
+        return self._piece_records, self._piece_starts, self._piece_crcs
 
     def write_record(self, data: bytes | memoryview) -> int:
         """Append a whole record; return its index."""

@@ -1,4 +1,5 @@
-"""``packfs convert``: an FFRecord ``pack_folder`` archive rewritten as a native one."""
+"""``packfs convert``: an FFRecord ``pack_folder`` archive, or a packfs archive of an
+older format version, rewritten as a native archive of the current version."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Iterator
 
 from ..core import Archive
 from ..errors import PackError
-from ..format import S_IFDIR, S_IFMT
+from ..format import S_IFDIR, S_IFLNK, S_IFMT, VERSION_MINOR
 from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["convert"]
@@ -16,11 +17,14 @@ __all__ = ["convert"]
 
 def convert(archive: PathLike, out: PathLike, *, force: bool = False,
             progress: PackProgress | None = None) -> PackStats:
-    """Rewrite the FFRecord packed folder ``archive`` as a packfs archive at ``out``.
+    """Rewrite the FFRecord packed folder ``archive``, or a packfs archive of an older
+    format version (1.0 stored no inode numbers, 1.1 no piece CRCs), as a packfs archive
+    of the current version at ``out``.
 
-    The contents are the same, each file's CRC checked as it is copied; entries get the
-    modes, owner and mtime a legacy archive is served with (files 0444, directories
-    0555).  Written atomically, like ``pack``: on any error OUT is untouched or absent.
+    The contents are the same, each file's CRC checked as it is copied; entries of a
+    legacy archive get the modes, owner and mtime it is served with (files 0444,
+    directories 0555); a native archive keeps its own, its symlinks and its hard links.
+    Written atomically, like ``pack``: on any error OUT is untouched or absent.
 
     Parameters
     ----------
@@ -40,15 +44,17 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
     Raises
     ------
     PackError
-        ``archive`` is already a packfs archive, or OUT cannot be written.
+        ``archive`` is already a packfs archive of the current version, or OUT cannot
+        be written.
     FormatError, ChecksumError
         ``archive`` is damaged; records that overlap or a record named twice are refused
         before OUT is begun (:meth:`packfs.core.Archive.check_records`), so the output is
         never larger than what the archive holds.
     """
     with Archive(archive) as source:
-        if not source.legacy:
-            raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive: nothing to convert")
+        if not source.legacy and source.footer.version_minor >= VERSION_MINOR:
+            raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive of format "
+                            f"{source.version}: nothing to convert")
         source.check_records()
         if progress is not None:
             has_data = (source.column("mode") & S_IFMT) != S_IFDIR
@@ -57,9 +63,15 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
         def entries() -> Iterator[Entry]:
             for entry in range(1, source.entry_count):
                 path = source.path_of(entry)
-                mode, uid, gid, mtime_ns, size, _, _ = source.stat(entry)
+                mode, uid, gid, mtime_ns, size, _, inode = source.stat(entry)
                 if mode & S_IFMT == S_IFDIR:
                     yield Entry(path, kind="dir", mode=mode & 0o7777, uid=uid, gid=gid, mtime_ns=mtime_ns)
+                elif mode & S_IFMT == S_IFLNK:
+                    yield Entry(path, kind="symlink", target=source.readlink(entry), mode=mode & 0o7777,
+                                uid=uid, gid=gid, mtime_ns=mtime_ns)
+                elif inode != entry + 1:  # a later name of a hard-linked file (format section 4)
+                    yield Entry(path, kind="hardlink", target=source.path_of(inode - 1), uid=uid, gid=gid,
+                                mtime_ns=mtime_ns)
                 else:
                     yield Entry(path, functools.partial(source.open, entry, os.fsdecode(path)), mode=mode & 0o7777,
                                 uid=uid, gid=gid, mtime_ns=mtime_ns, size=size)

@@ -208,7 +208,7 @@ class _ArchiveBuilder:
         from ..core.tablebuild import build_tables
 
         tables = build_tables(rows)
-        for array in tables.values():
+        for array in (*tables.values(), *writer.piece_table()):  # sections 4 and 4b
             padding = -writer.position % SECTION_ALIGNMENT
             writer.write_record(bytes(padding))
             writer.write_record(memoryview(array).cast("B"))
@@ -273,7 +273,7 @@ def pack_entries(
 def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool,
                    progress: PackProgress | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path."""
-    with ContainerWriter(out, record_count_for(data_slots), force=force) as writer:
+    with ContainerWriter(out, record_count_for(data_slots), force=force, pieces=True) as writer:
         builder = _ArchiveBuilder(writer, data_slots, progress)
         try:
             for entry in entries:

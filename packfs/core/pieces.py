@@ -1,0 +1,136 @@
+"""The piece CRCs of large records (format section 4b, version 1.2), read in place.
+
+A record longer than PIECE_SIZE has a CRC for each PIECE_SIZE piece besides its own, so
+a reader can check just the pieces a read covers: the first bytes of a 10 GiB file
+arrive after 1 MiB is checked, not 10 GiB.  Archives before 1.2 have none, and every
+record is checked whole, as before.  The writer's side is
+``packfs.write.container.ContainerWriter(pieces=True)``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from ..errors import ChecksumError, FormatError
+from ..format import PIECE_SECTIONS, PIECE_SIZE, PIECES_SINCE_MINOR, SECTION_ALIGNMENT, SECTION_COUNT, Footer, piece_count
+from .container import Container
+
+__all__ = ["PieceTable", "NO_PIECES"]
+
+NO_PIECES = -1
+_ITEM = {"<u8": ("Q", 8), "<u4": ("I", 4)}
+
+
+class PieceTable:
+    """Sections 15..17 of an archive: which records have piece CRCs, and the CRCs.
+
+    Opening checks the sections' geometry (section 5's open rules: O(1) but for their
+    CRCs when checking data); :meth:`first_piece` checks a record's entries before they
+    are used.  An archive without the sections (before 1.2, or an FFRecord packed
+    folder) has an empty table."""
+
+    def __init__(self, container: Container, footer: Footer | None) -> None:
+        self.path = container.path
+        self.record_count = 0  # M: records with pieces
+        self.piece_total = 0  # P: piece CRCs
+        self.spans: tuple[tuple[int, int], ...] | None = None
+        if footer is None or footer.version_minor < PIECES_SINCE_MINOR:
+            self._records = self._starts = self._crcs = memoryview(b"").cast("Q")
+            return
+        views = []
+        spans = []
+        for k, (name, dtype) in enumerate(PIECE_SECTIONS):
+            record = footer.data_records + 2 * (SECTION_COUNT + k) + 1
+            start, end = container.record_span(record)
+            if start % SECTION_ALIGNMENT:
+                self.fail(f"section {name!r} starts at offset {start}, expected a multiple of {SECTION_ALIGNMENT}")
+            code, size = _ITEM[dtype]
+            if (end - start) % size:
+                self.fail(f"section {name!r} is {end - start} bytes, not a whole number of {size}-byte items")
+            if container.check_data:
+                for checked, what in ((record - 1, f"the padding before section {name!r}"),
+                                      (record, f"section {name!r}")):
+                    if not container.record_crc_ok(checked):
+                        raise ChecksumError(f"{self.path!r}: {what} (record {checked}): checksum mismatch")
+            data = container.mapping if container.zero_copy else container.pread(start, end)
+            base = start if container.zero_copy else 0
+            views.append(memoryview(data)[base: base + end - start].cast(code))
+            spans.append((start, end))
+        self._records, self._starts, self._crcs = views
+        count = len(self._records)
+        if count > footer.data_records:
+            self.fail(f"{count} records with pieces, more than the {footer.data_records} data records")
+        if len(self._starts) != count + 1 or self._starts[0] != 0:
+            self.fail(f"section 'piece_start' has {len(self._starts)} items starting with "
+                      f"{self._starts[0] if len(self._starts) else None}, expected {count + 1} starting with 0")
+        total = self._starts[count]
+        if len(self._crcs) != total:
+            self.fail(f"section 'piece_crc' has {len(self._crcs)} CRCs, piece_start says {total}")
+        data_bytes = container.data_end - container.data_start
+        if total > count + data_bytes // PIECE_SIZE:
+            self.fail(f"{total} piece CRCs, more than {count} records of {data_bytes} data bytes can have")
+        self.record_count, self.piece_total, self.spans = count, total, tuple(spans)
+
+    def fail(self, problem: str) -> None:
+        """Raise FormatError for a malformed piece section."""
+        raise FormatError(f"{self.path!r}: invalid piece CRCs (format section 4b): {problem}")
+
+    def first_piece(self, record: int, length: int) -> int:
+        """The index of record ``record``'s first piece CRC (``length`` bytes long, its
+        offsets checked), or NO_PIECES if it has none; FormatError if its entries do
+        not describe a record of that length (section 5)."""
+        if length <= PIECE_SIZE or not self.record_count:
+            return NO_PIECES
+        records = self._records
+        j = bisect_left(records, record)
+        if j == self.record_count or records[j] != record:
+            return NO_PIECES
+        first, after = self._starts[j], self._starts[j + 1]
+        if not first <= after <= self.piece_total or after - first != piece_count(length):
+            self.fail(f"record {record} of {length} bytes has pieces [{first}, {after}), "
+                      f"expected {piece_count(length)} of at most {self.piece_total}")
+        return first
+
+    def crc(self, index: int) -> int:
+        """Piece CRC ``index`` (below ``piece_total``, as :meth:`first_piece` checked)."""
+        return self._crcs[index]
+
+    def problems(self, container: Container) -> list[str]:
+        """Every rule of section 4b that verify checks, the piece CRCs against the bytes
+        included; [] if all hold (and for an archive without the sections)."""
+        found: list[str] = []
+        if self.spans is None:
+            return found
+        previous = -1
+        for j in range(self.record_count):
+            record = self._records[j]
+            if record <= previous or record >= container.data_records:
+                found.append(f"piece_record[{j}] = {record}: not ascending or not a data record")
+                continue
+            previous = record
+            length = container.record_length(record)
+            try:
+                first = self.first_piece(record, length)
+            except FormatError as error:
+                found.append(str(error))
+                continue
+            if first == NO_PIECES:
+                found.append(f"record {record} of {length} bytes has piece CRCs but is at most {PIECE_SIZE} bytes")
+                continue
+            start, end = container.record_span(record)
+            for p, at in enumerate(range(start, end, PIECE_SIZE)):
+                if container.crc_of_span(at, min(end, at + PIECE_SIZE)) != self._crcs[first + p]:
+                    found.append(f"record {record}: piece {p} (bytes [{at - start}, "
+                                 f"{min(end, at + PIECE_SIZE) - start})) fails its piece CRC")
+        listed = set(self._records.tolist())
+        for record in range(container.data_records):
+            if record not in listed and container.record_length(record) > PIECE_SIZE:
+                found.append(f"record {record} is longer than {PIECE_SIZE} bytes but has no piece CRCs")
+                if len(found) > 100:
+                    break
+        return found
+
+    def close(self) -> None:
+        """Release the views of the map."""
+        for view in (self._records, self._starts, self._crcs):
+            view.release()
