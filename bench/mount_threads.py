@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import packfs  # noqa: E402
-from compare import Mount  # noqa: E402
+from compare import Mount, read_file as read_buffered, read_file_unbuffered as read_unbuffered  # noqa: E402
 
 
 def make_tree(root: Path, files: int, size: int) -> list[str]:
@@ -47,16 +47,6 @@ def make_tree(root: Path, files: int, size: int) -> list[str]:
             (root / name).write_bytes(os.urandom(size))
         marker.touch()
     return names
-
-
-def read_buffered(path: str) -> int:
-    with open(path, "rb") as f:
-        return len(f.read())
-
-
-def read_unbuffered(path: str) -> int:
-    with open(path, "rb", buffering=0) as f:
-        return len(f.read())
 
 
 def one_pass(pool: ThreadPoolExecutor, reader, paths: list[str]) -> float:

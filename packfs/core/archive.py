@@ -573,7 +573,8 @@ class Archive:
         """Up to ``size`` bytes (all with -1) of file ``entry`` from ``offset`` on, read
         with pread (no page of contents joins this process's RSS), checked under the
         policy: a read of part of a file whose record needs a check checks the whole
-        record first.
+        record first, or just the 1 MiB pieces it covers where the record has piece
+        CRCs (format 1.2's files over 1 MiB).
 
         Raises
         ------
