@@ -68,6 +68,11 @@
 /* Format section 4b (1.2): records longer than this have a CRC per piece of this size. */
 #define PIECE_SIZE ((uint64_t) 1 << 20)
 #define NO_PIECES UINT64_MAX
+/* Format section 4c (1.3): extended attributes, as Linux limits them. */
+#define XATTR_HEADER 5             /* name_length u8, value_length u32 */
+#define XATTR_NAME_LIMIT 255
+#define XATTR_VALUE_LIMIT 65536u
+#define XATTR_LIST_LIMIT 65536u
 /* The longest name FUSE carries (the kernel's FUSE_NAME_MAX); statfs says 255. */
 #define MAX_NAME 1024
 /* Table and header pages a walk maps are dropped from the daemon's RSS (they stay in
@@ -107,6 +112,10 @@ typedef struct {
     const uint8_t *piece_crc;      /* piece_total CRCs */
     uint64_t piece_records, piece_total;
     uint8_t *piece_checked;        /* a bit per piece CRC: its piece matched */
+    const uint8_t *xattr_entry;    /* section 4c: X entries with attributes, ascending */
+    const uint8_t *xattr_start;    /* X + 1 offsets into xattr_data */
+    const uint8_t *xattr_data;
+    uint64_t xattr_entries, xattr_size;
     pthread_mutex_t stripe[STRIPES];
     int changed;                   /* sticky: the archive changed in place */
     char *name;                    /* the archive's path, for the log */
@@ -692,6 +701,92 @@ static int directory_of(Tree *t, fuse_ino_t inode, uint64_t *directory, uint64_t
     return error ? error : children_of(t, *directory, start, count);
 }
 
+/* An attribute name as format section 4c allows it: a known namespace and at least one
+ * byte more, no NUL (the length is checked by the caller). */
+static int xattr_name_ok(const uint8_t *name, size_t length)
+{
+    static const char *spaces[] = {"user.", "security.", "trusted.", "system."};
+    if (memchr(name, 0, length))
+        return 0;
+    for (int k = 0; k < 4; k++) {
+        size_t prefix = strlen(spaces[k]);
+        if (length > prefix && memcmp(name, spaces[k], prefix) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    const uint8_t *wanted;         /* a name to find, or NULL */
+    size_t wanted_length;
+    const uint8_t *value;          /* its value, when found */
+    uint32_t value_length;
+    int found;
+    uint8_t *names;                /* where to copy the names, NUL-terminated, or NULL */
+    size_t names_length;           /* the names' bytes with a NUL each (listxattr's answer) */
+} XattrQuery;
+
+/* Inode ``inode``'s attribute list (format section 4c: kept under the inode's entry, so
+ * every name of a hard-linked file answers alike), parsed whole and checked as section 5
+ * says whatever is asked: a list that breaks a rule is EIO for every question. */
+static int tree_xattrs(Tree *t, fuse_ino_t inode, XattrQuery *q)
+{
+    uint64_t entry;
+    int error = entry_of(t, inode, &entry);
+    if (error || t->xattr_entries == 0)
+        return error;
+    uint64_t low = 0, high = t->xattr_entries;
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        if (u32_at(t->xattr_entry + 4 * middle) < entry)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    if (low == t->xattr_entries || u32_at(t->xattr_entry + 4 * low) != entry)
+        return 0;
+    uint64_t at = u64_at(t->xattr_start + 8 * low), end = u64_at(t->xattr_start + 8 * (low + 1));
+    if (at > end || end > t->xattr_size)
+        return broken(t, entry, 20, "has extended attributes outside their section");
+    const uint8_t *previous = NULL;
+    size_t previous_length = 0;
+    while (at < end) {
+        if (end - at < XATTR_HEADER)
+            return broken(t, entry, 21, "has an extended attribute cut short");
+        const uint8_t *item = t->xattr_data + at;
+        size_t name_length = item[0];
+        uint32_t value_length = u32_at(item + 1);
+        at += XATTR_HEADER;
+        if (value_length > XATTR_VALUE_LIMIT || name_length + (uint64_t) value_length > end - at)
+            return broken(t, entry, 21, "has an extended attribute cut short");
+        const uint8_t *name = t->xattr_data + at;
+        if (!xattr_name_ok(name, name_length))
+            return broken(t, entry, 22, "has an extended attribute name outside user., security., trusted., system.");
+        if (previous != NULL) {
+            size_t common = name_length < previous_length ? name_length : previous_length;
+            int order = memcmp(previous, name, common);
+            if (order > 0 || (order == 0 && previous_length >= name_length))
+                return broken(t, entry, 23, "has extended attribute names out of order or repeated");
+        }
+        if (q->names_length + name_length + 1 > XATTR_LIST_LIMIT)
+            return broken(t, entry, 24, "has extended attribute names of more than 65536 bytes");
+        if (q->names != NULL) {
+            memcpy(q->names + q->names_length, name, name_length);
+            q->names[q->names_length + name_length] = 0;
+        }
+        q->names_length += name_length + 1;
+        if (q->wanted != NULL && name_length == q->wanted_length && memcmp(name, q->wanted, name_length) == 0) {
+            q->value = name + name_length;
+            q->value_length = value_length;
+            q->found = 1;
+        }
+        previous = name;
+        previous_length = name_length;
+        at += name_length + value_length;
+    }
+    return 0;
+}
+
 /* -- the FUSE callbacks: each runs an operation, then the change check -------------------- */
 
 static Tree *tree_of(fuse_req_t request)
@@ -873,6 +968,88 @@ static void ll_statfs(fuse_req_t request, fuse_ino_t inode)
         fuse_reply_statfs(request, &st);
 }
 
+/* GETXATTR.  An archive without attributes answers ENOSYS: the kernel then stops sending
+ * GETXATTR for this mount (ls asks for security.selinux of each file it lists), and
+ * getxattr(2) says EOPNOTSUPP. */
+static void ll_getxattr(fuse_req_t request, fuse_ino_t inode, const char *name, size_t size)
+{
+    Tree *t = tree_of(request);
+    if (t->xattr_entries == 0) {
+        fuse_reply_err(request, finished(t, ENOSYS));
+        return;
+    }
+    XattrQuery q;
+    memset(&q, 0, sizeof q);
+    q.wanted = (const uint8_t *) name;
+    q.wanted_length = strlen(name);
+    int error = tree_xattrs(t, inode, &q);
+    if (!error && !q.found)
+        error = ENODATA;
+    if (!error && size && size < q.value_length)
+        error = ERANGE;
+    /* The value is read off the map: the change check comes after the copy. */
+    if (!error && size == 0) {
+        error = finished(t, 0);
+        if (!error) {
+            fuse_reply_xattr(request, q.value_length);
+            return;
+        }
+    }
+    if (!error) {
+        uint8_t *copy = malloc(q.value_length ? q.value_length : 1);
+        if (copy == NULL) {
+            fuse_reply_err(request, ENOMEM);
+            return;
+        }
+        memcpy(copy, q.value, q.value_length);
+        error = finished(t, 0);
+        if (!error)
+            fuse_reply_buf(request, (const char *) copy, q.value_length);
+        free(copy);
+        if (!error)
+            return;
+    }
+    fuse_reply_err(request, finished(t, error));
+}
+
+/* LISTXATTR: the names, each ending in a NUL (none for an archive without attributes). */
+static void ll_listxattr(fuse_req_t request, fuse_ino_t inode, size_t size)
+{
+    Tree *t = tree_of(request);
+    XattrQuery q;
+    memset(&q, 0, sizeof q);
+    int error = tree_xattrs(t, inode, &q);
+    if (!error && size == 0) {
+        if ((error = finished(t, 0)) == 0)
+            fuse_reply_xattr(request, q.names_length);
+        else
+            fuse_reply_err(request, error);
+        return;
+    }
+    if (!error && size < q.names_length)
+        error = ERANGE;
+    if (error) {
+        fuse_reply_err(request, finished(t, error));
+        return;
+    }
+    if ((q.names = malloc(q.names_length ? q.names_length : 1)) == NULL) {
+        fuse_reply_err(request, ENOMEM);
+        return;
+    }
+    size_t expected = q.names_length;
+    q.names_length = 0;
+    error = tree_xattrs(t, inode, &q);
+    if (!error && q.names_length != expected)
+        error = EIO;  /* only if the map changed between the passes: the check below says so */
+    if (!error)
+        error = finished(t, 0);
+    if (error)
+        fuse_reply_err(request, error);
+    else
+        fuse_reply_buf(request, (const char *) q.names, q.names_length);
+    free(q.names);
+}
+
 static void ll_forget(fuse_req_t request, fuse_ino_t inode, uint64_t lookups)
 {
     fuse_reply_none(request);  /* inodes are entry numbers: nothing to free */
@@ -896,6 +1073,8 @@ static const struct fuse_lowlevel_ops operations = {
     .readdir = ll_readdir,
     .readdirplus = ll_readdirplus,
     .statfs = ll_statfs,
+    .getxattr = ll_getxattr,
+    .listxattr = ll_listxattr,
 };
 
 /* -- the Tree type ---------------------------------------------------------------------------- */
@@ -943,11 +1122,40 @@ static int init_pieces(Tree *t, PyObject *pieces)
     return 0;
 }
 
+/* Section 4c's three spans, ((start, end) x 3), checked to fit the archive and each
+ * other (format section 5's open rules), so that every index tree_xattrs() makes is in
+ * bounds. */
+static int init_xattrs(Tree *t, PyObject *xattrs)
+{
+    unsigned long long span[3][2];
+    if (!PyArg_ParseTuple(xattrs, "(KK)(KK)(KK):xattrs", &span[0][0], &span[0][1], &span[1][0], &span[1][1],
+                          &span[2][0], &span[2][1]))
+        return -1;
+    for (int k = 0; k < 3; k++) {
+        if (span[k][0] > span[k][1] || span[k][1] > t->file_size) {
+            PyErr_Format(PyExc_ValueError, "attribute section %d's span does not fit the archive", k);
+            return -1;
+        }
+    }
+    uint64_t count = (span[0][1] - span[0][0]) / 4, size = span[2][1] - span[2][0];
+    if ((span[0][1] - span[0][0]) % 4 || count > t->entries || span[1][1] - span[1][0] != 8 * (count + 1)
+        || u64_at(t->base + span[1][0]) != 0 || u64_at(t->base + span[1][0] + 8 * count) != size) {
+        PyErr_SetString(PyExc_ValueError, "the xattr_entry, xattr_start and xattr_data sections do not agree");
+        return -1;
+    }
+    t->xattr_entry = t->base + span[0][0];
+    t->xattr_start = t->base + span[1][0];
+    t->xattr_data = t->base + span[2][0];
+    t->xattr_entries = count;
+    t->xattr_size = size;
+    return 0;
+}
+
 static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
-                               "check_once", "name", "log_fd", "pieces", NULL};
-    PyObject *mapping, *sections, *pieces = Py_None;
+                               "check_once", "name", "log_fd", "pieces", "xattrs", NULL};
+    PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None;
     const char *name = "archive";
     int log_fd = 2;
     int fd, guard, check_once;
@@ -956,8 +1164,9 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siO:Tree", keywords, &mapping, &fd, &guard, &records,
-                                     &data_records, &entries, &sections, &check_once, &name, &log_fd, &pieces))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siOO:Tree", keywords, &mapping, &fd, &guard, &records,
+                                     &data_records, &entries, &sections, &check_once, &name, &log_fd, &pieces,
+                                     &xattrs))
         return -1;
     t->fd = -1;
     if ((t->name = strdup(name)) == NULL) {
@@ -1017,6 +1226,8 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     }
     Py_DECREF(spans);
     if (pieces != Py_None && init_pieces(t, pieces) != 0)
+        return -1;
+    if (xattrs != Py_None && init_xattrs(t, xattrs) != 0)
         return -1;
     long page = sysconf(_SC_PAGESIZE);
     t->table_low &= ~((uintptr_t) page - 1);  /* whole pages: the map starts on one */
@@ -1202,6 +1413,51 @@ static PyObject *py_readlink(Tree *t, PyObject *args)
     return PyBytes_FromString(target);
 }
 
+PyDoc_STRVAR(getxattr_doc, "getxattr(inode, name: bytes) -> bytes (GETXATTR); OSError with the errno.");
+
+static PyObject *py_getxattr(Tree *t, PyObject *args)
+{
+    unsigned long long inode;
+    const char *name;
+    Py_ssize_t length;
+    if (!ready(t) || !PyArg_ParseTuple(args, "Ky#:getxattr", &inode, &name, &length))
+        return NULL;
+    if (t->xattr_entries == 0)
+        return os_error(finished(t, ENOSYS));
+    XattrQuery q;
+    memset(&q, 0, sizeof q);
+    q.wanted = (const uint8_t *) name;
+    q.wanted_length = (size_t) length;
+    int error = tree_xattrs(t, inode, &q);
+    if (!error && !q.found)
+        error = ENODATA;
+    PyObject *value = error ? NULL : PyBytes_FromStringAndSize((const char *) q.value, q.value_length);
+    if ((error = finished(t, error)) != 0) {
+        Py_XDECREF(value);
+        return os_error(error);
+    }
+    return value;
+}
+
+PyDoc_STRVAR(listxattr_doc, "listxattr(inode) -> bytes, names each ending in NUL (LISTXATTR); OSError with the errno.");
+
+static PyObject *py_listxattr(Tree *t, PyObject *args)
+{
+    unsigned long long inode;
+    if (!ready(t) || !PyArg_ParseTuple(args, "K:listxattr", &inode))
+        return NULL;
+    uint8_t *names = malloc(XATTR_LIST_LIMIT);
+    if (names == NULL)
+        return PyErr_NoMemory();
+    XattrQuery q;
+    memset(&q, 0, sizeof q);
+    q.names = names;
+    int error = finished(t, tree_xattrs(t, inode, &q));
+    PyObject *result = error ? os_error(error) : PyBytes_FromStringAndSize((const char *) names, q.names_length);
+    free(names);
+    return result;
+}
+
 PyDoc_STRVAR(mount_doc,
 "mount(mountpoint, options: str, debug=False)\n\n"
 "Mount at ``mountpoint`` with libfuse's ``-o options`` (a comma-separated string);\n"
@@ -1340,6 +1596,8 @@ static PyMethodDef tree_methods[] = {
     {"readdir", (PyCFunction) py_readdir, METH_VARARGS, readdir_doc},
     {"read", (PyCFunction) py_read, METH_VARARGS, read_doc},
     {"readlink", (PyCFunction) py_readlink, METH_VARARGS, readlink_doc},
+    {"getxattr", (PyCFunction) py_getxattr, METH_VARARGS, getxattr_doc},
+    {"listxattr", (PyCFunction) py_listxattr, METH_VARARGS, listxattr_doc},
     {"mount", (PyCFunction) (void (*)(void)) py_mount, METH_VARARGS | METH_KEYWORDS, mount_doc},
     {"run", (PyCFunction) (void (*)(void)) py_run, METH_VARARGS | METH_KEYWORDS, run_doc},
     {"override", (PyCFunction) (void (*)(void)) py_override, METH_VARARGS | METH_KEYWORDS, override_doc},

@@ -209,8 +209,11 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Leave out paths or names matching GLOB (repeatable).")
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@click.option("--no-xattrs", "no_xattrs", is_flag=True,
+              help="Leave out extended attributes (kept by default: a directory's, as this user can read "
+                   "them; a tar's from its pax headers).")
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
-         quiet: bool) -> None:
+         quiet: bool, no_xattrs: bool) -> None:
     """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
     .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
     streamed in, never extracted to disk.
@@ -228,10 +231,11 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         if from_archive:
             from .write import pack_archive
 
-            stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress)
+            stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress,
+                                 xattrs=not no_xattrs)
         else:
             stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
-                                force=force, progress=progress)
+                                force=force, progress=progress, xattrs=not no_xattrs)
     if not quiet:
         seconds = max(stats.seconds, 1e-9)
         rates = [f"{human_size(stats.file_bytes / seconds)}/s"]
@@ -563,8 +567,11 @@ def verify(archive: str, quiet: bool) -> None:
 @click.option("--stop-on-error", is_flag=True,
               help="Stop at the first damaged file (by default everything intact is unpacked, each "
                    "damaged path listed, and the exit status is 1).")
+@click.option("--no-xattrs", "no_xattrs", is_flag=True,
+              help="Do not restore extended attributes (restored by default where DEST permits: "
+                   "trusted.* and most security.* need root).")
 def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_existing: bool,
-           stop_on_error: bool) -> None:
+           stop_on_error: bool, no_xattrs: bool) -> None:
     """Extract ARCHIVE (or just PATHS in it) into the directory DEST.
 
     Restores modes, mtimes, symlinks, hard links and empty directories; never writes
@@ -592,7 +599,7 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
         progress.start(0, int(folder.info()["file_bytes"]))  # type: ignore[call-overload]
         try:
             stats = unpack_archive(folder, dest, paths, progress=progress.add_bytes, skip_existing=skip_existing,
-                                   stop_on_error=stop_on_error, on_damaged=report)
+                                   stop_on_error=stop_on_error, on_damaged=report, xattrs=not no_xattrs)
         except UnpackDamagedError as error:
             stats, failure = error.stats, error
         finally:
@@ -602,6 +609,9 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
                    f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}")
         if stats.existing:
             summary += f"; {stats.existing} already there, left as they were"
+        if stats.xattrs_not_restored:
+            summary += (f"; {_count(stats.xattrs_not_restored, 'extended attribute')} not restored "
+                        f"(DEST refused them, see the warnings)")
         if stats.skipped:
             summary += f"; skipped {stats.skipped} damaged"
             summary += " file" if stats.skipped == 1 else " files"

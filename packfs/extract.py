@@ -34,6 +34,7 @@ trees of any depth unpack: paths longer than PATH_MAX included.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import stat as stat_module
@@ -43,6 +44,8 @@ from typing import Callable, Iterator, Sequence
 from .errors import ArchiveChangedError, ChecksumError, FormatError, UnpackDamagedError, UnpackError
 from .folder import PackedFolder, PathArg
 from .format import S_IFDIR, S_IFLNK
+
+log = logging.getLogger("packfs")
 
 __all__ = ["unpack", "UnpackStats", "check_claims"]
 
@@ -68,6 +71,8 @@ class UnpackStats:
     bytes: int
     existing: int = 0  # files and symlinks already in the destination (skip_existing), left as they were
     damaged: tuple[tuple[str, str], ...] = ()  # (path, why) of each entry left out because of damage
+    xattrs: int = 0  # extended attributes restored
+    xattrs_not_restored: int = 0  # refused by DEST (not permitted, or not supported), each warned about
 
     @property
     def skipped(self) -> int:
@@ -107,8 +112,9 @@ class _Frame:
 class _Extractor:
     def __init__(self, folder: PackedFolder, dest_fd: int, dest: str,
                  progress: Callable[[int], None] | None, skip_existing: bool, stop_on_error: bool,
-                 on_damaged: Callable[[str, str], None] | None) -> None:
+                 on_damaged: Callable[[str, str], None] | None, xattrs: bool = True) -> None:
         self.folder = folder
+        self.restore_xattrs = xattrs and folder.archive.xattr_entries > 0
         self.archive = archive = folder.archive
         self.dest_fd = dest_fd
         self.dest = dest
@@ -127,7 +133,9 @@ class _Extractor:
         # Bytes of copies written where DEST refused a hard link: at most the archive's size.
         self.copied = 0
         self.copy_budget = archive.size
-        self.counts = {"files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "bytes": 0, "existing": 0}
+        self.counts = {"files": 0, "dirs": 0, "symlinks": 0, "hardlinks": 0, "bytes": 0, "existing": 0,
+                       "xattrs": 0, "xattrs_not_restored": 0}
+        self.xattr_warned: set[int] = set()  # errnos already warned about: one line each
         self.frames: dict[int, _Frame] = {}  # directory entry -> its frame, for the stack's directories
 
     # -- helpers -----------------------------------------------------------------------
@@ -160,7 +168,31 @@ class _Extractor:
     def stats(self) -> UnpackStats:
         c = self.counts
         return UnpackStats(c["files"], c["dirs"], c["symlinks"], c["hardlinks"], c["bytes"],
-                           c["existing"], tuple(self.damaged))
+                           c["existing"], tuple(self.damaged), c["xattrs"], c["xattrs_not_restored"])
+
+    def _restore_xattrs(self, entry: int, target: int | bytes, parent_fd: int | None = None) -> None:
+        """Set entry ``entry``'s extended attributes on ``target`` (a descriptor, or a
+        symlink's name in ``parent_fd``): after its owner (chown clears a file
+        capability) and before its mode (user.* needs write permission).  What DEST
+        refuses (EPERM for trusted.* without root, user.* on a symlink, a file system
+        without attributes) is counted and warned about once per reason, as tar does."""
+        if not self.restore_xattrs:
+            return
+        for name, value in self.archive.xattrs(entry):
+            try:
+                if parent_fd is None:
+                    os.setxattr(target, name, value)
+                else:  # no *at() call sets attributes: through the directory's descriptor
+                    os.setxattr(b"/proc/self/fd/%d/%s" % (parent_fd, target), name, value, follow_symlinks=False)
+            except OSError as error:
+                self.counts["xattrs_not_restored"] += 1
+                if error.errno not in self.xattr_warned:
+                    self.xattr_warned.add(error.errno)
+                    log.warning("%r: extended attribute %r not restored (%s); others refused for the same "
+                                "reason are counted in the summary", self.label(entry), os.fsdecode(name),
+                                error.strerror)
+            else:
+                self.counts["xattrs"] += 1
 
     # -- directories -------------------------------------------------------------------
 
@@ -201,6 +233,7 @@ class _Extractor:
         try:
             if self.as_root:
                 os.fchown(fd, uid, gid)
+            self._restore_xattrs(entry, fd)
             os.fchmod(fd, mode & 0o7777)
             os.utime(fd, ns=(mtime_ns, mtime_ns))
         except OSError as error:
@@ -389,6 +422,7 @@ class _Extractor:
             return
         if self.as_root:
             os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
+        self._restore_xattrs(entry, name, parent_fd)
         os.utime(name, ns=(mtime_ns, mtime_ns), dir_fd=parent_fd, follow_symlinks=False)
         self.counts["symlinks"] += 1
 
@@ -444,6 +478,7 @@ class _Extractor:
                 raise _Damaged(_reason(error), error) from None
             if self.as_root:
                 os.fchown(fd, uid, gid)
+            self._restore_xattrs(entry, fd)
             os.fchmod(fd, mode)
             os.utime(fd, ns=(mtime_ns, mtime_ns))
             os.close(fd)
@@ -541,6 +576,7 @@ def unpack(
     skip_existing: bool = False,
     stop_on_error: bool = False,
     on_damaged: Callable[[str, str], None] | None = None,
+    xattrs: bool = True,
 ) -> UnpackStats:
     """Extract ``paths`` (default: everything) from ``folder`` into ``dest``.
 
@@ -560,6 +596,10 @@ def unpack(
         unpacking everything intact first.
     on_damaged
         Called with (path, reason) as each damaged entry is left out.
+    xattrs
+        Restore extended attributes where DEST permits (trusted.* and most
+        security.* need root; a symlink takes no user.*); each refusal is counted in
+        ``xattrs_not_restored`` and warned about once per reason.
 
     Raises
     ------
@@ -587,7 +627,7 @@ def unpack(
         dest_fd = os.open(dest_text, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as error:
         raise UnpackError(f"cannot unpack into {dest_text!r}: {error.strerror}") from None
-    extractor = _Extractor(folder, dest_fd, dest_text, progress, skip_existing, stop_on_error, on_damaged)
+    extractor = _Extractor(folder, dest_fd, dest_text, progress, skip_existing, stop_on_error, on_damaged, xattrs)
     extractor.dest_created = bool(created)
     try:
         try:

@@ -227,6 +227,14 @@ class PackedFolder:
         """Attributes of ``path`` (of the link itself unless ``follow_symlinks``)."""
         return self._stat_entry(self.archive.lookup(path, follow=follow_symlinks))
 
+    def xattrs(self, path: PathArg, follow_symlinks: bool = True) -> dict[str, bytes]:
+        """The extended attributes of ``path`` (of the link itself unless
+        ``follow_symlinks``), name to value, as ``os.listxattr`` and ``os.getxattr``
+        give them for a file on disk; every name of a hard-linked file has the same."""
+        archive = self.archive
+        return {os.fsdecode(name): value
+                for name, value in archive.xattrs(archive.lookup(path, follow=follow_symlinks))}
+
     def _stat_entry(self, entry: int) -> FileStat:
         archive = self.archive
         mode, uid, gid, mtime_ns, size, nlink, inode = archive.stat(entry)
@@ -376,6 +384,8 @@ class PackedFolder:
             "symlinks": int((file_type == S_IFLNK).sum()),
             "file_bytes": int(self.archive.column("size")[is_file].sum()),
             "archive_bytes": self.archive.size,
+            "xattrs": self.archive.xattr_entries,  # entries that have extended attributes
+            "xattr_bytes": self.archive.xattr_bytes,
             "records": self.archive.record_count,
             "largest_files": self._largest_files(5),
         }

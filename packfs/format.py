@@ -26,7 +26,8 @@ the file size; ``checksum_meta`` not matching (when checking data); offsets that
 2. Record order in a packfs archive
 -----------------------------------
 With ``D`` data records and ``S`` sections (``S = 15`` in versions 1.0 and 1.1, ``18`` in
-1.2: the 15 of the path table, then the 3 of the piece CRCs, section 4b)::
+1.2: the 15 of the path table, then the 3 of the piece CRCs, section 4b; ``21`` in 1.3:
+then the 3 of the extended attributes, section 4c)::
 
     records 0 .. D-1        data: file contents and symlink targets, one record each
     record  D + 2k          padding before section k: zero bytes, so that section k
@@ -48,17 +49,23 @@ are adjacent; readers do not depend on that order.
     offset  size  field
     0       8     magic                b"\\x93PACKFS\\x00"
     8       2     version_major  u16   1
-    10      2     version_minor  u16   2 (1.1 gave section 11 its meaning; 1.2
-                                       added sections 15-17, section 4b)
+    10      2     version_minor  u16   2, or 3 (1.1 gave section 11 its meaning;
+                                       1.2 added sections 15-17, section 4b; 1.3
+                                       sections 18-20, section 4c)
     12      4     flags          u32   0; a reader rejects any bit it does not know
     16      8     entry_count    u64   N, the number of path-table entries (>= 1)
     24      8     data_records   u64   D
-    32      4     section_count  u32   S; 15 in versions 1.0 and 1.1, 18 in 1.2
+    32      4     section_count  u32   S; 15 in versions 1.0 and 1.1, 18 in 1.2,
+                                       21 in 1.3
     36      28    reserved             zero
 
 Version policy: a reader rejects another ``version_major``.  A higher
 ``version_minor`` only adds things an older reader may ignore (sections after the
-known ones, meanings for reserved bytes), so it is accepted.
+known ones, meanings for reserved bytes), so it is accepted.  An archive carries only
+the steps it uses: a writer gives it the lowest minor version whose sections hold what
+it stores (a tree without extended attributes is written as 1.2, byte for byte as
+before 1.3 existed).  What a step an older reader must not ignore would set is a
+``flags`` bit (none is defined yet).
 
 4. Path table (sections 0..14)
 ------------------------------
@@ -125,6 +132,32 @@ A writer lists every data record longer than ``PIECE_SIZE`` and no other; a read
 that finds a record not listed checks it whole, as in 1.1.  An older reader ignores
 the three sections (section 3's version policy).
 
+4c. Extended attributes (sections 18..20, version 1.3)
+-----------------------------------------------------
+An entry's extended attributes (``user.*``, ``security.*`` such as SELinux labels and
+file capabilities, ``trusted.*``, and ``system.*`` such as POSIX ACLs) are a list of
+(name, value) pairs.  With ``X`` entries that have at least one::
+
+    k   name          type  items   meaning
+    18  xattr_entry   u32   X       the entries that have attributes, strictly ascending
+    19  xattr_start   u64   X + 1   xattr_start[j]: where xattr_entry[j]'s list starts in
+                                    section 20; xattr_start[0] = 0 and xattr_start[X] is
+                                    the length of section 20
+    20  xattr_data    u8    -       each listed entry's attributes, back to back, sorted
+                                    bytewise by name, each encoded as (``XATTR``):
+
+        offset  size  field
+        0       1     name_length   u8    1 .. XATTR_NAME_MAX (255)
+        1       4     value_length  u32   0 .. XATTR_SIZE_MAX (65,536)
+        5       ...   the name, then the value
+
+Attributes belong to a file, not to a name: they are listed under the entry whose
+index is the inode number less 1 (section 4), so the names of a hard-linked file all
+have its first name's attributes, and a writer lists none under its other names.  A
+name is one of the four namespaces above followed by at least one byte, with no NUL;
+an entry's names are distinct.  A writer gives an archive these sections (and version
+1.3) only when some entry has an attribute.  An older reader ignores them.
+
 5. What a reader must reject, and when
 --------------------------------------
 At open, with no per-entry work: besides the header rules of section 1 (the offsets
@@ -138,7 +171,10 @@ from 1.2, a piece section (4b) not 64-byte aligned, ``piece_record`` not a multi
 of 8 bytes, ``piece_start`` not ``8 (M + 1)`` bytes, ``piece_start[0] != 0``, ``M >
 D``, ``piece_crc`` not ``4 * piece_start[M]`` bytes, or more piece CRCs than the data
 area can have (``piece_start[M] > M + (offset[D] - (12 + 12n)) / PIECE_SIZE``, which
-bounds what a reader allocates for them).
+bounds what a reader allocates for them); from 1.3, ``section_count < 21``, an
+attribute section (4c) not 64-byte aligned or not a whole number of its items,
+``X > N``, ``xattr_start`` not ``X + 1`` items, ``xattr_start[0] != 0`` or
+``xattr_start[X]`` not the length of ``xattr_data``.
 When checking data, also a CRC mismatch in the header or a table section: one pass
 over their bytes (about 100 bytes per entry) at CRC speed, not a walk of the table.
 
@@ -171,7 +207,14 @@ table; ``verify`` checks every rule at once):
   ``piece_start[j] <= piece_start[j+1] <= piece_start[M]`` and ``piece_start[j+1] -
   piece_start[j]`` is the record's piece count, ``ceil(length / PIECE_SIZE)``; else the
   archive is malformed.  A ``piece_record`` that is not ascending can only hide a
-  record from the search, which is then checked whole.
+  record from the search, which is then checked whole;
+- an entry's attributes (4c), found by binary search of ``xattr_entry`` (for the
+  inode's entry), are used only if ``xattr_start[j] <= xattr_start[j+1] <=
+  xattr_start[X]`` and the span parses exactly into pairs that obey 4c's rules
+  (lengths within the span, names valid and strictly ascending, each value at most
+  XATTR_SIZE_MAX, the names with a NUL each at most ``XATTR_LIST_MAX`` = 65,536 bytes,
+  what Linux's listxattr can return); else the archive is malformed, for that entry.
+  An ``xattr_entry`` that is not ascending can only hide an entry from the search.
 
 Before writing out a whole archive (``unpack``, ``convert``), all at once, because
 what is written is what the table claims, not what was read: the offsets are
@@ -192,7 +235,9 @@ access relies on: each entry's parent is a directory whose child range holds it 
 converse is checked where used, above); the
 child counts add up to ``N - 1``; ``piece_record`` is strictly ascending, below ``D``,
 lists exactly the records longer than ``PIECE_SIZE``, each with its piece count, and
-every piece CRC matches its bytes; non-directories have ``child_start == child_count
+every piece CRC matches its bytes; ``xattr_entry`` is strictly ascending and below
+``N``, lists no name of a hard-linked file but its first, and every listed entry's
+attributes parse; non-directories have ``child_start == child_count
 == 0`` and directories record 2**64 - 1; ``path_hash`` is sorted and each hash is its
 path's CRC-32.  A reader therefore never indexes out of bounds, never loops and never
 produces a name that leaves the tree: an inconsistent table is an error where it is
@@ -224,6 +269,15 @@ __all__ = [
     "PIECES_SINCE_MINOR",
     "WRITTEN_SECTION_COUNT",
     "piece_count",
+    "XATTR_SECTIONS",
+    "XATTRS_SINCE_MINOR",
+    "XATTR",
+    "XATTR_NAME_MAX",
+    "XATTR_SIZE_MAX",
+    "XATTR_LIST_MAX",
+    "XATTR_NAMESPACES",
+    "xattr_name_problem",
+    "section_count_for",
     "NO_RECORD",
     "MAX_SYMLINK_TARGET",
     "Footer",
@@ -244,7 +298,7 @@ __all__ = [
 
 MAGIC = b"\x93PACKFS\x00"
 VERSION_MAJOR = 1
-VERSION_MINOR = 2
+VERSION_MINOR = 3  # the highest this packfs writes (section 3: only when used)
 
 # Section 1: checksum_meta u32, n i64.  The arrays that follow are read as numpy views.
 HEADER_PREFIX = struct.Struct("<Iq")
@@ -316,6 +370,41 @@ PIECES_SINCE_MINOR = 2
 WRITTEN_SECTION_COUNT = SECTION_COUNT + len(PIECE_SECTIONS)
 
 
+# Section 4c (version 1.3): extended attributes, present only when an entry has one.
+XATTR_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("xattr_entry", "<u4"),
+    ("xattr_start", "<u8"),
+    ("xattr_data", "u1"),
+)
+XATTRS_SINCE_MINOR = 3
+XATTR = struct.Struct("<BI")  # name_length u8, value_length u32
+# Linux's limits (linux/limits.h): what setxattr accepts and listxattr can return.
+XATTR_NAME_MAX = 255
+XATTR_SIZE_MAX = 65536
+XATTR_LIST_MAX = 65536
+XATTR_NAMESPACES = (b"user.", b"security.", b"trusted.", b"system.")
+
+
+def xattr_name_problem(name: bytes) -> str | None:
+    """What makes ``name`` an attribute name the format does not allow (section 4c:
+    a known namespace and at least one byte more, no NUL, at most XATTR_NAME_MAX
+    bytes), or None: the one statement of the rule, for the writer and every reader."""
+    if len(name) > XATTR_NAME_MAX:
+        return f"a name of {len(name)} bytes, expected at most {XATTR_NAME_MAX}"
+    if b"\0" in name or not any(name.startswith(space) and len(name) > len(space) for space in XATTR_NAMESPACES):
+        return f"the name {name!r}: expected user., security., trusted. or system. and a name, no NUL"
+    return None
+
+
+def section_count_for(minor: int) -> int:
+    """The sections an archive of version 1.``minor`` has at least (section 3)."""
+    if minor >= XATTRS_SINCE_MINOR:
+        return SECTION_COUNT + len(PIECE_SECTIONS) + len(XATTR_SECTIONS)
+    if minor >= PIECES_SINCE_MINOR:
+        return SECTION_COUNT + len(PIECE_SECTIONS)
+    return SECTION_COUNT
+
+
 def piece_count(length: int) -> int:
     """How many piece CRCs a record of ``length`` bytes has (section 4b): none up to
     PIECE_SIZE bytes (its record CRC is its one piece), else one per PIECE_SIZE bytes."""
@@ -349,10 +438,10 @@ def record_count_for(data_records: int, section_count: int = WRITTEN_SECTION_COU
     return count if count % 2 else count + 1
 
 
-def pack_footer(entry_count: int, data_records: int) -> bytes:
-    """Encode a version-1 footer."""
+def pack_footer(entry_count: int, data_records: int, minor: int = PIECES_SINCE_MINOR) -> bytes:
+    """Encode the footer of a version 1.``minor`` archive (1.2, or 1.3 with attributes)."""
     return FOOTER.pack(
-        MAGIC, VERSION_MAJOR, VERSION_MINOR, 0, entry_count, data_records, WRITTEN_SECTION_COUNT, bytes(28)
+        MAGIC, VERSION_MAJOR, minor, 0, entry_count, data_records, section_count_for(minor), bytes(28)
     )
 
 
@@ -375,7 +464,7 @@ def unpack_footer(data: bytes, where: str) -> Footer:
         )
     if flags:
         raise FormatError(f"{where}: unknown feature flags {flags:#x} in the footer")
-    needed = WRITTEN_SECTION_COUNT if minor >= PIECES_SINCE_MINOR else SECTION_COUNT
+    needed = section_count_for(minor)
     if sections < needed:
         raise FormatError(
             f"{where}: footer lists {sections} sections, version {major}.{minor} needs {needed}"

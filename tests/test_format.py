@@ -53,6 +53,17 @@ def test_footer_rejects(mutate, message: str) -> None:
 
 
 def test_higher_minor_version_is_accepted() -> None:
-    data = pack_footer(3, 2)
+    data = pack_footer(3, 2, minor=3)
     data = data[:10] + (7).to_bytes(2, "little") + data[12:]
     assert unpack_footer(data, "x").version_minor == 7
+
+
+def test_each_minor_version_needs_the_sections_of_the_steps_before_it() -> None:
+    # A 1.3 archive has the attribute sections (format section 4c); one that claims
+    # 1.3 with only 1.2's sections is malformed, not an archive without attributes.
+    data = pack_footer(3, 2, minor=2)
+    assert unpack_footer(data, "x").section_count == 18
+    claims_3 = data[:10] + (3).to_bytes(2, "little") + data[12:]
+    with pytest.raises(FormatError, match="lists 18 sections, version 1.3 needs 21"):
+        unpack_footer(claims_3, "x")
+    assert unpack_footer(pack_footer(3, 2, minor=3), "x").section_count == 21

@@ -41,6 +41,7 @@ from .files import PackedFile, read_entries
 from .paths import PathArg, lookup_key
 from .pathtable import PathTable
 from .pieces import NO_PIECES, PieceTable
+from .xattrs import XattrTable
 from .verify import VerifyReport, verify_archive
 
 __all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED"]
@@ -182,6 +183,7 @@ class Archive:
                 container.check_crc(n - 1, footer_data, "FFRecord packed-folder metadata")
             self.footer, self._table = legacy.legacy_table(container, footer_data, repr(self.path))
             self._pieces = PieceTable(container, None)
+            self._xattrs = XattrTable(container, None)
             self.legacy = True
             return
         if len(footer_data) == FOOTER_SIZE and check_data:
@@ -196,6 +198,7 @@ class Archive:
         self.footer = footer
         self._table = PathTable(container, footer)
         self._pieces = PieceTable(container, footer)
+        self._xattrs = XattrTable(container, footer)
         # Opening touched a few header and table pages; a fault may map a whole large
         # folio around each, which stayed in RSS (about 1.5 MiB an open at 100,000
         # entries, paid again by every DataLoader worker).  Lookups fault back in what
@@ -249,6 +252,22 @@ class Archive:
         return self._pieces.spans if container.zero_copy else None
 
     @property
+    def xattr_spans(self) -> tuple[tuple[int, int], ...] | None:
+        """Where the extended-attribute sections (format section 4c) lie in the source's
+        bytes, or None: an archive without attributes, or one read into memory."""
+        return self._xattrs.spans if self._container.zero_copy else None
+
+    @property
+    def xattr_entries(self) -> int:
+        """How many files, directories and symlinks have extended attributes."""
+        return self._xattrs.entry_count
+
+    @property
+    def xattr_bytes(self) -> int:
+        """The bytes the extended attributes take, names and values with their headers."""
+        return self._xattrs.data_bytes
+
+    @property
     def version(self) -> str:
         """The format version, or what a legacy (FFRecord pack_folder) archive is."""
         if self.legacy:
@@ -269,7 +288,7 @@ class Archive:
         when the last holder drops them, which for an idle archive is this call.  Files
         from :meth:`open` and views from :meth:`read_view` keep working until closed.
         """
-        self._table = self._container = self._pieces = CLOSED  # type: ignore[assignment]
+        self._table = self._container = self._pieces = self._xattrs = CLOSED  # type: ignore[assignment]
         # The item views too (they export the map, which would stay open while this
         # object lives).
         self._offset_items = self._crc_items = self._mode_items = CLOSED  # type: ignore[assignment]
@@ -401,6 +420,11 @@ class Archive:
         """Entry + 1, except that every name of a hard-linked file reports its first
         name's (format section 4, ``first_link``), as on any POSIX file system."""
         return self._table.inode(entry)
+
+    def xattrs(self, entry: int) -> list[tuple[bytes, bytes]]:
+        """Entry ``entry``'s extended attributes as (name, value) pairs in name order
+        (format section 4c); every name of a hard-linked file has its first name's."""
+        return self._xattrs.attributes(self._table.inode(entry) - 1)
 
     def name(self, entry: int) -> bytes:
         """Entry ``entry``'s name (the root's is empty)."""
@@ -780,7 +804,7 @@ class Archive:
 
         ``progress`` is called with byte counts as records are checked.
         """
-        return verify_archive(self._container, self._table, progress, self._pieces)
+        return verify_archive(self._container, self._table, progress, self._pieces, self._xattrs)
 
     def check_records(self) -> int:
         """Check that the records the entries name are what writing the whole archive out

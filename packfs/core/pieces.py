@@ -10,15 +10,16 @@ record is checked whole, as before.  The writer's side is
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import NoReturn
 
-from ..errors import ChecksumError, FormatError
-from ..format import PIECE_SECTIONS, PIECE_SIZE, PIECES_SINCE_MINOR, SECTION_ALIGNMENT, SECTION_COUNT, Footer, piece_count
+from ..errors import FormatError
+from ..format import PIECE_SECTIONS, PIECE_SIZE, PIECES_SINCE_MINOR, SECTION_COUNT, Footer, piece_count
 from .container import Container
+from .sections import open_sections
 
 __all__ = ["PieceTable", "NO_PIECES"]
 
 NO_PIECES = -1
-_ITEM = {"<u8": ("Q", 8), "<u4": ("I", 4)}
 
 
 class PieceTable:
@@ -37,25 +38,7 @@ class PieceTable:
         if footer is None or footer.version_minor < PIECES_SINCE_MINOR:
             self._records = self._starts = self._crcs = memoryview(b"").cast("Q")
             return
-        views = []
-        spans = []
-        for k, (name, dtype) in enumerate(PIECE_SECTIONS):
-            record = footer.data_records + 2 * (SECTION_COUNT + k) + 1
-            start, end = container.record_span(record)
-            if start % SECTION_ALIGNMENT:
-                self.fail(f"section {name!r} starts at offset {start}, expected a multiple of {SECTION_ALIGNMENT}")
-            code, size = _ITEM[dtype]
-            if (end - start) % size:
-                self.fail(f"section {name!r} is {end - start} bytes, not a whole number of {size}-byte items")
-            if container.check_data:
-                for checked, what in ((record - 1, f"the padding before section {name!r}"),
-                                      (record, f"section {name!r}")):
-                    if not container.record_crc_ok(checked):
-                        raise ChecksumError(f"{self.path!r}: {what} (record {checked}): checksum mismatch")
-            data = container.mapping if container.zero_copy else container.pread(start, end)
-            base = start if container.zero_copy else 0
-            views.append(memoryview(data)[base: base + end - start].cast(code))
-            spans.append((start, end))
+        views, spans = open_sections(container, footer, SECTION_COUNT, PIECE_SECTIONS, self.fail)
         self._records, self._starts, self._crcs = views
         count = len(self._records)
         if count > footer.data_records:
@@ -69,9 +52,9 @@ class PieceTable:
         data_bytes = container.data_end - container.data_start
         if total > count + data_bytes // PIECE_SIZE:
             self.fail(f"{total} piece CRCs, more than {count} records of {data_bytes} data bytes can have")
-        self.record_count, self.piece_total, self.spans = count, total, tuple(spans)
+        self.record_count, self.piece_total, self.spans = count, total, spans
 
-    def fail(self, problem: str) -> None:
+    def fail(self, problem: str) -> NoReturn:
         """Raise FormatError for a malformed piece section."""
         raise FormatError(f"{self.path!r}: invalid piece CRCs (format section 4b): {problem}")
 

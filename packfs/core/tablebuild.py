@@ -24,6 +24,8 @@ class TableRows:
         self.mtime_ns = array("q")
         self.size = array("Q")
         self.record = array("Q")
+        # Extended attributes (format section 4c), encoded, of the few rows that have any.
+        self.xattrs: dict[int, bytes] = {}
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -132,7 +134,29 @@ def build_tables(rows: TableRows) -> dict[str, np.ndarray]:
     by_hash = np.argsort(hashes, kind="stable")  # ties keep entry order
     columns["path_hash"] = hashes[by_hash].astype("<u4")
     columns["path_entry"] = by_hash.astype("<u4")
-    return {name: columns[name] for name, _ in SECTIONS}
+    tables = {name: columns[name] for name, _ in SECTIONS}
+    if rows.xattrs:
+        tables.update(_xattr_sections(rows.xattrs, position, nlink, first_link))
+    return tables
+
+
+def _xattr_sections(encoded: dict[int, bytes], position: np.ndarray, nlink: np.ndarray,
+                    first_link: np.ndarray) -> dict[str, np.ndarray]:
+    """Format section 4c's three columns: each list under its file's inode entry (the
+    first name of a hard-linked file, which breadth-first order may put elsewhere than
+    the name the writer met first)."""
+    by_owner: dict[int, bytes] = {}
+    for row, attributes in encoded.items():
+        entry = int(position[row])
+        by_owner[int(first_link[entry]) if nlink[entry] > 1 and first_link[entry] else entry] = attributes
+    owners = sorted(by_owner)
+    starts = [0]
+    data = bytearray()
+    for owner in owners:
+        data += by_owner[owner]
+        starts.append(len(data))
+    return {"xattr_entry": np.array(owners, "<u4"), "xattr_start": np.array(starts, "<u8"),
+            "xattr_data": np.frombuffer(bytes(data), np.uint8)}
 
 
 def table_image(tables: dict[str, np.ndarray]) -> tuple[bytearray, dict[str, tuple[int, int]]]:

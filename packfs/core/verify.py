@@ -12,6 +12,7 @@ from ..format import S_IFDIR, S_IFLNK, S_IFMT, symlink_length_problem, symlink_t
 from .container import Container
 from .pathtable import PathTable
 from .pieces import PieceTable
+from .xattrs import XattrTable
 
 __all__ = ["VerifyReport", "verify_archive"]
 
@@ -34,11 +35,12 @@ class VerifyReport:
 
 def verify_archive(
     container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None,
-    pieces: PieceTable | None = None,
+    pieces: PieceTable | None = None, xattrs: XattrTable | None = None,
 ) -> VerifyReport:
     """Check everything at once: the header CRC, every offset, every record's CRC and,
-    with ``table``, every rule of the path table (each path's stored hash included)
-    and, with ``pieces``, every piece CRC (format section 4b)."""
+    with ``table``, every rule of the path table (each path's stored hash included),
+    with ``pieces``, every piece CRC (format section 4b) and, with ``xattrs``, every
+    entry's extended attributes (format section 4c)."""
     bad_records = []
     checked_bytes = 0
     header_crc = container.mapping[:4]
@@ -73,6 +75,8 @@ def verify_archive(
                     bad_paths.append(os.fsdecode(table.full_path(int(entry))))
             if pieces is not None:
                 problems.extend(pieces.problems(container))
+            if xattrs is not None:
+                problems.extend(xattrs.problems(table.entry_count, table.inode))
             for entry in (file_type == S_IFLNK).nonzero()[0].tolist():
                 length = container.record_length(int(records[entry]))
                 problem = symlink_length_problem(length) or symlink_target_problem(

@@ -98,7 +98,7 @@ def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
                           archive.data_records, archive.entry_count, archive.section_spans,
                           archive.checksums != "never", os.fsdecode(archive.path), log_fd,
-                          pieces=archive.piece_spans)
+                          pieces=archive.piece_spans, xattrs=archive.xattr_spans)
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:

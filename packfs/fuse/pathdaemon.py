@@ -138,6 +138,26 @@ class PackfsOperations:
         return self.archive.read(entry, offset, size)
 
     @translated
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        """GETXATTR: the attribute's value, ENODATA for one the entry lacks.  An archive
+        without attributes answers ENOSYS, so the kernel stops asking (ls asks for
+        security.selinux of every file it lists) and getxattr(2) says EOPNOTSUPP."""
+        archive = self.archive
+        if not archive.xattr_entries:
+            raise FuseError(errno.ENOSYS)
+        wanted = os.fsencode(name)
+        for attribute, value in archive.xattrs(self._entry(path)):
+            if attribute == wanted:
+                return value
+        raise FuseError(errno.ENODATA)
+
+    @translated
+    def listxattr(self, path: str) -> list[str]:
+        """LISTXATTR: the entry's attribute names (none, for an archive without any)."""
+        entry = self._entry(path)
+        return [os.fsdecode(name) for name, _ in self.archive.xattrs(entry)] if self.archive.xattr_entries else []
+
+    @translated
     def statfs(self, path: str) -> dict[str, int]:
         """STATFS: the archive's size in blocks and the entry count; nothing free."""
         return self._statfs

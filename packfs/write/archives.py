@@ -26,7 +26,7 @@ import stat as stat_module
 import tarfile
 import time
 import zipfile
-from typing import BinaryIO, Iterator, cast
+from typing import Any, BinaryIO, Iterator, cast
 
 from ..errors import PackError
 from ..format import MAX_SYMLINK_TARGET, symlink_length_problem, symlink_target_problem
@@ -96,32 +96,45 @@ def _depth_first_key(name: str) -> bytes:
     return os.fsencode(name).replace(b"/", b"\0")
 
 
-def _attributes(member: tarfile.TarInfo) -> dict[str, int]:
+# GNU tar --xattrs (and bsdtar) store each attribute as a pax record of this name.
+_PAX_XATTR = "SCHILY.xattr."
+
+
+def _member_xattrs(member: tarfile.TarInfo) -> dict[bytes, bytes] | None:
+    """A member's extended attributes from its pax header; tarfile decoded each value
+    as UTF-8 with surrogateescape for bytes that are not, which encoding undoes."""
+    found = {key[len(_PAX_XATTR):].encode("utf-8", "surrogateescape"): value.encode("utf-8", "surrogateescape")
+             for key, value in member.pax_headers.items() if key.startswith(_PAX_XATTR)}
+    return found or None
+
+
+def _attributes(member: tarfile.TarInfo, xattrs: bool) -> dict[str, Any]:
     return {"mode": member.mode & 0o7777, "uid": member.uid, "gid": member.gid,
-            "mtime_ns": int(round(member.mtime * 1e9))}
+            "mtime_ns": int(round(member.mtime * 1e9)), "xattrs": _member_xattrs(member) if xattrs else None}
 
 
-def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], source: str) -> Iterator[Entry]:
+def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], source: str,
+                 xattrs: bool = True) -> Iterator[Entry]:
     for member in members:
         name = _safe_name(member.name, source)
         if name is None:
             continue
         if member.isdir():
-            yield Entry(name, kind="dir", **_attributes(member))
+            yield Entry(name, kind="dir", **_attributes(member, xattrs))
         elif member.isreg():
-            yield Entry(name, tar.extractfile(member), size=member.size, **_attributes(member))
+            yield Entry(name, tar.extractfile(member), size=member.size, **_attributes(member, xattrs))
         elif member.issym():
             if _storable_target(member.linkname, member.name, source):
-                yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member))
+                yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member, xattrs))
         elif member.islnk():
             target = _safe_name(member.linkname, source)
             if target is not None:
-                yield Entry(name, kind="hardlink", target=target, **_attributes(member))
+                yield Entry(name, kind="hardlink", target=target, **_attributes(member, xattrs))
         else:
             log.warning("%s: skipped %r: a device, FIFO or other special member", source, member.name)
 
 
-def _tar_entries_in_pack_order(tar: tarfile.TarFile, source: str) -> tuple[Iterator[Entry], int]:
+def _tar_entries_in_pack_order(tar: tarfile.TarFile, source: str, xattrs: bool = True) -> tuple[Iterator[Entry], int]:
     """The members in pack's order, reading each file by seeking; a hard-link group's
     data goes to its first path in that order, as pack stores an extracted tree."""
     members = {}
@@ -149,14 +162,14 @@ def _tar_entries_in_pack_order(tar: tarfile.TarFile, source: str) -> tuple[Itera
             if name in leader:
                 original = regular[name]
                 if name == leader[name]:
-                    yield Entry(name, tar.extractfile(original), size=original.size, **_attributes(original))
+                    yield Entry(name, tar.extractfile(original), size=original.size, **_attributes(original, xattrs))
                 else:
-                    yield Entry(name, kind="hardlink", target=leader[name], **_attributes(original))
+                    yield Entry(name, kind="hardlink", target=leader[name], **_attributes(original, xattrs))
             elif member.islnk():
                 log.warning("%s: skipped %r: a hard link to %r, which is not a file in the archive",
                             source, member.name, member.linkname)
             else:
-                yield from _tar_entries(tar, iter([member]), source)
+                yield from _tar_entries(tar, iter([member]), source, xattrs)
 
     count = sum(1 for m in members.values() if m.isreg() or m.issym())  # hard links take no record
     return entries(), count
@@ -255,7 +268,8 @@ def _input_size(stream: BinaryIO) -> int:
 
 
 def pack_archive(source: str, out: PathLike, *, force: bool = False,
-                 stdin: BinaryIO | None = None, progress: PackProgress | None = None) -> PackStats:
+                 stdin: BinaryIO | None = None, progress: PackProgress | None = None,
+                 xattrs: bool = True) -> PackStats:
     """Pack the tar or zip ``source`` (``"-"``: a tar read from ``stdin``) into ``out``.
 
     Parameters
@@ -275,6 +289,9 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
         size by a few blocks.  Compressed tars and ``"-"`` are spooled first, so
         ``start`` is then called again with the spooled file count and bytes, and each
         file is reported as it is copied from the spool (see :func:`pack_entries`).
+    xattrs
+        Keep the extended attributes a tar stores in pax headers (``SCHILY.xattr.``,
+        as GNU tar ``--xattrs`` and bsdtar write them).  Zips have none.
 
     Returns
     -------
@@ -318,16 +335,17 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                 # calls few instead.
                 with tarfile.open(fileobj=io.BufferedReader(_RawReader(raw), _CHUNK), mode="r|*") as tar:
                     label = "<stdin>" if source == "-" else source
-                    return pack_entries(_tar_entries(tar, iter(tar), label), out, force=force,
+                    return pack_entries(_tar_entries(tar, iter(tar), label, xattrs), out, force=force,
                                         progress=progress)
             compressed = _compressed(source)
             with tarfile.open(fileobj=raw, mode="r:*" if compressed else "r:") as tar:
                 if compressed:  # reading a compressed tar out of order would be slow
-                    return pack_entries(_tar_entries(tar, iter(tar), source), out, force=force,
+                    return pack_entries(_tar_entries(tar, iter(tar), source, xattrs), out, force=force,
                                         progress=progress)
-                entries, count = _tar_entries_in_pack_order(tar, source)
+                entries, count = _tar_entries_in_pack_order(tar, source, xattrs)
                 # Not spooled: the counting reader already reports every byte copied, and
                 # pack_entries reporting the files too would count them twice.
-                return pack_entries(entries, out, count=count, force=force)
+                has_xattrs = xattrs and any(_member_xattrs(member) for member in tar.getmembers())
+                return pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
         raise PackError(f"cannot read {source!r}: {error}") from None

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from ..core import Archive
 from ..errors import PackError
-from ..format import S_IFDIR, S_IFLNK, S_IFMT, VERSION_MINOR
+from ..format import PIECES_SINCE_MINOR, S_IFDIR, S_IFLNK, S_IFMT
 from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["convert"]
@@ -52,7 +52,7 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
         never larger than what the archive holds.
     """
     with Archive(archive) as source:
-        if not source.legacy and source.footer.version_minor >= VERSION_MINOR:
+        if not source.legacy and source.footer.version_minor >= PIECES_SINCE_MINOR:  # 1.3 only adds attributes
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive of format "
                             f"{source.version}: nothing to convert")
         source.check_records()

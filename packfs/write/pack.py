@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from array import array
 import errno
 import fnmatch
 import logging
@@ -12,11 +13,12 @@ import stat as stat_module
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Sequence, Union
+from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Mapping, Optional, Protocol, Sequence, Union
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError
-from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, pack_footer, record_count_for,
+from ..format import (NO_RECORD, PIECES_SINCE_MINOR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT,
+                      SECTIONS, XATTR_SECTIONS, XATTRS_SINCE_MINOR, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
 
@@ -63,6 +65,9 @@ class Entry:
         symlinks.
     size
         Expected file size; when given, a different number of bytes read is an error.
+    xattrs
+        Extended attributes, name to value (format section 4c; names in the user.,
+        security., trusted. or system. namespace).  A hard link has its file's.
     """
 
     path: PathLike
@@ -74,6 +79,9 @@ class Entry:
     gid: int = 0
     mtime_ns: int = 0
     size: int | None = None
+    # Optional[...] rather than "X | None": dataclasses evaluate no annotation, but
+    # typing.get_type_hints() on Python 3.9 would.
+    xattrs: Optional[Mapping[Union[str, bytes], bytes]] = None
 
 
 @dataclass(frozen=True)
@@ -97,10 +105,12 @@ _TYPE_BITS = {"file": S_IFREG, "dir": S_IFDIR, "symlink": S_IFLNK, "hardlink": S
 class _ArchiveBuilder:
     """Streams data records into a ContainerWriter and collects the table rows."""
 
-    def __init__(self, writer: ContainerWriter, data_slots: int, progress: PackProgress | None = None) -> None:
+    def __init__(self, writer: ContainerWriter, data_slots: int, progress: PackProgress | None = None,
+                 xattrs: bool = False) -> None:
         self.writer = writer
         self.data_slots = data_slots
         self.progress = progress
+        self.with_xattrs = xattrs  # the writer's record count has room for section 4c
         # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
         from ..core.tablebuild import TableRows
 
@@ -157,6 +167,20 @@ class _ArchiveBuilder:
             self.file_bytes += size
         self.counts[kind] += 1
         self.rows.add(key, mode, entry.uid, entry.gid, entry.mtime_ns, size, record)
+        if entry.xattrs and kind != "hardlink":  # a hard link has its file's (format 4c)
+            self._add_xattrs(key, label, entry.xattrs)
+
+    def _add_xattrs(self, key: bytes, label: str, attributes: Mapping[Union[str, bytes], bytes]) -> None:
+        if not self.with_xattrs:
+            raise PackError(f"{label!r} has extended attributes, but pack_entries was not told to expect "
+                            f"them: pass xattrs=True (needed when entries are an iterator with a count)")
+        from ..core.xattrs import encode_xattrs
+
+        try:
+            encoded = encode_xattrs({os.fsencode(name): bytes(value) for name, value in attributes.items()})
+        except ValueError as error:
+            raise PackError(f"{label!r} has an extended attribute the format cannot store: {error}") from None
+        self.rows.xattrs[self.rows.row_of[key]] = encoded
 
     def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
         data = entry.data
@@ -208,14 +232,20 @@ class _ArchiveBuilder:
         from ..core.tablebuild import build_tables
 
         tables = build_tables(rows)
-        for array in (*tables.values(), *writer.piece_table()):  # sections 4 and 4b
+        sections = [tables[name] for name, _ in SECTIONS] + list(writer.piece_table())  # sections 4 and 4b
+        minor = PIECES_SINCE_MINOR
+        if self.with_xattrs:  # section 4c: only in archives that have attributes (format 3)
+            empty = {"xattr_entry": array("I"), "xattr_start": array("Q", [0]), "xattr_data": b""}
+            sections += [tables.get(name, empty[name]) for name, _ in XATTR_SECTIONS]
+            minor = XATTRS_SINCE_MINOR
+        for section in sections:
             padding = -writer.position % SECTION_ALIGNMENT
             writer.write_record(bytes(padding))
-            writer.write_record(memoryview(array).cast("B"))
+            writer.write_record(memoryview(section).cast("B"))
         if writer.records_written + 1 < writer.record_count:
             writer.write_record(b"")  # the parity record (format section 2)
         entry_count = len(tables["parent"])
-        writer.write_record(pack_footer(entry_count, self.data_slots))
+        writer.write_record(pack_footer(entry_count, self.data_slots, minor))
         return entry_count
 
 
@@ -226,6 +256,7 @@ def pack_entries(
     count: int | None = None,
     force: bool = False,
     progress: PackProgress | None = None,
+    xattrs: bool | None = None,
 ) -> PackStats:
     """Write an archive from entries instead of a directory on disk.
 
@@ -250,6 +281,10 @@ def pack_entries(
         ``start`` itself.  When ``count`` is unknown, nothing is reported while the data
         is spooled (a caller reading a stream can report its input), then ``start`` is
         called with the spooled file count and bytes before they are written.
+    xattrs
+        Whether entries may carry extended attributes (they decide the archive's
+        layout before the first is written).  Default: whether any does, for a
+        sequence or an iterator without ``count``; False for an iterator with one.
 
     Returns
     -------
@@ -264,17 +299,20 @@ def pack_entries(
         count = len(entries)
     if count is None:
         return _pack_spooled(entries, out, force=force, progress=progress)
+    if xattrs is None:
+        xattrs = isinstance(entries, Sequence) and any(entry.xattrs for entry in entries)
     started = time.perf_counter()
     out_path = os.fsdecode(out)
-    builder = _write_archive(entries, out_path, count, force, progress)
+    builder = _write_archive(entries, out_path, count, force, progress, xattrs)
     return _stats(builder, 0, out_path, started)
 
 
 def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool,
-                   progress: PackProgress | None = None) -> _ArchiveBuilder:
+                   progress: PackProgress | None = None, xattrs: bool = False) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path."""
-    with ContainerWriter(out, record_count_for(data_slots), force=force, pieces=True) as writer:
-        builder = _ArchiveBuilder(writer, data_slots, progress)
+    sections = section_count_for(XATTRS_SINCE_MINOR if xattrs else PIECES_SINCE_MINOR)
+    with ContainerWriter(out, record_count_for(data_slots, sections), force=force, pieces=True) as writer:
+        builder = _ArchiveBuilder(writer, data_slots, progress, xattrs)
         try:
             for entry in entries:
                 builder.add(entry)  # reports the bytes as they are written
@@ -337,7 +375,7 @@ def _spooled_entry(entry: Entry, spool: BinaryIO, start: int, length: int) -> En
     def reopen() -> BinaryIO:
         return _Window(spool, start, length)
 
-    return Entry(entry.path, reopen, "file", None, entry.mode, entry.uid, entry.gid, entry.mtime_ns, length)
+    return dataclasses.replace(entry, data=reopen, size=length)
 
 
 class _Window:
@@ -370,6 +408,46 @@ class _Scanned:
     kind: str
     info: os.stat_result
     target: bytes | None = None  # symlink text, or the first path of a hard link
+    xattrs: dict[bytes, bytes] | None = None
+
+
+# Errors that mean "this file system keeps no extended attributes", not a problem.
+_NO_XATTR_SUPPORT = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def _read_xattrs(path: bytes, follow_symlinks: bool, label: str) -> dict[bytes, bytes] | None:
+    """The extended attributes of ``path`` (None for none), as the OS lists them for
+    this user (an unprivileged one sees no trusted.* names).  A name the format cannot
+    store, or one that cannot be read, is left out with a warning."""
+    try:
+        names = os.listxattr(path, follow_symlinks=follow_symlinks)
+    except OSError as error:
+        if error.errno not in _NO_XATTR_SUPPORT:
+            log.warning("%r: cannot list extended attributes (%s), packed without them", label, error.strerror)
+        return None
+    if not names:
+        return None
+    from ..format import XATTR_SIZE_MAX, xattr_name_problem
+
+    found: dict[bytes, bytes] = {}
+    for name in names:
+        raw = os.fsencode(name)
+        problem = xattr_name_problem(raw)
+        if problem:
+            log.warning("%r: extended attribute with %s not packed", label, problem)
+            continue
+        try:
+            value = os.getxattr(path, name, follow_symlinks=follow_symlinks)
+        except OSError as error:
+            if error.errno != errno.ENODATA:  # removed since it was listed: nothing to keep
+                log.warning("%r: cannot read extended attribute %r (%s), not packed", label, name, error.strerror)
+            continue
+        if len(value) > XATTR_SIZE_MAX:
+            log.warning("%r: extended attribute %r of %d bytes not packed (at most %d)", label, name,
+                        len(value), XATTR_SIZE_MAX)
+            continue
+        found[raw] = value
+    return found or None
 
 
 def _excluded(key: bytes, name: bytes, patterns: Sequence[str]) -> bool:
@@ -417,7 +495,7 @@ _HELD_DIRECTORIES = 256
 
 def _scan(
     src: bytes, follow_symlinks: bool, exclude: Sequence[str], skip: set[tuple[int, int]],
-    temp_files: tuple[tuple[int, int], bytes],
+    temp_files: tuple[tuple[int, int], bytes], xattrs: bool = True,
 ) -> tuple[list[_Scanned], int]:
     """Depth-first listing of ``src``, names sorted bytewise; returns (items, skipped).
 
@@ -428,15 +506,22 @@ def _scan(
     skipped = 0
     first_link: dict[tuple[int, int], bytes] = {}
     root_info = os.stat(src) if follow_symlinks else os.lstat(src)
-    items.append(_Scanned(b"", "dir", root_info))
+    items.append(_Scanned(b"", "dir", root_info, None, _read_xattrs(src, True, os.fsdecode(src)) if xattrs else None))
     root_identity = (root_info.st_dev, root_info.st_ino)
     # The directories on the current path, to recognise a symlink loop (-L).
     on_path = {root_identity}
     # A directory's own name is opened without following a symlink swapped in for it.
     open_flags = _DIRECTORY_FLAGS | (0 if follow_symlinks else os.O_NOFOLLOW)
 
-    def children(fd: int, key: bytes, identity: tuple[int, int]) -> list[tuple[bytes, bytes, os.stat_result, bytes | None]]:
-        """(name, key, info, symlink text) of each child of directory ``key`` to pack."""
+    def attributes(fd: int, name: bytes, child_key: bytes, info: os.stat_result) -> dict[bytes, bytes] | None:
+        path = src + b"/" + child_key
+        if len(path) >= _PATH_PIECE:  # too long to name: through the directory's descriptor
+            path = b"/proc/self/fd/%d/%s" % (fd, name)
+        follow = follow_symlinks and not stat_module.S_ISLNK(info.st_mode)
+        return _read_xattrs(path, follow, os.fsdecode(src + b"/" + child_key))
+
+    def children(fd: int, key: bytes, identity: tuple[int, int]) -> list[tuple[bytes, bytes, os.stat_result, bytes | None, dict[bytes, bytes] | None]]:
+        """(name, key, info, symlink text, attributes) of each child of directory ``key`` to pack."""
         try:
             # listdir of a descriptor gives str: back to the names' exact bytes.
             names = sorted(map(os.fsencode, os.listdir(fd)))
@@ -461,7 +546,7 @@ def _scan(
                 raise PackError(f"{os.fsdecode(src + b'/' + child_key)!r} vanished while packing") from None
             except OSError as error:
                 raise PackError(f"cannot read {os.fsdecode(src + b'/' + child_key)!r}: {error.strerror}") from None
-            found.append((name, child_key, info, target))
+            found.append((name, child_key, info, target, attributes(fd, name, child_key, info) if xattrs else None))
         return found
 
     def open_directory(name: bytes, key: bytes, parent: _Frame) -> int:
@@ -486,7 +571,7 @@ def _scan(
                 frame.close()
                 on_path.discard(frame.identity)
                 continue
-            name, child_key, info, target = child_item
+            name, child_key, info, target, child_xattrs = child_item
             child = (info.st_dev, info.st_ino)
             if child in skip:
                 continue  # the output archive itself
@@ -496,7 +581,7 @@ def _scan(
                     log.warning("%r: symlink loop, skipped", os.fsdecode(src + b"/" + child_key))
                     skipped += 1
                     continue
-                items.append(_Scanned(child_key, "dir", info))
+                items.append(_Scanned(child_key, "dir", info, None, child_xattrs))
                 on_path.add(child)
                 fd = open_directory(name, child_key, frame)
                 stack.append(_Frame(child_key, child, fd, iter(())))
@@ -509,9 +594,9 @@ def _scan(
                 else:
                     if info.st_nlink > 1:
                         first_link[child] = child_key
-                    items.append(_Scanned(child_key, "file", info))
+                    items.append(_Scanned(child_key, "file", info, None, child_xattrs))
             elif stat_module.S_ISLNK(mode):
-                items.append(_Scanned(child_key, "symlink", info, target))
+                items.append(_Scanned(child_key, "symlink", info, target, child_xattrs))
             else:
                 kind = (
                     "FIFO" if stat_module.S_ISFIFO(mode) else
@@ -533,7 +618,7 @@ class _Frame:
     key: bytes
     identity: tuple[int, int]
     fd: int
-    pending: Iterator[tuple[bytes, bytes, os.stat_result, bytes | None]]
+    pending: Iterator[tuple[bytes, bytes, os.stat_result, bytes | None, dict[bytes, bytes] | None]]
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -568,12 +653,14 @@ def pack_folder(
     exclude: Sequence[str] = (),
     force: bool = False,
     progress: PackProgress | None = None,
+    xattrs: bool = True,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
 
     Regular files, directories (empty ones too) and symlinks are kept with their mode
-    bits, uid, gid and mtime in nanoseconds; hard-linked files are stored once.  FIFOs,
-    sockets and devices are skipped with a warning on the ``packfs`` logger.
+    bits, uid, gid, mtime in nanoseconds and extended attributes; hard-linked files are
+    stored once.  FIFOs, sockets and devices are skipped with a warning on the
+    ``packfs`` logger.
 
     Parameters
     ----------
@@ -590,6 +677,8 @@ def pack_folder(
         Replace ``out`` if it exists.
     progress
         Told the totals after the scan, then each file as it is written.
+    xattrs
+        Keep extended attributes (those this user can read: trusted.* needs root).
 
     Returns
     -------
@@ -623,7 +712,7 @@ def pack_folder(
         os.fsencode("." + os.path.basename(out_text) + TEMP_MARKER),
     )
     root = src_bytes.rstrip(b"/") or b"/"
-    items, skipped = _scan(root, follow_symlinks, exclude, skip, temp_files)
+    items, skipped = _scan(root, follow_symlinks, exclude, skip, temp_files, xattrs)
     data_slots = sum(1 for item in items if item.kind in ("file", "symlink"))
     if progress is not None:
         progress.start(
@@ -636,7 +725,7 @@ def pack_folder(
             info = item.info
             common = dict(
                 mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
-                mtime_ns=info.st_mtime_ns,
+                mtime_ns=info.st_mtime_ns, xattrs=item.xattrs,
             )
             if item.kind == "file":
                 yield Entry(item.key, _open_source(root, item.key), "file", size=info.st_size, **common)
@@ -645,5 +734,6 @@ def pack_folder(
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    builder = _write_archive(entries(), out_text, data_slots, force, progress)
+    has_xattrs = any(item.xattrs for item in items)
+    builder = _write_archive(entries(), out_text, data_slots, force, progress, has_xattrs)
     return _stats(builder, skipped, out_text, started)

@@ -1,0 +1,46 @@
+"""The sections after the path table (format sections 4b and 4c), opened in place.
+
+Each is a record behind its padding record, 64-byte aligned, an array of one item
+type; opening checks that geometry and, when checking data, the two records' CRCs
+(format section 5's open rules), and does no per-item work.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NoReturn
+
+from ..errors import ChecksumError
+from ..format import SECTION_ALIGNMENT, Footer
+from .container import Container
+
+__all__ = ["open_sections"]
+
+# numpy dtype -> (memoryview format, item size)
+_ITEM = {"<u8": ("Q", 8), "<u4": ("I", 4), "u1": ("B", 1)}
+
+
+def open_sections(container: Container, footer: Footer, first: int, sections: tuple[tuple[str, str], ...],
+                  fail: Callable[[str], NoReturn]) -> tuple[list[memoryview], tuple[tuple[int, int], ...]]:
+    """Sections ``first``, ``first + 1``, ... (named and typed by ``sections``) as
+    memoryviews of their items, and their spans in the source's bytes; ``fail`` is
+    called with what is wrong with a malformed one."""
+    views = []
+    spans = []
+    for k, (name, dtype) in enumerate(sections):
+        record = footer.data_records + 2 * (first + k) + 1
+        start, end = container.record_span(record)
+        if start % SECTION_ALIGNMENT:
+            fail(f"section {name!r} starts at offset {start}, expected a multiple of {SECTION_ALIGNMENT}")
+        code, size = _ITEM[dtype]
+        if (end - start) % size:
+            fail(f"section {name!r} is {end - start} bytes, not a whole number of {size}-byte items")
+        if container.check_data:
+            for checked, what in ((record - 1, f"the padding before section {name!r}"),
+                                  (record, f"section {name!r}")):
+                if not container.record_crc_ok(checked):
+                    raise ChecksumError(f"{container.path!r}: {what} (record {checked}): checksum mismatch")
+        data = container.mapping if container.zero_copy else container.pread(start, end)
+        base = start if container.zero_copy else 0
+        views.append(memoryview(data)[base: base + end - start].cast(code))
+        spans.append((start, end))
+    return views, tuple(spans)
