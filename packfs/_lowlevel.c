@@ -812,6 +812,13 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
         conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
     if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
         conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+    /* An archive with attributes: the kernel then keeps each inode's POSIX ACLs (which
+     * ls -l asks for, two per file, and which it would otherwise fetch on every call) and
+     * enforces them, as it does a disk's; packfs mounts with default_permissions, which
+     * this implies, anyway. */
+    Tree *t = userdata;
+    if (t->xattr_entries && (conn->capable & FUSE_CAP_POSIX_ACL))
+        conn->want |= FUSE_CAP_POSIX_ACL;
     /* The archive never changes: nothing to invalidate when attributes are fetched. */
     conn->want &= ~(unsigned) FUSE_CAP_AUTO_INVAL_DATA;
     /* max_pages follows max_write in libfuse: 1 MiB requests, READ included. */

@@ -365,3 +365,53 @@ def test_unpack_as_a_user_restores_what_it_may_and_says_what_it_could_not(labell
         assert _on_disk(dest / "sub" / "a.txt") == {"user.color": b"blue", "user.empty": b""}
     finally:
         shutil.rmtree(shared)
+
+
+def _posix_acl(entries: list[tuple[int, int, int]]) -> bytes:
+    """A system.posix_acl_access value as the kernel encodes it (version 2, then tag,
+    permissions and id per entry)."""
+    import struct
+
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, ident) for tag, perm, ident in entries)
+
+
+@pytest.mark.fuse
+def test_stored_acls_are_enforced_through_the_compiled_daemon(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to read as other users")
+    from tests.conftest import TEST_BINDING
+
+    # The Python daemons cannot ask libfuse for POSIX ACLs: there the ACL is served as an
+    # attribute and the kernel decides by the mode bits alone (stricter, never looser).
+    enforced = TEST_BINDING in ("auto", "lowlevel")
+    shared = Path("/tmp") / f"packfs-acl-{os.getpid()}"
+    (shared / "src").mkdir(parents=True)
+    try:
+        os.chmod(shared, 0o755)
+        secret = shared / "src" / "secret"
+        secret.write_bytes(b"for nobody and root\n")
+        os.chmod(secret, 0o640)
+        anyone = 0xFFFFFFFF
+        # user::rw- user:nobody:r-- group::r-- mask::r-- other::---
+        acl = _posix_acl([(1, 6, anyone), (2, 4, 65534), (4, 4, anyone), (0x10, 4, anyone), (0x20, 0, anyone)])
+        _set(secret, "system.posix_acl_access", acl)
+        archive = shared / "acl.ffr"
+        pack_folder(shared / "src", archive)
+        os.chmod(archive, 0o644)
+
+        def cat_as(user: str, group: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups", "cat",
+                                   str(shared / "mnt" / "secret")], capture_output=True, timeout=30)
+
+        with mounted(archive, shared / "mnt", "--allow-other") as mnt:
+            assert os.getxattr(mnt / "secret", "system.posix_acl_access") == acl
+            granted = cat_as("nobody", "nogroup")  # the ACL grants it; the mode alone does not
+            if enforced:
+                assert granted.stdout == b"for nobody and root\n", granted.stderr
+            else:
+                assert granted.returncode != 0 and b"Permission denied" in granted.stderr
+            refused = cat_as("daemon", "daemon")  # "other": the ACL (and the mode) refuse it
+            assert refused.returncode != 0 and b"Permission denied" in refused.stderr
+    finally:
+        subprocess.run(["fusermount3", "-u", str(shared / "mnt")], capture_output=True)
+        shutil.rmtree(shared)
