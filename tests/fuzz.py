@@ -52,7 +52,14 @@ from tests.deep_tables import chain_archive, long_target_archive, wide_long_name
 from tests.hostile import HOSTILE_KINDS, hostile_structure  # noqa: E402
 
 # The errnos a FUSE callback may answer with on a damaged archive.
-_FUSE_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
+_FUSE_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.ENOSYS, errno.ENODATA}
+# The seed's extended attributes (format 1.3, section 4c), by path; a hard link has its file's.
+SEED_XATTRS = {
+    "hello.txt": {"user.greeting": b"hi", "security.selinux": b"system_u:object_r:x_t:s0"},
+    "a/b/deep.bin": {"user.a": b"", "user.b": bytes(range(200)), "trusted.c": b"\xff" * 3},
+    "a": {"user.dir": b"yes"},
+}
+SEED_XATTRS["a/hard"] = SEED_XATTRS["hello.txt"]
 _KINDS = ("flip", "flips", "truncate", "extend", "garbage", "zero", "hostile")
 # Every STRUCTURE_EVERY-th case is instead a hostile structure built whole (not a mutation
 # of the seed): a deep chain of long names, many long-named directories, a long symlink
@@ -80,8 +87,9 @@ def build_seed(path: Path) -> dict[str, bytes]:
         # Over 1 MiB: piece CRCs (format 4b), read in part by both daemons' reads below.
         "pieces.bin": random.Random(2).randbytes(2 * PIECE_SIZE + 3000),
     }
-    entries = [packfs.Entry(p, c) for p, c in files.items()]
+    entries = [packfs.Entry(p, c, xattrs=SEED_XATTRS.get(p)) for p, c in files.items()]
     entries += [
+        packfs.Entry("a", kind="dir", xattrs=SEED_XATTRS["a"]),
         packfs.Entry("empty_dir", kind="dir"),
         packfs.Entry("link", kind="symlink", target="hello.txt"),
         packfs.Entry("a/up", kind="symlink", target="../hello.txt"),
@@ -201,6 +209,10 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
                         wrong += 1
     for link in ("link", "a/up", "a/absolute"):
         attempt(folder.readlink, link)
+    for relative in list(files) + ["a", "link", "empty_dir"]:
+        found = attempt(folder.xattrs, relative, False)
+        if found is not None and found != SEED_XATTRS.get(relative, {}):
+            wrong += 1
     attempt(lambda: list(folder.walk()))
     dest = sandbox / "dest"
     attempt(packfs.unpack, folder, dest)
@@ -213,7 +225,8 @@ def _use_everything(folder: PackedFolder, files: dict[str, bytes], sandbox: Path
         for call in (lambda: _kernel_attributes(path, operations.getattr(path)), lambda: operations.readdir(path, 0),
                      lambda: operations.read(path, 1 << 20, 0, 0), lambda: operations.read(path, 4096, PIECE_SIZE + 5, 0),
                      lambda: operations.readlink(path),
-                     lambda: operations.open(path, os.O_RDONLY)):
+                     lambda: operations.open(path, os.O_RDONLY),
+                     lambda: operations.listxattr(path), lambda: operations.getxattr(path, "user.b")):
             try:
                 call()
             except OSError as error:
@@ -276,6 +289,15 @@ def use_compiled(tree, files: dict[str, bytes], budget: int = 20000) -> int:
             if later is not None and path in files and later != files[path][PIECE_SIZE + 5: PIECE_SIZE + 4101]:
                 wrong += 1
             answered(lambda: tree.readlink(child))
+            listed = answered(lambda: tree.listxattr(child))
+            expected = SEED_XATTRS.get(path, {})
+            if listed is not None and path in files and listed != b"".join(
+                    os.fsencode(name) + b"\0" for name in sorted(expected, key=os.fsencode)):
+                wrong += 1
+            for name in [n for n in (listed or b"").split(b"\0") if n][:8] + [b"user.missing"]:
+                value = answered(lambda: tree.getxattr(child, name))
+                if value is not None and path in files and value != expected.get(os.fsdecode(name)):
+                    wrong += 1
             if data is not None and path in files and data != files[path][:1 << 20]:
                 wrong += 1
     return wrong
