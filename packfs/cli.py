@@ -195,10 +195,19 @@ def main(ctx: click.Context, debug: bool) -> None:
       packfs verify data.ffr
     """
     ctx.obj = {"debug": debug}
+    # Warnings become "Warning: ..." lines for this command only: a caller running the
+    # CLI in its own process (CliRunner, mount(8)'s helper) gets its logger back as it
+    # was, instead of a logger that no longer reaches its handlers.
     logger = logging.getLogger("packfs")
-    if not any(isinstance(h, _WarningHandler) for h in logger.handlers):
-        logger.addHandler(_WarningHandler())
-    logger.propagate = False
+    handler, propagate = _WarningHandler(), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # no second copy from logging's last-resort handler
+
+    def restore() -> None:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+    ctx.call_on_close(restore)
 
 
 @main.command()

@@ -10,15 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, damaged_copy
+from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, cli_runner, damaged_copy
 
 
 @pytest.fixture
 def run():
-    runner = CliRunner()
+    runner = cli_runner()
 
     def invoke(*args: str, input: bytes | None = None):
         return runner.invoke(main, [str(a) for a in args], input=input)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
+from tests.conftest import cli_runner
 import packfs
 from packfs import PackedFolder
 from packfs.cli import main
@@ -30,7 +30,7 @@ BASE_NS = 1_700_000_000 * 10**9  # 2023-11-14 22:13:20 UTC: a whole minute plus 
 
 @pytest.fixture
 def run():
-    runner = CliRunner()
+    runner = cli_runner()
 
     def invoke(*args: object):
         return runner.invoke(main, [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in args])

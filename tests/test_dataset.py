@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob as glob_module
 import os
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ def archive(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the oracle, glob's include_hidden, is Python 3.11's")
 @pytest.mark.parametrize("pattern", ["**/*", "**/*.jpg", "train/*/*.jpg", "train/**", "*/c?t/*",
                                      "train/[cd]*/*", "**/sub/*", "val/*"])
 def test_selection_is_sorted_and_matches_what_glob_finds_on_disk(archive: Path, tmp_path: Path,

@@ -7,13 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import packfs
 from packfs import (ChecksumError, PackedFolder, PathNotFoundError, UnpackDamagedError, UnpackError, pack_entries,
                     pack_folder, unpack)
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, cli_runner
 
 
 def _same_tree(left: Path, right: Path) -> None:
@@ -214,7 +213,7 @@ def test_a_damaged_first_name_of_a_hard_link_group(tmp_path: Path) -> None:
 def test_unpack_cli_lists_damage_and_exits_1(archive: Path, tree: Path, tmp_path: Path) -> None:
     bad = _damage(archive, tmp_path / "bad.ffr", DAMAGED)
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["unpack", str(bad), str(out)])
+    result = cli_runner().invoke(main, ["unpack", str(bad), str(out)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     lines = result.stderr.splitlines()
     assert lines[:4] == [f"damaged: {p} (checksum mismatch)" for p in
@@ -225,13 +224,13 @@ def test_unpack_cli_lists_damage_and_exits_1(archive: Path, tree: Path, tmp_path
     assert len(lines) == 6 and "Traceback" not in result.output
     _check_intact(out, tree, {"a/b/c/deep.bin", "big/large.bin", "hardlink.txt", "hello.txt"})
     # -q: the damage and the error, no summary.
-    quiet = CliRunner().invoke(main, ["unpack", "-q", str(bad), str(tmp_path / "q")])
+    quiet = cli_runner().invoke(main, ["unpack", "-q", str(bad), str(tmp_path / "q")])
     assert quiet.exit_code == 1 and len(quiet.stderr.splitlines()) == 5
-    stopped = CliRunner().invoke(main, ["unpack", "--stop-on-error", str(bad), str(tmp_path / "s")])
+    stopped = cli_runner().invoke(main, ["unpack", "--stop-on-error", str(bad), str(tmp_path / "s")])
     assert stopped.exit_code == 1
     assert stopped.stderr.splitlines() == [f"Error: {str(bad)!r}: 'a/b/c/deep.bin': checksum mismatch; "
                                            f"the damaged file was not unpacked"]
-    debug = CliRunner().invoke(main, ["--debug", "unpack", str(bad), str(tmp_path / "d")])
+    debug = cli_runner().invoke(main, ["--debug", "unpack", str(bad), str(tmp_path / "d")])
     assert type(debug.exception).__name__ == "UnpackDamagedError"
 
 
@@ -255,7 +254,7 @@ def test_a_rerun_resumes_with_skip_existing(archive: Path, tree: Path, tmp_path:
         assert (stats.files, stats.hardlinks, stats.existing) == (3, 1, 12)
         assert stats.skipped == 0
     _same_tree(tree, out)
-    result = CliRunner().invoke(main, ["unpack", "--skip-existing", str(archive), str(out)])
+    result = cli_runner().invoke(main, ["unpack", "--skip-existing", str(archive), str(out)])
     assert result.exit_code == 0, result.output
     assert "unpacked 0 files" in result.stderr and "16 already there, left as they were" in result.stderr
 
@@ -304,7 +303,7 @@ def test_missing_paths_are_refused_before_anything_is_created(archive: Path, tmp
         with pytest.raises(packfs.NotADirectoryPathError):
             unpack(folder, out, ["a", "hello.txt/x"])
     assert not (tmp_path / "new").exists()
-    result = CliRunner().invoke(main, ["unpack", str(archive), str(out), "a", "nope"])
+    result = cli_runner().invoke(main, ["unpack", str(archive), str(out), "a", "nope"])
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [f"Error: 'nope': no such file or directory in {str(archive)!r}"]
     assert not (tmp_path / "new").exists()

@@ -12,7 +12,7 @@ import pytest
 
 import packfs
 from packfs.ffrecord import FileReader, FileWriter, PackedFolder, pack_folder
-from tests.conftest import VECTORS
+from tests.conftest import VECTORS, require_extra
 
 
 def _records() -> list[dict]:
@@ -125,6 +125,8 @@ def test_the_top_level_names_are_ffrecords() -> None:
 def test_importing_the_top_level_does_not_import_torch_but_ffrecord_torch_does() -> None:
     import subprocess
     import sys
+
+    require_extra("torch", "torch")
 
     code = ("import sys\nfrom packfs import ffrecord\nassert 'torch' not in sys.modules\n"
             "ffrecord.utils.dump\nassert 'torch' not in sys.modules\n"

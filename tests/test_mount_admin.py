@@ -18,7 +18,8 @@ from typing import Iterator
 import pytest
 
 from packfs.fuse import MOUNT_HELPER, helper_script, is_mounted, is_stale, remove_old_logs, state_file
-from tests.conftest import REPO, daemon_pid, damaged_copy, force_unmount, mounted, packfs_cli, require_fuse, wait_until
+from tests.conftest import (REPO, daemon_pid, damaged_copy, force_unmount, mounted, packfs_cli, require_fuse,
+                            require_python_as_nobody, wait_until)
 
 pytestmark = pytest.mark.fuse
 
@@ -361,6 +362,7 @@ def test_allow_other_without_user_allow_other(archive: Path, tmp_path: Path) -> 
     require_root("running the command line as user nobody")
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
+    require_python_as_nobody()
     copy = _world_readable_archive(archive)
     mountpoint = copy.parent / "m"
     mountpoint.mkdir()

@@ -23,7 +23,7 @@ from packfs.core import Archive
 from packfs.errors import FormatError
 from packfs.format import FOOTER, XATTR, XATTR_SECTIONS
 from packfs.write.pack import Entry, pack_entries, pack_folder
-from tests.conftest import mounted, packfs_cli, read_records, write_records
+from tests.conftest import mounted, packfs_cli, read_records, require_python_as_nobody, write_records
 
 
 def _set(path: Path, name: str, value: bytes, follow: bool = True) -> None:
@@ -346,6 +346,7 @@ def test_unpack_as_a_user_restores_what_it_may_and_says_what_it_could_not(labell
         pytest.skip("needs root and setpriv to run unpack as user nobody")
     if not _on_disk(labelled / "sub" / "a.txt").get("trusted.secret"):
         pytest.skip("no trusted.* attribute was set")
+    require_python_as_nobody()
     shared = Path("/tmp") / f"packfs-xattr-{os.getpid()}"
     shared.mkdir(mode=0o777, exist_ok=True)
     try:
