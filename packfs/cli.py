@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import click
 
 from . import __version__
-from .errors import PackfsError
+from .errors import PackfsError, RecordFileError
 from .extract import unpack as unpack_archive
 from .folder import PackedFolder
 from .write import pack_folder, remove_unfinished
@@ -495,21 +495,44 @@ def info(archive: str, as_json: bool) -> None:
     Example:
       packfs info --json data.ffr
     """
-    with PackedFolder(archive) as folder:
+    try:
+        folder = PackedFolder(archive)
+    except RecordFileError:
+        _record_file_info(archive, as_json)
+        return
+    with folder:
         details = folder.info()
         details["mount_daemon"] = _mount_daemon(folder)
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return
     largest = details.pop("largest_files")
-    for key, value in details.items():
-        if key.endswith("_bytes"):
-            value = f"{human_size(value)} ({value} bytes)"  # type: ignore[arg-type]
-        click.echo(f"{key.replace('_', ' '):<16}{value}")
+    _echo_fields(details)
     if largest:
         click.echo("largest files")
         for item in largest:  # type: ignore[attr-defined]
             _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
+
+
+def _echo_fields(details: dict[str, object], byte_counts: tuple[str, ...] = ()) -> None:
+    """``info``'s lines: one per key, byte counts (``*_bytes`` and ``byte_counts``) in
+    human units and exactly."""
+    for key, value in details.items():
+        if key.endswith("_bytes") or key in byte_counts:
+            value = f"{human_size(value)} ({value} bytes)"  # type: ignore[arg-type]
+        click.echo(f"{key.replace('_', ' '):<16}{value}")
+
+
+def _record_file_info(path: str, as_json: bool) -> None:
+    """``info`` of an FFRecord record file."""
+    from .records import record_file_info
+
+    details = record_file_info(path)
+    if as_json:
+        click.echo(json.dumps(details, indent=2))
+        return
+    _echo_fields(details, ("smallest_record", "largest_record"))
+    click.echo("(no path table: ls, find, cat, unpack and mount need a packfs archive of files)")
 
 
 def _mount_daemon(folder: PackedFolder) -> str:
@@ -532,8 +555,13 @@ def verify(archive: str, quiet: bool) -> None:
     Example:
       packfs verify data.ffr && echo sound
     """
+    try:
+        folder = PackedFolder(archive)
+    except RecordFileError:
+        _verify_record_file(archive, quiet)
+        return
     progress = _TerminalProgress("verifying", quiet)
-    with PackedFolder(archive) as folder:
+    with folder:
         progress.start(0, folder.archive.size)
         try:
             report = folder.verify(progress.add_bytes)
@@ -550,6 +578,28 @@ def verify(archive: str, quiet: bool) -> None:
         f"{archive!r} is damaged: {len(report.bad_paths)} files and "
         f"{len(report.bad_records)} records fail their checksums"
     )
+
+
+def _verify_record_file(path: str, quiet: bool) -> None:
+    """``verify`` of an FFRecord record file: its header and every record's CRC."""
+    from .records import verify_record_file
+
+    progress = _TerminalProgress("verifying", quiet)
+    progress.start(0, os.path.getsize(path))
+    try:
+        report = verify_record_file(path, progress.add_bytes)
+    finally:
+        progress.close()
+    records = _count(report.records_checked, "record")
+    if report.ok:
+        click.echo(f"OK: an FFRecord record file of {records} (no path table), "
+                   f"{human_size(report.bytes_checked)} checked")
+        return
+    for problem in report.problems:
+        click.echo(f"damaged: {problem}")
+    passed = report.records_checked - len(report.bad_records)
+    raise click.ClickException(f"{path!r} is damaged: {_count(len(report.problems), 'problem')} (listed above); "
+                               f"{passed} of {records} pass their checksums")
 
 
 @main.command()

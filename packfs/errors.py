@@ -16,6 +16,7 @@ __all__ = [
     "PackfsError",
     "FormatError",
     "ChecksumError",
+    "RecordFileError",
     "ArchiveChangedError",
     "ClosedArchiveError",
     "PathNotFoundError",
@@ -40,6 +41,20 @@ class FormatError(PackfsError, ValueError):
 
 class ChecksumError(FormatError):
     """Raised when a stored CRC-32 does not match the bytes it covers."""
+
+
+class RecordFileError(FormatError):
+    """Raised when an archive of files is expected and the file is an FFRecord record
+    file: a container of numbered records with no path table (what FFRecord's
+    ``FileWriter`` and :class:`packfs.RecordWriter` write), read with
+    :class:`packfs.RecordReader`.  ``path`` and ``record_count`` say which file and
+    how many records it holds, ``description`` what it is, in words."""
+
+    def __init__(self, message: str, path: str, record_count: int, description: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.record_count = record_count
+        self.description = description
 
 
 class ArchiveChangedError(FormatError):

@@ -117,7 +117,7 @@ def test_bad_archives_give_one_line(run, tmp_path: Path) -> None:
     junk = tmp_path / "junk.ffr"
     junk.write_bytes(b"not an archive at all")
     _one_line_error(run("ls", junk), repr(str(junk)), "header claims")
-    _one_line_error(run("info", VECTORS / "records.ffr"), "not a packfs archive")
+    _one_line_error(run("ls", VECTORS / "records.ffr"), "not a packfs archive")
     _one_line_error(run("verify", VECTORS / "corrupt_header.ffr"), "header checksum mismatch")
 
 

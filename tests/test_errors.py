@@ -75,7 +75,8 @@ def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]
         "gzip": (gz, "is gzip-compressed data, not a packfs archive"),
         "empty": (empty, "is empty (0 bytes), not a packfs archive"),
         "truncated": (truncated, f"truncated: {len(data) // 2} bytes, but its header puts the last "
-                                 f"record at offset {len(data) - 64}, so it must be at least {len(data)} bytes"),
+                                 f"record at offset {len(data) - 64}, so it must be at least {len(data) - 64} bytes "
+                                 f"({len(data)} with a packfs archive's 64-byte footer)"),
     }
 
 

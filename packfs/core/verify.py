@@ -41,9 +41,11 @@ def verify_archive(
     and, with ``pieces``, every piece CRC (format section 4b)."""
     bad_records = []
     checked_bytes = 0
-    header_crc = container.mapping[:4]
     problems = []
-    if container.crc_of_span(4, container.data_start) != int.from_bytes(header_crc, "little"):
+    if container.legacy_header:
+        problems.append("header: its checksum is 0, FFRecord's legacy marker (an old FFRecord file, or one "
+                        "whose writer was aborted), so the header cannot be checked")
+    elif container.crc_of_span(4, container.data_start) != container.header_checksum:
         problems.append("header checksum mismatch")
     try:
         container.check_offsets()
