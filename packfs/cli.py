@@ -419,23 +419,45 @@ def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursiv
 _FIND_TYPES = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR, "l": stat_module.S_IFLNK}
 
 
-@main.command()
+class _FindCommand(click.Command):
+    """Names a find(1) predicate it does not have as a whole word (click alone says
+    ``No such option '-m'`` for ``-maxdepth``), with the ones it has."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = [param for param in self.params if isinstance(param, click.Option)]
+        known = {name for param in options for name in param.opts}
+        takes_value = {name for param in options if not param.is_flag for name in param.opts}
+        arguments = iter(args)
+        for arg in arguments:
+            if arg == "--":
+                break
+            if arg in takes_value:
+                next(arguments, None)  # its value may start with '-' ("-name '-*'")
+            elif arg.startswith("-") and not arg.startswith("--") and len(arg) > 2 and arg not in known:
+                raise click.NoSuchOption(arg, message=f"No such option: {arg} (packfs find has -name GLOB, "
+                                                      f"-type f|d|l and -print0)", ctx=ctx)
+        return super().parse_args(ctx, args)
+
+
+@main.command(cls=_FindCommand)
 @click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("path", default="")
-@click.option("--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
-@click.option("--type", "kind", type=click.Choice(sorted(_FIND_TYPES)), help="Only files, directories or symlinks.")
+@click.option("-name", "--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
+@click.option("-type", "--type", "kind", type=click.Choice(sorted(_FIND_TYPES)),
+              help="Only files, directories or symlinks (as find -type).")
 @click.option("-print0", "--print0", "print0", is_flag=True,
               help="End each path with a NUL byte, not a newline (as find -print0; for xargs -0).")
 def find(archive: str, path: str, pattern: str | None, kind: str | None, print0: bool) -> None:
     """Print the paths under PATH (default: everything) in ARCHIVE, depth first.
 
     Paths are printed as their exact bytes; with -print0 each ends with a NUL byte, so
-    names holding newlines survive a pipe into xargs -0 (or read -d '').
+    names holding newlines survive a pipe into xargs -0 (or read -d '').  Options are
+    spelled as find(1) spells them (-name, -type, -print0) or with two dashes.
 
     \b
     Example:
-      packfs find data.ffr train --name '*.jpg' --type f | wc -l
-      packfs find data.ffr --type f -print0 | xargs -0 -n 100 echo
+      packfs find data.ffr train -name '*.jpg' -type f | wc -l
+      packfs find data.ffr -type f -print0 | xargs -0 -n 100 echo
     """
     import re
 

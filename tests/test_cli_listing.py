@@ -110,6 +110,22 @@ def test_find_without_print0_keeps_newlines_and_errors(run, tricky: Path) -> Non
     assert run("find", tricky, "-print1").exit_code == 2
 
 
+def test_find_takes_options_as_find_users_type_them(run, tricky: Path) -> None:
+    # `-name`/`-type` were "No such option '-n'"; both spellings give the same output.
+    for name, kind in (("-name", "-type"), ("--name", "--type")):
+        assert run("find", tricky, "dir", name, "sub*", kind, "d").stdout_bytes == b"dir/sub\nname\n"
+        assert run("find", tricky, kind, "f", name, "-dash", "-print0").stdout_bytes == b"-dash\0dir/sub\nname/-dash\0"
+
+
+def test_find_names_a_predicate_it_lacks_whole(run, tricky: Path) -> None:
+    result = run("find", tricky, "-maxdepth", "1")
+    assert result.exit_code == 2
+    assert "No such option: -maxdepth (packfs find has -name GLOB, -type f|d|l and -print0)" in result.stderr
+    # A value starting with '-' is a value, and anything after "--" a path.
+    assert run("find", tricky, "-name", "-maxdepth").exit_code == 0
+    assert run("find", tricky, "--", "-maxdepth").exit_code == 1
+
+
 # -- ls -0 ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spelling", ["-0", "--zero", "--null"])
