@@ -22,6 +22,7 @@ from .errors import (
     PackfsError,
     PathNotFoundError,
     RecordFileError,
+    RemoteArchiveError,
     UnpackDamagedError,
     UnpackError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "FormatError",
     "ChecksumError",
     "RecordFileError",
+    "RemoteArchiveError",
     "ClosedArchiveError",
     "ArchiveChangedError",
     "PathNotFoundError",

@@ -21,6 +21,7 @@ __all__ = [
     "ClosedArchiveError",
     "PathNotFoundError",
     "ArchiveIOError",
+    "RemoteArchiveError",
     "NotAFileError",
     "NotADirectoryPathError",
     "NotASymlinkError",
@@ -74,6 +75,11 @@ class PathNotFoundError(PackfsError, FileNotFoundError):
 
 class ArchiveIOError(PackfsError, OSError):
     """Raised when the archive file cannot be opened or read (permissions, I/O errors)."""
+
+
+class RemoteArchiveError(PackfsError, ValueError):
+    """Raised when an archive (or what to pack) is named by a URL (``https://``,
+    ``s3://``, ...) that is no local path: packfs reads local files only, so far."""
 
 
 class NotAFileError(PackfsError, IsADirectoryError):

@@ -24,6 +24,58 @@ def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
         PackedFolder(tmp_path / "missing.ffr")
 
 
+URLS = ["https://example.com/data.ffr", "http://example.com/data.ffr", "s3://bucket/data.ffr",
+        "gs://bucket/data.ffr", "hf://datasets/x/data.ffr"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_a_url_is_not_supported_yet_not_missing(url: str) -> None:
+    from packfs.core import Archive
+    from packfs.ffrecord import FileReader
+
+    for open_archive in (PackedFolder, Archive, packfs.RecordReader, FileReader, packfs.record_file_info):
+        with pytest.raises(packfs.RemoteArchiveError, match="remote archives \\(URLs\\) are not supported yet") as raised:
+            open_archive(url)
+        assert isinstance(raised.value, ValueError) and not isinstance(raised.value, FileNotFoundError)
+        assert repr(url) in str(raised.value)
+
+
+@pytest.mark.parametrize("command", ["ls", "find", "cat", "info", "verify", "unpack", "convert", "mount", "pack"])
+def test_every_command_says_a_url_is_not_supported_yet(command: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from packfs.cli import main
+
+    (tmp_path / "mnt").mkdir()
+    extra = {"cat": ["x"], "unpack": [tmp_path / "dest"], "convert": [tmp_path / "out.ffr"],
+             "mount": [tmp_path / "mnt"], "pack": [tmp_path / "out.ffr"]}.get(command, [])
+    for url in ("https://example.com/data.ffr", "s3://bucket/data.ffr"):
+        result = CliRunner().invoke(main, [command, url] + [str(x) for x in extra])
+        if command == "mount" and "FUSE is not available" in result.stderr:
+            pytest.skip(result.stderr.strip())
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0] == (
+            f"Error: {url!r}: remote archives (URLs) are not supported yet: give the path of a local file "
+            f"(download it first, or mount the bucket or server with a FUSE file system such as s3fs or rclone mount)")
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "out.ffr").exists()
+
+
+def test_a_file_url_names_the_path_to_give(archive: Path) -> None:
+    with pytest.raises(packfs.RemoteArchiveError, match=f"is a file:// URL: give the path itself, {str(archive)!r}"):
+        PackedFolder(archive.as_uri())
+
+
+def test_a_local_path_shaped_like_a_url_is_a_path(archive: Path, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "s3:" / "bucket").mkdir(parents=True)
+    (tmp_path / "s3:" / "bucket" / "data.ffr").write_bytes(archive.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    with PackedFolder("s3://bucket/data.ffr") as folder:
+        assert folder.read("hello.txt") == BLUEPRINT["hello.txt"]
+    with pytest.raises(packfs.PathNotFoundError):
+        PackedFolder("s3://bucket/missing.ffr")  # its directory exists: a missing local file
+
+
 def test_a_directory_given_as_an_archive_says_so(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match="is a directory, expected an archive file"):
         PackedFolder(tmp_path)
