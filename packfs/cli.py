@@ -241,13 +241,15 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
             f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
             f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
             f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
-            + (f"; skipped {stats.skipped}" if stats.skipped else ""),
+            + (f"; skipped {_count(stats.skipped, 'entry', 'entries')} (each named above)" if stats.skipped else ""),
             err=True,
         )
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+def _count(number: int, noun: str, plural: str = "") -> str:
+    """``1 file``, ``2 files`` (``plural`` where adding an s is wrong): every count the
+    CLI prints goes through here."""
+    return f"{number} {noun}" if number == 1 else f"{number} {plural or noun + 's'}"
 
 
 @main.command()
@@ -275,7 +277,8 @@ def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     with _exit_on_signals(repr(out)), _closing(progress):
         stats = convert_archive(legacy, out, force=force, progress=progress)
     if not quiet:
-        click.echo(f"converted {stats.files} files, {stats.dirs} dirs ({human_size(stats.file_bytes)}) "
+        click.echo(f"converted {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
+                   f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) "
                    f"into {out!r} in {stats.seconds:.2f} s", err=True)
 
 
@@ -529,6 +532,7 @@ def info(archive: str, as_json: bool) -> None:
         click.echo(json.dumps(details, indent=2))
         return
     largest = details.pop("largest_files")
+    del details["records"]  # the container's, which a user cannot relate to files (still in --json)
     _echo_fields(details)
     if largest:
         click.echo("largest files")
@@ -590,16 +594,28 @@ def verify(archive: str, quiet: bool) -> None:
         finally:
             progress.close()
     if report.ok:
-        click.echo(f"OK: {report.records_checked} records, {human_size(report.bytes_checked)} checked")
+        symlinks = f", {_count(report.symlinks_checked, 'symlink')}" if report.symlinks_checked else ""
+        click.echo(f"OK: {_count(report.files_checked, 'file')}{symlinks} and the path table, "
+                   f"{human_size(report.bytes_checked)} checked")
         return
     for path in report.bad_paths:
         _echo_path_line(f"damaged: {path}")
     for problem in report.problems:
         click.echo(f"damaged: {problem}")
-    raise click.ClickException(
-        f"{archive!r} is damaged: {len(report.bad_paths)} files and "
-        f"{len(report.bad_records)} records fail their checksums"
-    )
+    raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)} (listed above)")
+
+
+def _damage_summary(report: Any) -> str:
+    """What a VerifyReport found, counted in files where it can be."""
+    parts = []
+    if report.bad_paths:
+        bad = len(report.bad_paths)
+        parts.append(f"{_count(bad, 'file')} {'fails its checksum' if bad == 1 else 'fail their checksums'}")
+    if report.problems:
+        parts.append(_count(len(report.problems), "problem" if not parts else "other problem"))
+    if not parts:  # records that no path names
+        parts.append(f"{_count(len(report.bad_records), 'record')} fail their checksums")
+    return "; ".join(parts)
 
 
 def _verify_record_file(path: str, quiet: bool) -> None:
@@ -670,13 +686,12 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
         finally:
             progress.close()
     if not quiet:
-        summary = (f"unpacked {stats.files + stats.hardlinks} files, {stats.dirs} dirs, "
-                   f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}")
+        summary = (f"unpacked {_count(stats.files + stats.hardlinks, 'file')}, {_count(stats.dirs, 'dir')}, "
+                   f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.bytes)}) into {dest!r}")
         if stats.existing:
             summary += f"; {stats.existing} already there, left as they were"
         if stats.skipped:
-            summary += f"; skipped {stats.skipped} damaged"
-            summary += " file" if stats.skipped == 1 else " files"
+            summary += f"; skipped {_count(stats.skipped, 'damaged file')}"
         click.echo(summary, err=True)
     if failure is not None:
         raise failure  # one "Error: ..." line and exit 1 (a traceback with --debug)
