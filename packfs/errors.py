@@ -29,6 +29,7 @@ __all__ = [
     "UnpackError",
     "UnpackDamagedError",
     "MountError",
+    "missing_dependency",
 ]
 
 
@@ -115,3 +116,17 @@ class UnpackDamagedError(UnpackError, ChecksumError):
 
 class MountError(PackfsError):
     """Raised when FUSE is unavailable or a mount point cannot be mounted or unmounted."""
+
+
+def missing_dependency(error: ImportError, module: str, needed_by: str, extra: str, package: str = "") -> ImportError:
+    """What to raise for ``error`` from importing the optional dependency ``module``
+    (the distribution ``package``, if named otherwise): when ``module`` itself is not
+    installed, a ModuleNotFoundError saying what needs it and the packfs extra that
+    installs it (``extra``: ``"torch"``); any other failure (a broken install, a
+    missing shared library) as it was."""
+    if not isinstance(error, ModuleNotFoundError) or (error.name or "").split(".")[0] != module:
+        return error
+    what = f"{package} ({module})" if package else module
+    return ModuleNotFoundError(
+        f"{needed_by} needs {what}, which is not installed: pip install \"packfs[{extra}]\" "
+        f"(in a clone of packfs: pip install -e \".[{extra}]\")", name=module)

@@ -27,9 +27,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fsspec import AbstractFileSystem
+from .errors import PathNotFoundError, missing_dependency
 
-from .errors import PathNotFoundError
+try:
+    from fsspec import AbstractFileSystem
+except ImportError as error:
+    raise missing_dependency(error, "fsspec", "packfs.fsspec", "fsspec") from None
 from .folder import PackedFolder
 
 __all__ = ["PackfsFileSystem", "URL_FORMS"]

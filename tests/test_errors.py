@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -187,3 +188,37 @@ def _packfs() -> str:
     import sys
 
     return shutil.which("packfs", path=os.path.dirname(sys.executable)) or "packfs"
+
+
+@pytest.mark.parametrize("module, absent, message", [
+    ("packfs.torch", "torch", 'packfs.torch needs PyTorch (torch), which is not installed: pip install "packfs[torch]"'),
+    ("packfs.ffrecord.torch", "torch",
+     'packfs.ffrecord.torch needs PyTorch (torch), which is not installed: pip install "packfs[torch]"'),
+    ("packfs.ffrecord.torch.dataloader", "torch", "packfs.ffrecord.torch needs PyTorch (torch)"),
+    ("packfs.fsspec", "fsspec", 'packfs.fsspec needs fsspec, which is not installed: pip install "packfs[fsspec]"'),
+])
+def test_a_missing_extra_is_named(module: str, absent: str, message: str) -> None:
+    # The dependency made absent as an uninstalled one is (None in sys.modules).
+    code = (f"import sys; sys.modules[{absent!r}] = None\n"
+            f"try:\n    import {module}\n"
+            f"except ModuleNotFoundError as error:\n    print(type(error).__name__, error.name, error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith(f"ModuleNotFoundError {absent} {message}"), result.stdout + result.stderr
+    assert '(in a clone of packfs: pip install -e ".[' in result.stdout
+
+
+def test_pillow_missing_is_named_at_decode() -> None:
+    require = "import sys; sys.modules['PIL'] = None\nfrom packfs.torch import decode_pil\n"
+    code = require + "try:\n    decode_pil(b'')\nexcept ModuleNotFoundError as error:\n    print(error)\n"
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith('packfs.torch.decode_pil needs Pillow (PIL), which is not installed: '
+                                    'pip install "packfs[torch]"'), result.stdout + result.stderr
+
+
+def test_a_broken_dependency_is_not_called_missing() -> None:
+    # Anything but the dependency's own absence passes through as it was.
+    error = ImportError("libtorch_cpu.so: cannot open shared object file", name="torch")
+    assert packfs.errors.missing_dependency(error, "torch", "packfs.torch", "torch") is error
+    inner = ModuleNotFoundError("No module named 'typing_extensions'", name="typing_extensions")
+    assert packfs.errors.missing_dependency(inner, "torch", "packfs.torch", "torch") is inner
