@@ -385,7 +385,11 @@ def _ls_line(name: bytes, item: Any, folder: PackedFolder, path: bytes, formatte
 @click.option("-R", "recursive", is_flag=True, help="List sub-directories recursively.")
 @click.option("-0", "--zero", "--null", "zero", is_flag=True,
               help="End each line with a NUL byte, not a newline (as GNU ls --zero; for xargs -0).")
-def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursive: bool, zero: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON array of entries: name, type, mode, size, mtime_ns, uid, gid, nlink, "
+                   "and target for symlinks.")
+def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursive: bool, zero: bool,
+       as_json: bool) -> None:
     """List directory PATH (default: the root) of ARCHIVE.
 
     Names are printed as their exact bytes.  With -l, user and group IDs are shown as
@@ -393,11 +397,23 @@ def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursiv
     With -0, a name holding a newline cannot be mistaken for two.  A PATH starting
     with '-' goes after '--'.
 
+    With --json, one entry per line in a JSON array (streamed, so a listing of
+    millions needs no memory for it); "mode" holds the permission bits (420 is
+    0644).  A name or target that is not UTF-8 has its undecodable bytes as the lone
+    surrogates U+DC80-U+DCFF in the string (Python's os.fsencode gives the bytes
+    back) and its exact bytes in "name_base64" or "target_base64".
+
     \b
     Example:
       packfs ls -lh data.ffr train/cat
       packfs ls -0 data.ffr train | xargs -0 -n 100 echo
+      packfs ls --json -R data.ffr train | jq -r '.[] | select(.size > 1000000) | .name'
     """
+    if as_json:
+        if zero:
+            raise click.UsageError("--json and -0 do not go together: JSON strings hold any name")
+        _ls_json(archive, path, recursive)
+        return
     long = long or numeric
     formatter = _LongFormat(numeric, human) if long else None
     lines = _Lines(b"\0" if zero else b"\n")
@@ -415,6 +431,59 @@ def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursiv
             for item in folder.list_attributes(path, recursive=recursive):
                 name = item[0]
                 lines.add(_ls_line(name, item, folder, top + name, formatter) if formatter else name)
+        finally:
+            lines.flush()  # what was listed before an error, then the error
+
+
+_JSON_TYPES = {stat_module.S_IFREG: "file", stat_module.S_IFDIR: "dir", stat_module.S_IFLNK: "symlink"}
+
+
+def _json_name(entry: dict[str, Any], key: str, raw: bytes) -> None:
+    """``entry[key]``: ``raw`` as a string (undecodable bytes as lone surrogates), and
+    when it is not UTF-8, its exact bytes in ``key + "_base64"`` too."""
+    entry[key] = os.fsdecode(raw)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+
+        entry[key + "_base64"] = base64.b64encode(raw).decode("ascii")
+
+
+def _json_entry(name: bytes, item: Any, folder: PackedFolder, path: bytes) -> bytes:
+    """One ``ls --json`` entry for ``item`` (an EntryAttributes) at archive path ``path``."""
+    mode, uid, gid, mtime_ns, size, nlink = item[1:7]
+    entry: dict[str, Any] = {}
+    _json_name(entry, "name", name)
+    entry.update(type=_JSON_TYPES.get(stat_module.S_IFMT(mode), "other"), mode=stat_module.S_IMODE(mode),
+                 size=size, mtime_ns=mtime_ns, uid=uid, gid=gid, nlink=nlink)
+    if stat_module.S_IFMT(mode) == stat_module.S_IFLNK:
+        _json_name(entry, "target", os.fsencode(folder.readlink(path)))
+    return json.dumps(entry).encode("ascii")
+
+
+def _ls_json(archive: str, path: str, recursive: bool) -> None:
+    """``ls --json``: a JSON array, one entry a line, streamed."""
+    lines = _Lines(b"\n")
+    previous = b"["
+    with PackedFolder(archive) as folder:
+        try:
+            if not folder.is_dir(path):
+                info = folder.stat(path)
+                key = os.fsencode(path)
+                item = (key, info.mode, info.uid, info.gid, info.mtime_ns, info.size, info.nlink)
+                previous += _json_entry(key, item, folder, key)
+            else:
+                top = os.fsencode(path).strip(b"/")
+                top = top + b"/" if top else b""
+                for item in folder.list_attributes(path, recursive=recursive):
+                    entry = _json_entry(item[0], item, folder, top + item[0])
+                    if previous == b"[":
+                        previous += entry
+                    else:
+                        lines.add(previous + b",")
+                        previous = entry
+            lines.add(previous + b"]")
         finally:
             lines.flush()  # what was listed before an error, then the error
 
@@ -574,25 +643,35 @@ def _mount_daemon(folder: PackedFolder) -> str:
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def verify(archive: str, quiet: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON (ok, counts, damaged paths and records, problems); "
+                   "the exit status is the same.")
+def verify(archive: str, quiet: bool, as_json: bool) -> None:
     """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
 
     \b
     Example:
       packfs verify data.ffr && echo sound
+      packfs verify --json data.ffr | jq .damaged_paths
     """
     try:
         folder = PackedFolder(archive)
     except RecordFileError:
-        _verify_record_file(archive, quiet)
+        _verify_record_file(archive, quiet, as_json)
         return
     progress = _TerminalProgress("verifying", quiet)
     with folder:
+        kind = "FFRecord packed folder" if folder.archive.legacy else "packfs archive"
         progress.start(0, folder.archive.size)
         try:
             report = folder.verify(progress.add_bytes)
         finally:
             progress.close()
+    if as_json:
+        _echo_report(archive, kind, report)
+        if not report.ok:
+            raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)}")
+        return
     if report.ok:
         symlinks = f", {_count(report.symlinks_checked, 'symlink')}" if report.symlinks_checked else ""
         click.echo(f"OK: {_count(report.files_checked, 'file')}{symlinks} and the path table, "
@@ -618,7 +697,19 @@ def _damage_summary(report: Any) -> str:
     return "; ".join(parts)
 
 
-def _verify_record_file(path: str, quiet: bool) -> None:
+def _echo_report(path: str, kind: str, report: Any) -> None:
+    """``verify --json``: a VerifyReport as one JSON object (paths as ``ls --json``'s
+    strings are: undecodable bytes as lone surrogates)."""
+    click.echo(json.dumps({
+        "path": path, "kind": kind, "ok": report.ok,
+        "files_checked": report.files_checked, "symlinks_checked": report.symlinks_checked,
+        "records_checked": report.records_checked, "bytes_checked": report.bytes_checked,
+        "damaged_paths": list(report.bad_paths), "damaged_records": list(report.bad_records),
+        "problems": list(report.problems),
+    }, indent=2))
+
+
+def _verify_record_file(path: str, quiet: bool, as_json: bool) -> None:
     """``verify`` of an FFRecord record file: its header and every record's CRC."""
     from .records import verify_record_file
 
@@ -629,6 +720,11 @@ def _verify_record_file(path: str, quiet: bool) -> None:
     finally:
         progress.close()
     records = _count(report.records_checked, "record")
+    if as_json:
+        _echo_report(path, "FFRecord record file", report)
+        if not report.ok:
+            raise click.ClickException(f"{path!r} is damaged: {_count(len(report.problems), 'problem')}")
+        return
     if report.ok:
         click.echo(f"OK: an FFRecord record file of {records} (no path table), "
                    f"{human_size(report.bytes_checked)} checked")

@@ -439,3 +439,29 @@ def test_verify_and_info_speak_of_files_not_records(run, archive: Path, tmp_path
     info = run("info", archive)
     assert "records" not in info.stdout and "files           11" in info.stdout.splitlines()
     assert json.loads(run("info", "--json", archive).stdout)["records"] > 11  # the container's, for scripts
+
+
+def test_verify_json(run, archive: Path, tmp_path: Path) -> None:
+    sound = run("verify", "--json", archive)
+    assert sound.exit_code == 0 and sound.stderr == ""
+    report = json.loads(sound.stdout)
+    assert report["ok"] is True and report["kind"] == "packfs archive" and report["path"] == str(archive)
+    assert (report["files_checked"], report["symlinks_checked"]) == (11, 5)
+    assert report["damaged_paths"] == report["damaged_records"] == report["problems"] == []
+    assert report["bytes_checked"] > 3 << 20 and report["records_checked"] > 11
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", NON_UTF8.encode("utf-8", "surrogateescape"))
+    damaged = run("verify", "--json", bad)
+    assert damaged.exit_code == 1
+    assert damaged.stderr == f"Error: {str(bad)!r} is damaged: 1 file fails its checksum\n"
+    report = json.loads(damaged.stdout)
+    assert report["ok"] is False and len(report["damaged_records"]) == 1
+    assert [os.fsencode(path) for path in report["damaged_paths"]] == [os.fsencode(NON_UTF8)]
+
+
+def test_verify_json_of_record_files(run) -> None:
+    sound = json.loads(run("verify", "--json", VECTORS / "records.ffr").stdout)
+    assert sound["ok"] is True and sound["kind"] == "FFRecord record file" and sound["records_checked"] == 5
+    result = run("verify", "--json", VECTORS / "corrupt_payload.ffr")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and report["damaged_records"] == [2] and report["damaged_paths"] == []
+    assert report["problems"] == ["record 2 fails its checksum"]
