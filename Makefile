@@ -12,9 +12,22 @@ SYSTEM_PACKAGES := fuse3 libfuse2
 # install goes on without them; packfs falls back to its pure-Python checks and daemon.
 BUILD_PACKAGES := gcc python3-dev libfuse3-dev pkg-config zlib1g-dev
 
-.PHONY: setup system-packages build-packages apt-build-packages test test-lowest demo bench bench-tools fuzz soak clean install-mount-helper
+.PHONY: setup system-packages build-packages apt-build-packages man test test-lowest demo bench bench-tools fuzz soak clean install-mount-helper
 
-setup: system-packages build-packages $(STAMP)
+# packfs(1), generated from the CLI's own help (packfs/manpage.py) into the venv, where
+# man(1) finds it while the venv's bin is on PATH (man-db looks beside each PATH entry
+# for share/man); otherwise: man -l .venv/share/man/man1/packfs.1.  Rebuilt whenever
+# the CLI changes.
+MANDIR  ?= $(VENV)/share/man/man1
+MANPAGE := $(MANDIR)/packfs.1
+
+setup: system-packages build-packages $(STAMP) $(MANPAGE)
+
+man: $(MANPAGE)
+
+$(MANPAGE): packfs/cli.py packfs/manpage.py packfs/__init__.py | $(STAMP)
+	@mkdir -p $(MANDIR)
+	$(PY) -m packfs.manpage > $@.tmp && mv $@.tmp $@
 
 # Installs the Debian packages in $(1) that are missing (as root; otherwise says how).
 define apt_install

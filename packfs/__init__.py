@@ -21,13 +21,15 @@ from .errors import (
     PackError,
     PackfsError,
     PathNotFoundError,
+    RecordFileError,
+    RemoteArchiveError,
     UnpackDamagedError,
     UnpackError,
 )
 from .write import Entry, PackStats, convert, pack_entries, pack_folder
 from .extract import UnpackStats, unpack
 from .folder import FileStat, PackedFile, PackedFolder, VerifyReport
-from .records import RecordReader, RecordWriter
+from .records import RecordReader, RecordWriter, record_file_info, verify_record_file
 
 __version__ = "0.1.0"
 
@@ -45,9 +47,13 @@ __all__ = [
     "UnpackStats",
     "RecordWriter",
     "RecordReader",
+    "record_file_info",
+    "verify_record_file",
     "PackfsError",
     "FormatError",
     "ChecksumError",
+    "RecordFileError",
+    "RemoteArchiveError",
     "ClosedArchiveError",
     "ArchiveChangedError",
     "PathNotFoundError",

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import click
 
 from . import __version__
-from .errors import PackfsError
+from .errors import PackfsError, RecordFileError
 from .extract import unpack as unpack_archive
 from .folder import PackedFolder
 from .write import pack_folder, remove_unfinished
@@ -254,13 +254,15 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
             f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
             f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
             f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
-            + (f"; skipped {stats.skipped}" if stats.skipped else ""),
+            + (f"; skipped {_count(stats.skipped, 'entry', 'entries')} (each named above)" if stats.skipped else ""),
             err=True,
         )
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+def _count(number: int, noun: str, plural: str = "") -> str:
+    """``1 file``, ``2 files`` (``plural`` where adding an s is wrong): every count the
+    CLI prints goes through here."""
+    return f"{number} {noun}" if number == 1 else f"{number} {plural or noun + 's'}"
 
 
 @main.command()
@@ -288,7 +290,8 @@ def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     with _exit_on_signals(repr(out)), _closing(progress):
         stats = convert_archive(legacy, out, force=force, progress=progress)
     if not quiet:
-        click.echo(f"converted {stats.files} files, {stats.dirs} dirs ({human_size(stats.file_bytes)}) "
+        click.echo(f"converted {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
+                   f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) "
                    f"into {out!r} in {stats.seconds:.2f} s", err=True)
 
 
@@ -395,7 +398,11 @@ def _ls_line(name: bytes, item: Any, folder: PackedFolder, path: bytes, formatte
 @click.option("-R", "recursive", is_flag=True, help="List sub-directories recursively.")
 @click.option("-0", "--zero", "--null", "zero", is_flag=True,
               help="End each line with a NUL byte, not a newline (as GNU ls --zero; for xargs -0).")
-def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursive: bool, zero: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON array of entries: name, type, mode, size, mtime_ns, uid, gid, nlink, "
+                   "and target for symlinks.")
+def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursive: bool, zero: bool,
+       as_json: bool) -> None:
     """List directory PATH (default: the root) of ARCHIVE.
 
     Names are printed as their exact bytes.  With -l, user and group IDs are shown as
@@ -403,11 +410,23 @@ def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursiv
     With -0, a name holding a newline cannot be mistaken for two.  A PATH starting
     with '-' goes after '--'.
 
+    With --json, one entry per line in a JSON array (streamed, so a listing of
+    millions needs no memory for it); "mode" holds the permission bits (420 is
+    0644).  A name or target that is not UTF-8 has its undecodable bytes as the lone
+    surrogates U+DC80-U+DCFF in the string (Python's os.fsencode gives the bytes
+    back) and its exact bytes in "name_base64" or "target_base64".
+
     \b
     Example:
       packfs ls -lh data.ffr train/cat
       packfs ls -0 data.ffr train | xargs -0 -n 100 echo
+      packfs ls --json -R data.ffr train | jq -r '.[] | select(.size > 1000000) | .name'
     """
+    if as_json:
+        if zero:
+            raise click.UsageError("--json and -0 do not go together: JSON strings hold any name")
+        _ls_json(archive, path, recursive)
+        return
     long = long or numeric
     formatter = _LongFormat(numeric, human) if long else None
     lines = _Lines(b"\0" if zero else b"\n")
@@ -429,26 +448,101 @@ def ls(archive: str, path: str, long: bool, numeric: bool, human: bool, recursiv
             lines.flush()  # what was listed before an error, then the error
 
 
+_JSON_TYPES = {stat_module.S_IFREG: "file", stat_module.S_IFDIR: "dir", stat_module.S_IFLNK: "symlink"}
+
+
+def _json_name(entry: dict[str, Any], key: str, raw: bytes) -> None:
+    """``entry[key]``: ``raw`` as a string (undecodable bytes as lone surrogates), and
+    when it is not UTF-8, its exact bytes in ``key + "_base64"`` too."""
+    entry[key] = os.fsdecode(raw)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+
+        entry[key + "_base64"] = base64.b64encode(raw).decode("ascii")
+
+
+def _json_entry(name: bytes, item: Any, folder: PackedFolder, path: bytes) -> bytes:
+    """One ``ls --json`` entry for ``item`` (an EntryAttributes) at archive path ``path``."""
+    mode, uid, gid, mtime_ns, size, nlink = item[1:7]
+    entry: dict[str, Any] = {}
+    _json_name(entry, "name", name)
+    entry.update(type=_JSON_TYPES.get(stat_module.S_IFMT(mode), "other"), mode=stat_module.S_IMODE(mode),
+                 size=size, mtime_ns=mtime_ns, uid=uid, gid=gid, nlink=nlink)
+    if stat_module.S_IFMT(mode) == stat_module.S_IFLNK:
+        _json_name(entry, "target", os.fsencode(folder.readlink(path)))
+    return json.dumps(entry).encode("ascii")
+
+
+def _ls_json(archive: str, path: str, recursive: bool) -> None:
+    """``ls --json``: a JSON array, one entry a line, streamed."""
+    lines = _Lines(b"\n")
+    previous = b"["
+    with PackedFolder(archive) as folder:
+        try:
+            if not folder.is_dir(path):
+                info = folder.stat(path)
+                key = os.fsencode(path)
+                item = (key, info.mode, info.uid, info.gid, info.mtime_ns, info.size, info.nlink)
+                previous += _json_entry(key, item, folder, key)
+            else:
+                top = os.fsencode(path).strip(b"/")
+                top = top + b"/" if top else b""
+                for item in folder.list_attributes(path, recursive=recursive):
+                    entry = _json_entry(item[0], item, folder, top + item[0])
+                    if previous == b"[":
+                        previous += entry
+                    else:
+                        lines.add(previous + b",")
+                        previous = entry
+            lines.add(previous + b"]")
+        finally:
+            lines.flush()  # what was listed before an error, then the error
+
+
 _FIND_TYPES = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR, "l": stat_module.S_IFLNK}
 
 
-@main.command()
+class _FindCommand(click.Command):
+    """Names a find(1) predicate it does not have as a whole word (click alone says
+    ``No such option '-m'`` for ``-maxdepth``), with the ones it has."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = [param for param in self.params if isinstance(param, click.Option)]
+        known = {name for param in options for name in param.opts}
+        takes_value = {name for param in options if not param.is_flag for name in param.opts}
+        arguments = iter(args)
+        for arg in arguments:
+            if arg == "--":
+                break
+            if arg in takes_value:
+                next(arguments, None)  # its value may start with '-' ("-name '-*'")
+            elif arg.startswith("-") and not arg.startswith("--") and len(arg) > 2 and arg not in known:
+                raise click.NoSuchOption(arg, message=f"No such option: {arg} (packfs find has -name GLOB, "
+                                                      f"-type f|d|l and -print0)", ctx=ctx)
+        return super().parse_args(ctx, args)
+
+
+@main.command(cls=_FindCommand)
 @click.argument("archive", type=ARCHIVE_PATH)
 @click.argument("path", default="")
-@click.option("--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
-@click.option("--type", "kind", type=click.Choice(sorted(_FIND_TYPES)), help="Only files, directories or symlinks.")
+@click.option("-name", "--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
+@click.option("-type", "--type", "kind", type=click.Choice(sorted(_FIND_TYPES)),
+              help="Only files, directories or symlinks (as find -type).")
 @click.option("-print0", "--print0", "print0", is_flag=True,
               help="End each path with a NUL byte, not a newline (as find -print0; for xargs -0).")
 def find(archive: str, path: str, pattern: str | None, kind: str | None, print0: bool) -> None:
     """Print the paths under PATH (default: everything) in ARCHIVE, depth first.
 
     Paths are printed as their exact bytes; with -print0 each ends with a NUL byte, so
-    names holding newlines survive a pipe into xargs -0 (or read -d '').
+    names holding newlines survive a pipe into xargs -0 (or read -d '').  Options are
+    spelled as find(1) spells them (-name, -type, -print0) or with two dashes.
 
     \b
     Example:
-      packfs find data.ffr train --name '*.jpg' --type f | wc -l
-      packfs find data.ffr --type f -print0 | xargs -0 -n 100 echo
+      packfs find data.ffr train -name '*.jpg' -type f | wc -l
+      packfs find data.ffr -type f -print0 | xargs -0 -n 100 echo
     """
     import re
 
@@ -508,21 +602,45 @@ def info(archive: str, as_json: bool) -> None:
     Example:
       packfs info --json data.ffr
     """
-    with PackedFolder(archive) as folder:
+    try:
+        folder = PackedFolder(archive)
+    except RecordFileError:
+        _record_file_info(archive, as_json)
+        return
+    with folder:
         details = folder.info()
         details["mount_daemon"] = _mount_daemon(folder)
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return
     largest = details.pop("largest_files")
-    for key, value in details.items():
-        if key.endswith("_bytes"):
-            value = f"{human_size(value)} ({value} bytes)"  # type: ignore[arg-type]
-        click.echo(f"{key.replace('_', ' '):<16}{value}")
+    del details["records"]  # the container's, which a user cannot relate to files (still in --json)
+    _echo_fields(details)
     if largest:
         click.echo("largest files")
         for item in largest:  # type: ignore[attr-defined]
             _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
+
+
+def _echo_fields(details: dict[str, object], byte_counts: tuple[str, ...] = ()) -> None:
+    """``info``'s lines: one per key, byte counts (``*_bytes`` and ``byte_counts``) in
+    human units and exactly."""
+    for key, value in details.items():
+        if key.endswith("_bytes") or key in byte_counts:
+            value = f"{human_size(value)} ({value} bytes)"  # type: ignore[arg-type]
+        click.echo(f"{key.replace('_', ' '):<16}{value}")
+
+
+def _record_file_info(path: str, as_json: bool) -> None:
+    """``info`` of an FFRecord record file."""
+    from .records import record_file_info
+
+    details = record_file_info(path)
+    if as_json:
+        click.echo(json.dumps(details, indent=2))
+        return
+    _echo_fields(details, ("smallest_record", "largest_record"))
+    click.echo("(no path table: ls, find, cat, unpack and mount need a packfs archive of files)")
 
 
 def _mount_daemon(folder: PackedFolder) -> str:
@@ -538,31 +656,97 @@ def _mount_daemon(folder: PackedFolder) -> str:
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def verify(archive: str, quiet: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON (ok, counts, damaged paths and records, problems); "
+                   "the exit status is the same.")
+def verify(archive: str, quiet: bool, as_json: bool) -> None:
     """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
 
     \b
     Example:
       packfs verify data.ffr && echo sound
+      packfs verify --json data.ffr | jq .damaged_paths
     """
+    try:
+        folder = PackedFolder(archive)
+    except RecordFileError:
+        _verify_record_file(archive, quiet, as_json)
+        return
     progress = _TerminalProgress("verifying", quiet)
-    with PackedFolder(archive) as folder:
+    with folder:
+        kind = "FFRecord packed folder" if folder.archive.legacy else "packfs archive"
         progress.start(0, folder.archive.size)
         try:
             report = folder.verify(progress.add_bytes)
         finally:
             progress.close()
+    if as_json:
+        _echo_report(archive, kind, report)
+        if not report.ok:
+            raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)}")
+        return
     if report.ok:
-        click.echo(f"OK: {report.records_checked} records, {human_size(report.bytes_checked)} checked")
+        symlinks = f", {_count(report.symlinks_checked, 'symlink')}" if report.symlinks_checked else ""
+        click.echo(f"OK: {_count(report.files_checked, 'file')}{symlinks} and the path table, "
+                   f"{human_size(report.bytes_checked)} checked")
         return
     for path in report.bad_paths:
         _echo_path_line(f"damaged: {path}")
     for problem in report.problems:
         click.echo(f"damaged: {problem}")
-    raise click.ClickException(
-        f"{archive!r} is damaged: {len(report.bad_paths)} files and "
-        f"{len(report.bad_records)} records fail their checksums"
-    )
+    raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)} (listed above)")
+
+
+def _damage_summary(report: Any) -> str:
+    """What a VerifyReport found, counted in files where it can be."""
+    parts = []
+    if report.bad_paths:
+        bad = len(report.bad_paths)
+        parts.append(f"{_count(bad, 'file')} {'fails its checksum' if bad == 1 else 'fail their checksums'}")
+    if report.problems:
+        parts.append(_count(len(report.problems), "problem" if not parts else "other problem"))
+    if not parts:  # records that no path names
+        parts.append(f"{_count(len(report.bad_records), 'record')} fail their checksums")
+    return "; ".join(parts)
+
+
+def _echo_report(path: str, kind: str, report: Any) -> None:
+    """``verify --json``: a VerifyReport as one JSON object (paths as ``ls --json``'s
+    strings are: undecodable bytes as lone surrogates)."""
+    click.echo(json.dumps({
+        "path": path, "kind": kind, "ok": report.ok,
+        "files_checked": report.files_checked, "symlinks_checked": report.symlinks_checked,
+        "records_checked": report.records_checked, "bytes_checked": report.bytes_checked,
+        "damaged_paths": list(report.bad_paths), "damaged_records": list(report.bad_records),
+        "problems": list(report.problems),
+    }, indent=2))
+
+
+def _verify_record_file(path: str, quiet: bool, as_json: bool) -> None:
+    """``verify`` of an FFRecord record file: its header and every record's CRC."""
+    from .records import verify_record_file
+
+    progress = _TerminalProgress("verifying", quiet)
+    progress.start(0, os.path.getsize(path))
+    try:
+        report = verify_record_file(path, progress.add_bytes)
+    finally:
+        progress.close()
+    records = _count(report.records_checked, "record")
+    if as_json:
+        _echo_report(path, "FFRecord record file", report)
+        if not report.ok:
+            raise click.ClickException(f"{path!r} is damaged: {_count(len(report.problems), 'problem')}")
+        return
+    if report.ok:
+        click.echo(f"OK: an FFRecord record file of {records} (no path table), "
+                   f"{human_size(report.bytes_checked)} checked")
+        return
+    for problem in report.problems:
+        click.echo(f"damaged: {problem}")
+    passed = report.records_checked - len(report.bad_records)
+    raise click.ClickException(f"{path!r} is damaged: {_count(len(report.problems), 'problem')} (listed above); "
+                               f"{passed} of {records} pass their checksums")
 
 
 @main.command()
@@ -614,16 +798,15 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
         finally:
             progress.close()
     if not quiet:
-        summary = (f"unpacked {stats.files + stats.hardlinks} files, {stats.dirs} dirs, "
-                   f"{stats.symlinks} symlinks ({human_size(stats.bytes)}) into {dest!r}")
+        summary = (f"unpacked {_count(stats.files + stats.hardlinks, 'file')}, {_count(stats.dirs, 'dir')}, "
+                   f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.bytes)}) into {dest!r}")
         if stats.existing:
             summary += f"; {stats.existing} already there, left as they were"
         if stats.xattrs_not_restored:
             summary += (f"; {_count(stats.xattrs_not_restored, 'extended attribute')} not restored "
                         f"(DEST refused them, see the warnings)")
         if stats.skipped:
-            summary += f"; skipped {stats.skipped} damaged"
-            summary += " file" if stats.skipped == 1 else " files"
+            summary += f"; skipped {_count(stats.skipped, 'damaged file')}"
         click.echo(summary, err=True)
     if failure is not None:
         raise failure  # one "Error: ..." line and exit 1 (a traceback with --debug)

@@ -16,10 +16,12 @@ __all__ = [
     "PackfsError",
     "FormatError",
     "ChecksumError",
+    "RecordFileError",
     "ArchiveChangedError",
     "ClosedArchiveError",
     "PathNotFoundError",
     "ArchiveIOError",
+    "RemoteArchiveError",
     "NotAFileError",
     "NotADirectoryPathError",
     "NotASymlinkError",
@@ -27,6 +29,7 @@ __all__ = [
     "UnpackError",
     "UnpackDamagedError",
     "MountError",
+    "missing_dependency",
 ]
 
 
@@ -40,6 +43,20 @@ class FormatError(PackfsError, ValueError):
 
 class ChecksumError(FormatError):
     """Raised when a stored CRC-32 does not match the bytes it covers."""
+
+
+class RecordFileError(FormatError):
+    """Raised when an archive of files is expected and the file is an FFRecord record
+    file: a container of numbered records with no path table (what FFRecord's
+    ``FileWriter`` and :class:`packfs.RecordWriter` write), read with
+    :class:`packfs.RecordReader`.  ``path`` and ``record_count`` say which file and
+    how many records it holds, ``description`` what it is, in words."""
+
+    def __init__(self, message: str, path: str, record_count: int, description: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.record_count = record_count
+        self.description = description
 
 
 class ArchiveChangedError(FormatError):
@@ -59,6 +76,11 @@ class PathNotFoundError(PackfsError, FileNotFoundError):
 
 class ArchiveIOError(PackfsError, OSError):
     """Raised when the archive file cannot be opened or read (permissions, I/O errors)."""
+
+
+class RemoteArchiveError(PackfsError, ValueError):
+    """Raised when an archive (or what to pack) is named by a URL (``https://``,
+    ``s3://``, ...) that is no local path: packfs reads local files only, so far."""
 
 
 class NotAFileError(PackfsError, IsADirectoryError):
@@ -94,3 +116,17 @@ class UnpackDamagedError(UnpackError, ChecksumError):
 
 class MountError(PackfsError):
     """Raised when FUSE is unavailable or a mount point cannot be mounted or unmounted."""
+
+
+def missing_dependency(error: ImportError, module: str, needed_by: str, extra: str, package: str = "") -> ImportError:
+    """What to raise for ``error`` from importing the optional dependency ``module``
+    (the distribution ``package``, if named otherwise): when ``module`` itself is not
+    installed, a ModuleNotFoundError saying what needs it and the packfs extra that
+    installs it (``extra``: ``"torch"``); any other failure (a broken install, a
+    missing shared library) as it was."""
+    if not isinstance(error, ModuleNotFoundError) or (error.name or "").split(".")[0] != module:
+        return error
+    what = f"{package} ({module})" if package else module
+    return ModuleNotFoundError(
+        f"{needed_by} needs {what}, which is not installed: pip install \"packfs[{extra}]\" "
+        f"(in a clone of packfs: pip install -e \".[{extra}]\")", name=module)

@@ -1,10 +1,21 @@
 """An fsspec file system over a packfs archive (``pip install packfs[fsspec]``).
 
 Registered under the protocol ``packfs`` (an entry point), so any fsspec-aware tool
-reads files inside an archive by URL, the archive given as ``fo``::
+reads files inside an archive by URL.  The archive is named in one of three ways:
 
-    fsspec.open("packfs://train/cat/1.jpg", fo="data.ffr")
-    pandas.read_csv("packfs://labels.csv", storage_options={"fo": "data.ffr"})
+- in the URL's path: ``packfs://data.ffr/train/cat/1.jpg``,
+  ``packfs:///srv/data.ffr/labels.csv`` (absolute).  The archive is the prefix of the
+  path that is an existing local file; there is at most one, since nothing on a local
+  file system lies below a file.  The file system's paths then start with the
+  archive's (``fs.ls("data.ffr/train")``);
+- chained, as fsspec chains file systems: ``packfs://train/cat/1.jpg::data.ffr``;
+- as ``fo``: ``fsspec.open("packfs://train/cat/1.jpg", fo="data.ffr")``,
+  ``storage_options={"fo": "data.ffr"}``; paths are then inside the archive.
+
+::
+
+    fsspec.open("packfs://data.ffr/train/cat/1.jpg")
+    pandas.read_csv("packfs://data.ffr/labels.csv")
     fs = fsspec.filesystem("packfs", fo="data.ffr"); fs.ls("train"); fs.glob("**/*.jpg")
 
 Read-only: anything that would write raises ``PermissionError``.  Files open as
@@ -16,66 +27,141 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fsspec import AbstractFileSystem
+from .errors import PathNotFoundError, missing_dependency
 
-from .errors import PathNotFoundError
+try:
+    from fsspec import AbstractFileSystem
+except ImportError as error:
+    raise missing_dependency(error, "fsspec", "packfs.fsspec", "fsspec") from None
 from .folder import PackedFolder
 
-__all__ = ["PackfsFileSystem"]
+__all__ = ["PackfsFileSystem", "URL_FORMS"]
 
 _TYPES = {"dir": "directory", "file": "file", "symlink": "link"}
+URL_FORMS = ('packfs://ARCHIVE/PATH with ARCHIVE an existing local file (packfs://data.ffr/train/1.jpg, '
+             'packfs:///srv/data.ffr/train/1.jpg), packfs://PATH::ARCHIVE (packfs://train/1.jpg::data.ffr), '
+             'or packfs://PATH with fo=ARCHIVE (storage_options={"fo": "data.ffr"})')
+
+
+def _archive_in(url_path: str) -> str | None:
+    """The prefix of ``url_path`` (whole components) that is an existing file, or None.
+    At most one can be: below a file nothing exists, so the search stops there."""
+    parts = url_path.split("/")
+    for count in range(1, len(parts) + 1):
+        candidate = "/".join(parts[:count])
+        if not candidate.strip("/"):
+            continue  # the root of an absolute path
+        if os.path.isfile(candidate):
+            return candidate
+        if not os.path.isdir(candidate):
+            return None
+    return None
 
 
 class PackfsFileSystem(AbstractFileSystem):
-    """A read-only fsspec file system over one archive: ``packfs://PATH`` with
-    ``fo=ARCHIVE`` (``storage_options={"fo": "data.ffr"}``); ls, info, cat, glob and seekable
-    ``open`` work, every write is refused."""
+    """A read-only fsspec file system over one archive, named by ``fo=ARCHIVE``
+    (``storage_options={"fo": "data.ffr"}``), by the URL's path
+    (``packfs://data.ffr/labels.csv``) or by a chained URL
+    (``packfs://labels.csv::data.ffr``); ls, info, cat, glob and seekable ``open``
+    work, every write is refused.
+
+    Raises
+    ------
+    ValueError
+        No archive is named (the message lists the URL forms).
+    RemoteArchiveError
+        The archive is chained from a remote file system (``::s3://...``).
+    """
     protocol = "packfs"
     root_marker = ""
 
-    def __init__(self, fo: str | os.PathLike[str] = "", check_data: bool = True, **kwargs: Any) -> None:
+    def __init__(self, fo: str | os.PathLike[str] = "", check_data: bool = True,
+                 archive_in_url: str | None = None, target_protocol: str | None = None, **kwargs: Any) -> None:
+        kwargs.pop("target_options", None)  # a chained target's, which a local path needs none of
         super().__init__(**kwargs)
-        if not fo:
-            raise ValueError('the packfs file system needs the archive: fo="data.ffr"')
-        self.folder = PackedFolder(fo, check_data=check_data)
+        if target_protocol not in (None, "file", "local"):
+            # Chained from another file system (packfs://x::s3://bucket/a.ffr): its URL,
+            # which the source layer reports as remote.
+            fo = f"{target_protocol}://{os.fspath(fo)}"
+        if fo and archive_in_url and not _same_file(fo, archive_in_url):
+            archive_in_url = None  # a path inside fo that happens to name a local file
+        if not fo and not archive_in_url:
+            raise ValueError(f"the packfs file system needs an archive; no prefix of the URL's path is an "
+                             f"existing file.  packfs URLs are {URL_FORMS}")
+        # In a URL's path the archive comes first, and every path of this file system
+        # starts with it, so that glob and walk give back URLs that open.
+        self.prefix = archive_in_url.strip("/") if archive_in_url else ""
+        self.folder = PackedFolder(fo or archive_in_url, check_data=check_data)  # type: ignore[arg-type]
 
     @classmethod
     def _strip_protocol(cls, path: str) -> str:
         return super()._strip_protocol(path).strip("/")
 
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        if not path.startswith("packfs://"):
+            return {}
+        archive = _archive_in(path[len("packfs://"):].partition("::")[0])
+        return {"archive_in_url": archive} if archive else {}
+
+    def _inner(self, path: str) -> str:
+        """A path of this file system as a path inside the archive."""
+        path = self._strip_protocol(path)
+        if not self.prefix:
+            return path
+        if path == self.prefix:
+            return ""
+        if path.startswith(self.prefix + "/"):
+            return path[len(self.prefix) + 1 :]
+        raise FileNotFoundError(f"{path!r} is not in the archive {self.prefix!r}: paths of this file system "
+                                f"start with it ({self.prefix}/PATH)")
+
+    def _outer(self, inner: str) -> str:
+        """A path inside the archive as a path of this file system."""
+        if not self.prefix:
+            return inner
+        return f"{self.prefix}/{inner}" if inner else self.prefix
+
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         """Attributes of ``path`` in fsspec's form (name, size, type, mode, mtime, uid, gid, nlink)."""
-        path = self._strip_protocol(path)
+        inner = self._inner(path)
         try:
-            stat = self.folder.stat(path)
+            stat = self.folder.stat(inner)
         except PathNotFoundError:
-            raise FileNotFoundError(path) from None
-        info = {"name": path, "size": stat.size, "type": _TYPES[stat.kind], "mode": stat.mode,
+            raise FileNotFoundError(self._outer(inner)) from None
+        info = {"name": self._outer(inner), "size": stat.size, "type": _TYPES[stat.kind], "mode": stat.mode,
                 "mtime": stat.mtime_ns / 1e9, "uid": stat.uid, "gid": stat.gid, "nlink": stat.nlink}
         if stat.kind == "symlink":
-            info["destination"] = self.folder.readlink(path)
+            info["destination"] = self.folder.readlink(inner)
         return info
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         """The entries of directory ``path`` (with ``detail``, their info dicts)."""
-        path = self._strip_protocol(path)
-        info = self.info(path)
+        outer = self._outer(self._inner(path))
+        info = self.info(outer)
         if info["type"] != "directory":
             entries = [info]
         else:
-            entries = [self.info(f"{path}/{name}" if path else name) for name in self.folder.list(path)]
+            entries = [self.info(f"{outer}/{name}" if outer else name) for name in self.folder.list(self._inner(outer))]
         return entries if detail else [entry["name"] for entry in entries]
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         """The bytes of file ``path``, or of [start, end) of it."""
-        return self.folder.read(self._strip_protocol(path))[start:end]
+        return self.folder.read(self._inner(path))[start:end]
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if mode != "rb":
             raise PermissionError(f"a packfs archive is read-only (mode {mode!r})")
-        return self.folder.open(self._strip_protocol(path))
+        return self.folder.open(self._inner(path))
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
         raise PermissionError("a packfs archive is read-only")
 
     mkdir = makedirs = rm = rm_file = rmdir = mv = cp_file = put_file = touch = _read_only
+
+
+def _same_file(first: str | os.PathLike[str], second: str) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False

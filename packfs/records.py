@@ -5,13 +5,14 @@ from __future__ import annotations
 import glob
 import os
 from bisect import bisect_right
-from typing import Iterable, Sequence, Union, overload
+from typing import Callable, Iterable, Sequence, Union, overload
 
-from .core import Container
+from .core import Container, VerifyReport
+from .core import recordfile
 from .errors import ClosedArchiveError, PackError
 from .write import ContainerWriter
 
-__all__ = ["RecordWriter", "RecordReader"]
+__all__ = ["RecordWriter", "RecordReader", "record_file_info", "verify_record_file"]
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -205,3 +206,64 @@ class RecordReader:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["paths"], state["check_data"])  # type: ignore[misc, arg-type]
+
+
+def record_file_info(path: PathArg) -> dict[str, object]:
+    """Describe one FFRecord record file (what ``packfs info`` shows of one).
+
+    A legacy header (checksum 0) is accepted and reported in ``header_checksum``.
+
+    Returns
+    -------
+    dict
+        ``path``, ``kind`` ("FFRecord record file", or "aborted FFRecord write"),
+        ``records``, ``record_bytes``, ``smallest_record``, ``largest_record``,
+        ``archive_bytes``, ``header_checksum``, ``read_with``.
+
+    Raises
+    ------
+    FormatError
+        The file is not a well-formed container (its offsets included).
+    ChecksumError
+        The header CRC does not match.
+    """
+    container = Container(path, check_data=True, allow_legacy_header=True)
+    try:
+        return recordfile.record_file_info(container)
+    finally:
+        container.close()
+
+
+def verify_record_file(path: PathArg, progress: Callable[[int], None] | None = None) -> VerifyReport:
+    """Check every CRC of one FFRecord record file (what ``packfs verify`` does to one).
+
+    The header CRC, every offset, every record's CRC and that every byte after the
+    header belongs to a record.  A legacy header (checksum 0) cannot be checked, and
+    is reported as a problem.  Any container is checked this way, a packfs archive too
+    (without its path table's rules: :meth:`packfs.PackedFolder.verify` checks those).
+
+    Parameters
+    ----------
+    path
+        The record file.
+    progress
+        Called with byte counts as records are checked.
+
+    Returns
+    -------
+    VerifyReport
+        ``bad_records`` are the records that fail; ``problems`` has one line for each
+        finding (each failing record included); ``bad_paths`` is empty.
+
+    Raises
+    ------
+    FormatError
+        The file is not a container at all.
+    ChecksumError
+        The header CRC does not match.
+    """
+    container = Container(path, check_data=True, allow_legacy_header=True)
+    try:
+        return recordfile.verify_record_file(container, progress)
+    finally:
+        container.close()

@@ -23,11 +23,16 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
+
+from .errors import PathNotFoundError, missing_dependency
+
+try:
+    import torch
+    from torch.utils.data import Dataset
+except ImportError as error:
+    raise missing_dependency(error, "torch", "packfs.torch", "torch", "PyTorch") from None
 
 from .dataset import PackedFiles, files_by_directory
-from .errors import PathNotFoundError
 from .folder import PackedFolder, PathArg
 
 __all__ = ["PackedDataset", "PackedImageFolder", "IMG_EXTENSIONS", "decode_pil", "decode_cv2"]
@@ -109,7 +114,10 @@ class PackedDataset(Dataset):
 
 def decode_pil(data: bytes) -> Any:
     """An RGB PIL image, as torchvision's default loader gives."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise missing_dependency(error, "PIL", "packfs.torch.decode_pil", "torch", "Pillow") from None
 
     with Image.open(io.BytesIO(data)) as image:
         return image.convert("RGB")

@@ -95,7 +95,7 @@ def test_verify(run, archive: Path, tmp_path: Path) -> None:
     result = run("verify", bad)
     assert result.exit_code == 1
     assert "damaged: Zeta.txt" in result.stdout
-    assert "Error:" in result.stderr and "1 files" in result.stderr
+    assert "Error:" in result.stderr and "1 file fails its checksum" in result.stderr
 
 
 def test_unpack(run, archive: Path, tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_bad_archives_give_one_line(run, tmp_path: Path) -> None:
     junk = tmp_path / "junk.ffr"
     junk.write_bytes(b"not an archive at all")
     _one_line_error(run("ls", junk), repr(str(junk)), "header claims")
-    _one_line_error(run("info", VECTORS / "records.ffr"), "not a packfs archive")
+    _one_line_error(run("ls", VECTORS / "records.ffr"), "not a packfs archive")
     _one_line_error(run("verify", VECTORS / "corrupt_header.ffr"), "header checksum mismatch")
 
 
@@ -401,3 +401,66 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     assert "\rconverting " in bar and "%" in bar and "files" in bar, text
     assert bar.endswith(" ") and not bar.rpartition("\r")[2].strip()  # blanked before the summary
     assert summary.startswith("converted 9 files"), text
+
+
+def test_counts_are_plural_only_when_they_should_be(run, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"x")
+    (src / "l").symlink_to("d/f")
+    os.mkfifo(src / "pipe")
+    out = tmp_path / "one.ffr"
+    packed = run("pack", src, out)
+    assert packed.exit_code == 0, packed.output
+    # What was skipped is named: each in a warning, then counted with its noun.
+    assert "Warning: skipped FIFO" in packed.stderr
+    assert "packed 1 file, 2 dirs, 1 symlink (1 B)" in packed.stderr
+    assert packed.stderr.rstrip().endswith("; skipped 1 entry (each named above)")
+    unpacked = run("unpack", out, tmp_path / "dest")
+    assert unpacked.stderr.startswith("unpacked 1 file, 2 dirs, 1 symlink (1 B)")
+    converted = run("convert", VECTORS / "packed_empty_folder.ffr", tmp_path / "converted.ffr")
+    assert converted.stderr.startswith("converted 0 files, 1 dir, 0 symlinks (0 B)"), converted.stderr
+    assert run("verify", out).stdout.startswith("OK: 1 file, 1 symlink and the path table, ")
+
+
+def test_verify_and_info_speak_of_files_not_records(run, archive: Path, tmp_path: Path) -> None:
+    verified = run("verify", archive)
+    assert verified.stdout.startswith("OK: 11 files, 5 symlinks and the path table, "), verified.stdout
+    assert "record" not in verified.stdout
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", b"a/b/c/deep.bin")
+    result = run("verify", bad)
+    assert result.exit_code == 1 and result.stdout == "damaged: a/b/c/deep.bin\n"
+    assert result.stderr == f"Error: {str(bad)!r} is damaged: 1 file fails its checksum (listed above)\n"
+    linked = damaged_copy(archive, tmp_path / "linked.ffr", b"hello.txt")  # and its hard link
+    result = run("verify", linked)
+    assert result.stdout == "damaged: hardlink.txt\ndamaged: hello.txt\n"
+    assert result.stderr.endswith(" is damaged: 2 files fail their checksums (listed above)\n")
+    info = run("info", archive)
+    assert "records" not in info.stdout and "files           11" in info.stdout.splitlines()
+    assert json.loads(run("info", "--json", archive).stdout)["records"] > 11  # the container's, for scripts
+
+
+def test_verify_json(run, archive: Path, tmp_path: Path) -> None:
+    sound = run("verify", "--json", archive)
+    assert sound.exit_code == 0 and sound.stderr == ""
+    report = json.loads(sound.stdout)
+    assert report["ok"] is True and report["kind"] == "packfs archive" and report["path"] == str(archive)
+    assert (report["files_checked"], report["symlinks_checked"]) == (11, 5)
+    assert report["damaged_paths"] == report["damaged_records"] == report["problems"] == []
+    assert report["bytes_checked"] > 3 << 20 and report["records_checked"] > 11
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", NON_UTF8.encode("utf-8", "surrogateescape"))
+    damaged = run("verify", "--json", bad)
+    assert damaged.exit_code == 1
+    assert damaged.stderr == f"Error: {str(bad)!r} is damaged: 1 file fails its checksum\n"
+    report = json.loads(damaged.stdout)
+    assert report["ok"] is False and len(report["damaged_records"]) == 1
+    assert [os.fsencode(path) for path in report["damaged_paths"]] == [os.fsencode(NON_UTF8)]
+
+
+def test_verify_json_of_record_files(run) -> None:
+    sound = json.loads(run("verify", "--json", VECTORS / "records.ffr").stdout)
+    assert sound["ok"] is True and sound["kind"] == "FFRecord record file" and sound["records_checked"] == 5
+    result = run("verify", "--json", VECTORS / "corrupt_payload.ffr")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and report["damaged_records"] == [2] and report["damaged_paths"] == []
+    assert report["problems"] == ["record 2 fails its checksum"]

@@ -110,6 +110,22 @@ def test_find_without_print0_keeps_newlines_and_errors(run, tricky: Path) -> Non
     assert run("find", tricky, "-print1").exit_code == 2
 
 
+def test_find_takes_options_as_find_users_type_them(run, tricky: Path) -> None:
+    # `-name`/`-type` were "No such option '-n'"; both spellings give the same output.
+    for name, kind in (("-name", "-type"), ("--name", "--type")):
+        assert run("find", tricky, "dir", name, "sub*", kind, "d").stdout_bytes == b"dir/sub\nname\n"
+        assert run("find", tricky, kind, "f", name, "-dash", "-print0").stdout_bytes == b"-dash\0dir/sub\nname/-dash\0"
+
+
+def test_find_names_a_predicate_it_lacks_whole(run, tricky: Path) -> None:
+    result = run("find", tricky, "-maxdepth", "1")
+    assert result.exit_code == 2
+    assert "No such option: -maxdepth (packfs find has -name GLOB, -type f|d|l and -print0)" in result.stderr
+    # A value starting with '-' is a value, and anything after "--" a path.
+    assert run("find", tricky, "-name", "-maxdepth").exit_code == 0
+    assert run("find", tricky, "--", "-maxdepth").exit_code == 1
+
+
 # -- ls -0 ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spelling", ["-0", "--zero", "--null"])
@@ -252,3 +268,51 @@ def test_list_attributes_errors_and_deep_trees(archive: Path, tmp_path: Path) ->
     with PackedFolder(out) as folder:
         items = list(folder.list_attributes("", recursive=True))
     assert len(items) == 3001 and items[-1].name == deep + b"/leaf" and items[-1].size == 1
+
+
+# -- ls --json --------------------------------------------------------------------------
+
+
+def test_ls_json_lists_every_attribute(run, tricky: Path) -> None:
+    import base64
+    import json
+
+    result = run("ls", "--json", "-R", tricky)
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)
+    assert [os.fsencode(entry["name"]) for entry in entries] == ALL_PATHS  # the exact bytes, back
+    by_name = {os.fsencode(entry["name"]): entry for entry in entries}
+    raw = by_name[b"dir/" + RAW]
+    assert raw == {"name": os.fsdecode(b"dir/" + RAW), "name_base64": base64.b64encode(b"dir/" + RAW).decode(),
+                   "type": "file", "mode": 0o644, "size": 4, "mtime_ns": BASE_NS + 39 * 10**9, "uid": 0,
+                   "gid": NO_NAME_ID, "nlink": 2}
+    assert by_name[b"dir"]["type"] == "dir" and "name_base64" not in by_name[b"dir"]
+    link = by_name[b"link\n" + RAW]
+    assert link["type"] == "symlink" and link["target"] == "dir/new\nline.txt" and "target_base64" not in link
+    assert base64.b64decode(link["name_base64"]) == b"link\n" + RAW
+    assert by_name[b"dir/" + NEWLINE]["mode"] == 0o600
+    # One entry a line (streamed), and plain ASCII whatever the names.
+    assert len(result.stdout.splitlines()) == len(ALL_PATHS) and result.stdout.isascii()
+
+
+def test_ls_json_of_one_entry_an_empty_directory_and_errors(run, tricky: Path) -> None:
+    import json
+
+    one = json.loads(run("ls", "--json", tricky, "dir/" + os.fsdecode(RAW)).stdout)
+    assert len(one) == 1 and os.fsencode(one[0]["name"]) == b"dir/" + RAW
+    top = json.loads(run("ls", "--json", tricky).stdout)
+    assert [os.fsencode(entry["name"]) for entry in top] == [DASH, b"dir", b"hard", b"link\n" + RAW, NEWLINE]
+    assert run("ls", "--json", "-0", tricky).exit_code == 2
+    missing = run("ls", "--json", tricky, "missing")
+    assert missing.exit_code == 1 and missing.stdout == "" and missing.stderr.startswith("Error: ")
+
+
+def test_ls_json_of_an_empty_directory_and_a_raw_target(run, tmp_path: Path) -> None:
+    import base64
+    import json
+
+    out = tmp_path / "empty.ffr"
+    packfs.pack_entries([packfs.Entry("e", kind="dir"), packfs.Entry("s", kind="symlink", target=RAW)], out)
+    assert json.loads(run("ls", "--json", out, "e").stdout) == []
+    (link,) = json.loads(run("ls", "--json", out, "s").stdout)
+    assert os.fsencode(link["target"]) == RAW and base64.b64decode(link["target_base64"]) == RAW

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import packfs
-from packfs import ChecksumError, FormatError, PackedFolder
+from packfs import ChecksumError, FormatError, PackedFolder, RecordFileError
 from packfs.format import SECTIONS
 from tests.conftest import BLUEPRINT, archive_layout, read_records, rewrite_section, write_records
 
@@ -114,9 +114,10 @@ def test_extension_fails_at_open(archive: Path, tmp_path: Path) -> None:
 def test_plain_container_is_not_a_packed_folder(tmp_path: Path) -> None:
     from tests.conftest import VECTORS
 
-    with pytest.raises(FormatError, match="not a packfs archive"):
+    with pytest.raises(RecordFileError, match="not a packfs archive") as raised:
         PackedFolder(VECTORS / "records.ffr")
-    with pytest.raises(FormatError, match="empty FFRecord container"):
+    assert raised.value.record_count == 5
+    with pytest.raises(RecordFileError, match="FFRecord record file of 0 records"):
         PackedFolder(VECTORS / "empty.ffr")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -22,6 +23,58 @@ def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
         PackedFolder(tmp_path / "missing.ffr")
     with pytest.raises(packfs.PathNotFoundError):
         PackedFolder(tmp_path / "missing.ffr")
+
+
+URLS = ["https://example.com/data.ffr", "http://example.com/data.ffr", "s3://bucket/data.ffr",
+        "gs://bucket/data.ffr", "hf://datasets/x/data.ffr"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_a_url_is_not_supported_yet_not_missing(url: str) -> None:
+    from packfs.core import Archive
+    from packfs.ffrecord import FileReader
+
+    for open_archive in (PackedFolder, Archive, packfs.RecordReader, FileReader, packfs.record_file_info):
+        with pytest.raises(packfs.RemoteArchiveError, match="remote archives \\(URLs\\) are not supported yet") as raised:
+            open_archive(url)
+        assert isinstance(raised.value, ValueError) and not isinstance(raised.value, FileNotFoundError)
+        assert repr(url) in str(raised.value)
+
+
+@pytest.mark.parametrize("command", ["ls", "find", "cat", "info", "verify", "unpack", "convert", "mount", "pack"])
+def test_every_command_says_a_url_is_not_supported_yet(command: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from packfs.cli import main
+
+    (tmp_path / "mnt").mkdir()
+    extra = {"cat": ["x"], "unpack": [tmp_path / "dest"], "convert": [tmp_path / "out.ffr"],
+             "mount": [tmp_path / "mnt"], "pack": [tmp_path / "out.ffr"]}.get(command, [])
+    for url in ("https://example.com/data.ffr", "s3://bucket/data.ffr"):
+        result = CliRunner().invoke(main, [command, url] + [str(x) for x in extra])
+        if command == "mount" and "FUSE is not available" in result.stderr:
+            pytest.skip(result.stderr.strip())
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0] == (
+            f"Error: {url!r}: remote archives (URLs) are not supported yet: give the path of a local file "
+            f"(download it first, or mount the bucket or server with a FUSE file system such as s3fs or rclone mount)")
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "out.ffr").exists()
+
+
+def test_a_file_url_names_the_path_to_give(archive: Path) -> None:
+    with pytest.raises(packfs.RemoteArchiveError, match=f"is a file:// URL: give the path itself, {str(archive)!r}"):
+        PackedFolder(archive.as_uri())
+
+
+def test_a_local_path_shaped_like_a_url_is_a_path(archive: Path, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "s3:" / "bucket").mkdir(parents=True)
+    (tmp_path / "s3:" / "bucket" / "data.ffr").write_bytes(archive.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    with PackedFolder("s3://bucket/data.ffr") as folder:
+        assert folder.read("hello.txt") == BLUEPRINT["hello.txt"]
+    with pytest.raises(packfs.PathNotFoundError):
+        PackedFolder("s3://bucket/missing.ffr")  # its directory exists: a missing local file
 
 
 def test_a_directory_given_as_an_archive_says_so(tmp_path: Path) -> None:
@@ -75,7 +128,8 @@ def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]
         "gzip": (gz, "is gzip-compressed data, not a packfs archive"),
         "empty": (empty, "is empty (0 bytes), not a packfs archive"),
         "truncated": (truncated, f"truncated: {len(data) // 2} bytes, but its header puts the last "
-                                 f"record at offset {len(data) - 64}, so it must be at least {len(data)} bytes"),
+                                 f"record at offset {len(data) - 64}, so it must be at least {len(data) - 64} bytes "
+                                 f"({len(data)} with a packfs archive's 64-byte footer)"),
     }
 
 
@@ -134,3 +188,37 @@ def _packfs() -> str:
     import sys
 
     return shutil.which("packfs", path=os.path.dirname(sys.executable)) or "packfs"
+
+
+@pytest.mark.parametrize("module, absent, message", [
+    ("packfs.torch", "torch", 'packfs.torch needs PyTorch (torch), which is not installed: pip install "packfs[torch]"'),
+    ("packfs.ffrecord.torch", "torch",
+     'packfs.ffrecord.torch needs PyTorch (torch), which is not installed: pip install "packfs[torch]"'),
+    ("packfs.ffrecord.torch.dataloader", "torch", "packfs.ffrecord.torch needs PyTorch (torch)"),
+    ("packfs.fsspec", "fsspec", 'packfs.fsspec needs fsspec, which is not installed: pip install "packfs[fsspec]"'),
+])
+def test_a_missing_extra_is_named(module: str, absent: str, message: str) -> None:
+    # The dependency made absent as an uninstalled one is (None in sys.modules).
+    code = (f"import sys; sys.modules[{absent!r}] = None\n"
+            f"try:\n    import {module}\n"
+            f"except ModuleNotFoundError as error:\n    print(type(error).__name__, error.name, error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith(f"ModuleNotFoundError {absent} {message}"), result.stdout + result.stderr
+    assert '(in a clone of packfs: pip install -e ".[' in result.stdout
+
+
+def test_pillow_missing_is_named_at_decode() -> None:
+    require = "import sys; sys.modules['PIL'] = None\nfrom packfs.torch import decode_pil\n"
+    code = require + "try:\n    decode_pil(b'')\nexcept ModuleNotFoundError as error:\n    print(error)\n"
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith('packfs.torch.decode_pil needs Pillow (PIL), which is not installed: '
+                                    'pip install "packfs[torch]"'), result.stdout + result.stderr
+
+
+def test_a_broken_dependency_is_not_called_missing() -> None:
+    # Anything but the dependency's own absence passes through as it was.
+    error = ImportError("libtorch_cpu.so: cannot open shared object file", name="torch")
+    assert packfs.errors.missing_dependency(error, "torch", "packfs.torch", "torch") is error
+    inner = ModuleNotFoundError("No module named 'typing_extensions'", name="typing_extensions")
+    assert packfs.errors.missing_dependency(inner, "torch", "packfs.torch", "torch") is inner

@@ -20,7 +20,7 @@ LAYERS = {
     "folder": 5, "extract": 5, "records": 5,
     "dataset": 6, "torch": 6, "fsspec": 6, "ffrecord": 6, "fuse": 6, "mount": 6,
     "_lowlevel": 6,  # the compiled daemon, imported by packfs.fuse.inodedaemon
-    "cli": 7, "__main__": 7,
+    "cli": 7, "__main__": 7, "manpage": 7,
 }
 # Names with a leading underscore that are public by convention (namedtuple's API) or
 # the standard library's.

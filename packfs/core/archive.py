@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, Unio
 if TYPE_CHECKING:
     import numpy as np
 
-from ..errors import ChecksumError, ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError, PathNotFoundError
+from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
+                      PathNotFoundError, RecordFileError)
 from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
                       symlink_length_problem, symlink_target_problem, unpack_footer)
 from ..source import ByteSource
-from . import legacy
+from . import legacy, recordfile
 from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import PackedFile, read_entries
 from .paths import PathArg, lookup_key
@@ -120,6 +121,8 @@ class Archive:
     FormatError
         The file is not a packfs archive, or its header, footer or sections are
         malformed.
+    RecordFileError
+        The file is an FFRecord record file: records without a path table.
     ChecksumError
         A CRC of the header or the path table does not match.
     """
@@ -131,11 +134,16 @@ class Archive:
         check_data = checksums != "never"
         if isinstance(source, (str, bytes, os.PathLike)):
             source = os.fsdecode(source)
-        self._container = container = Container(source, check_data=check_data)
+        # A legacy header (checksum 0) is refused below, once the file was told apart
+        # from a record file, which is then named as what it is.
+        self._container = container = Container(source, check_data=check_data, allow_legacy_header=True)
         self.path: str = container.path
         self.legacy = False  # an FFRecord pack_folder archive (packfs.core.legacy)
         try:
             self._open_table(check_data)
+        except RecordFileError:
+            container.close()
+            raise
         except FormatError as error:
             explained = explain_foreign(container.source, error)
             container.close()
@@ -166,17 +174,25 @@ class Archive:
 
     def _open_table(self, check_data: bool) -> None:
         container = self._container
+        if check_data and container.legacy_header:
+            # Nothing in an unchecked header is trusted beyond telling what the file is.
+            if recordfile.is_record_file(container):
+                raise recordfile.record_file_error(container)
+            raise container.legacy_header_error()
         n = container.record_count
         if n == 0:
-            raise FormatError(f"{self.path!r}: not a packfs archive (an empty FFRecord container)")
+            raise recordfile.record_file_error(container)
         last_start = container.offset_items[n - 1]
         if container.data_start <= last_start and container.file_size < last_start:
             # Bytes are missing from the end: say so, and how many must be there.
             raise FormatError(
                 f"{self.path!r}: truncated: {container.file_size} bytes, but its header puts "
                 f"the last record at offset {last_start}, so it must be at least "
-                f"{last_start + FOOTER_SIZE} bytes (with the {FOOTER_SIZE}-byte footer)"
+                f"{last_start} bytes ({last_start + FOOTER_SIZE} with a packfs archive's "
+                f"{FOOTER_SIZE}-byte footer)"
             )
+        if recordfile.is_record_file(container):
+            raise recordfile.record_file_error(container)
         footer_data = container.record_bytes(n - 1)
         if legacy.is_legacy(footer_data):
             if check_data:

@@ -123,18 +123,15 @@ class Container:
         # 5); a plain container is all data.  set_data_area narrows both.
         self.data_records = n
         self.data_end = self.file_size
+        self.header_checksum = checksum_meta
         if self.check_data:
             if checksum_meta == 0 and not self.allow_legacy_header:
-                raise FormatError(
-                    f"{self.path!r}: metadata checksum is 0 (an FFRecord legacy or aborted "
-                    f"file); expected a CRC-32 of the header (allow_legacy_header=True "
-                    f"reads it with only the per-record checks, as FFRecord does)"
-                )
+                raise self.legacy_header_error()
             actual = self.crc_of_span(4, self.data_start)
             if checksum_meta and actual != checksum_meta:
                 raise ChecksumError(
                     f"{self.path!r}: header checksum mismatch: stored {checksum_meta:#010x}, "
-                    f"computed {actual:#010x}"
+                    f"computed {actual:#010x}: the header (record count, CRCs and offsets) is damaged"
                 )
         self.mapping = source.mapping if self.zero_copy else source.read(0, self.data_start)
         # memoryview item access is several times faster than numpy scalar indexing,
@@ -142,6 +139,20 @@ class Container:
         self.view = memoryview(self.mapping)
         self.crc_items = self.view[12 : 12 + 4 * n].cast("I")
         self.offset_items = self.view[12 + 4 * n : self.data_start].cast("q")
+
+    @property
+    def legacy_header(self) -> bool:
+        """Whether the header's checksum is 0, FFRecord's legacy marker: the header
+        cannot be checked (an old FFRecord file, or one whose writer was aborted)."""
+        return self.header_checksum == 0
+
+    def legacy_header_error(self) -> FormatError:
+        """The error for a legacy header where a checked one is required."""
+        return FormatError(
+            f"{self.path!r}: metadata checksum is 0 (FFRecord's legacy marker: an old FFRecord "
+            f"file, or one whose writer was aborted), so its header cannot be checked; "
+            f"allow_legacy_header=True reads it with only the per-record checks, as FFRecord does"
+        )
 
     @property
     def crcs(self) -> np.ndarray:

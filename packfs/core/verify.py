@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import FormatError
-from ..format import S_IFDIR, S_IFLNK, S_IFMT, symlink_length_problem, symlink_target_problem
+from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, symlink_length_problem, symlink_target_problem
 from .container import Container
 from .pathtable import PathTable
 from .pieces import PieceTable
@@ -26,6 +26,8 @@ class VerifyReport:
     bad_paths: tuple[str, ...]  # entries whose contents fail their CRC
     bad_records: tuple[int, ...]  # every record that fails, table records included
     problems: tuple[str, ...]  # table-level findings beyond CRCs
+    files_checked: int = 0  # regular files (each name of a hard-linked one) whose contents were checked
+    symlinks_checked: int = 0
 
     @property
     def ok(self) -> bool:
@@ -43,9 +45,11 @@ def verify_archive(
     entry's extended attributes (format section 4c)."""
     bad_records = []
     checked_bytes = 0
-    header_crc = container.mapping[:4]
     problems = []
-    if container.crc_of_span(4, container.data_start) != int.from_bytes(header_crc, "little"):
+    if container.legacy_header:
+        problems.append("header: its checksum is 0, FFRecord's legacy marker (an old FFRecord file, or one "
+                        "whose writer was aborted), so the header cannot be checked")
+    elif container.crc_of_span(4, container.data_start) != container.header_checksum:
         problems.append("header checksum mismatch")
     try:
         container.check_offsets()
@@ -58,6 +62,7 @@ def verify_archive(
             bad_records.append(record)
         checked_bytes += end - start
     bad_paths: list[str] = []
+    files = symlinks = 0
     if table is not None:
         sections_bad = [r for r in bad_records if r >= table.data_records]
         if sections_bad:
@@ -69,6 +74,7 @@ def verify_archive(
         else:  # the paths below can only be built from a sound table
             bad = set(bad_records)
             file_type = table.column("mode") & S_IFMT
+            files, symlinks = int((file_type == S_IFREG).sum()), int((file_type == S_IFLNK).sum())
             records = table.column("record")
             for entry in (file_type != S_IFDIR).nonzero()[0]:
                 if int(records[entry]) in bad:
@@ -89,4 +95,6 @@ def verify_archive(
         bad_paths=tuple(bad_paths),
         bad_records=tuple(bad_records),
         problems=tuple(problems),
+        files_checked=files,
+        symlinks_checked=symlinks,
     )

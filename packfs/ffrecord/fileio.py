@@ -23,6 +23,7 @@ from ..core import Container
 from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotAFileError, PackError,
                       PathNotFoundError)
 from ..format import crc32
+from ..source import url_error
 from ..records import RecordReader, RecordWriter
 
 __all__ = ["FileReader", "FileWriter", "checkFsAlign", "ffr_paths", "writable_ffr_name"]
@@ -76,7 +77,7 @@ def ffr_paths(fname: PathArg | Sequence[PathArg]) -> list[str]:
         raise TypeError(f"fname must be str, os.PathLike, list or tuple, not {type(fname).__name__}")
     for path in paths:
         if not os.path.exists(path):
-            raise PathNotFoundError(f"{path!r} does not exist")
+            raise url_error(path) or PathNotFoundError(f"{path!r} does not exist")
         if not os.path.isfile(path):
             raise NotAFileError(f"{path!r} is not a file")
         if Path(path).suffix != ".ffr":

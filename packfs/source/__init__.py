@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Hashable, Protocol, Union
 
-from .local import GUARDED, LocalFile, release_pages
+from .local import GUARDED, LocalFile, release_pages, url_error
 
-__all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages"]
+__all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages", "url_error"]
 
 
 class ByteSource(Protocol):

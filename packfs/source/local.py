@@ -21,12 +21,32 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import stat as stat_module
 import weakref
+from urllib.parse import unquote, urlsplit
 
-from ..errors import ArchiveChangedError, ArchiveIOError, ClosedArchiveError, FormatError, NotAFileError, PathNotFoundError
+from ..errors import (ArchiveChangedError, ArchiveIOError, ClosedArchiveError, FormatError, NotAFileError,
+                      PathNotFoundError, RemoteArchiveError)
 
-__all__ = ["LocalFile", "GUARDED", "release_pages"]
+__all__ = ["LocalFile", "GUARDED", "release_pages", "url_error"]
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def url_error(name: str) -> RemoteArchiveError | None:
+    """The error for ``name``, a path that does not exist, when it is a URL
+    (``scheme://...``): one packfs cannot read yet, not a missing file.  None for
+    anything else, a local path of that shape included (its directory exists)."""
+    if not _URL.match(name) or os.path.isdir(os.path.dirname(name)):
+        return None
+    parts = urlsplit(name)
+    if parts.scheme.lower() == "file" and parts.netloc in ("", "localhost"):
+        return RemoteArchiveError(f"{name!r} is a file:// URL: give the path itself, {unquote(parts.path)!r}")
+    return RemoteArchiveError(
+        f"{name!r}: remote archives (URLs) are not supported yet: give the path of a local file "
+        f"(download it first, or mount the bucket or server with a FUSE file system such as s3fs or rclone mount)"
+    )
 
 # The SIGBUS guard (packfs/_sigbus.c, built where a C compiler is found): with it, an
 # archive truncated under its map is an ArchiveChangedError from the next check, not a
@@ -90,7 +110,7 @@ class LocalFile:
         try:
             fd = os.open(self.name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise PathNotFoundError(f"{self.name!r}: no such file, expected an archive") from None
+            raise url_error(self.name) or PathNotFoundError(f"{self.name!r}: no such file, expected an archive") from None
         except IsADirectoryError:
             raise NotAFileError(f"{self.name!r} is a directory, expected an archive file") from None
         except OSError as error:

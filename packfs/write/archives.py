@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, Iterator, cast
 
 from ..errors import PackError
 from ..format import MAX_SYMLINK_TARGET, symlink_length_problem, symlink_target_problem
+from ..source import url_error
 from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
 
 __all__ = ["archive_kind", "pack_archive"]
@@ -307,7 +308,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
     # sniffing its first bytes would consume them.
     streamed = source == "-" or _is_stream(source)
     if not streamed and not os.path.lexists(source):
-        raise PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
+        raise url_error(source) or PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
     kind = "tar" if streamed else archive_kind(source)
     if kind not in ("tar", "zip"):
         raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")

@@ -8,7 +8,8 @@ import os
 from typing import Iterator
 
 from ..core import Archive
-from ..errors import PackError
+from ..core.recordfile import READ_RECORDS_WITH
+from ..errors import PackError, RecordFileError
 from ..format import PIECES_SINCE_MINOR, S_IFDIR, S_IFLNK, S_IFMT
 from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
 
@@ -46,12 +47,25 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
     PackError
         ``archive`` is already a packfs archive of the current version, or OUT cannot
         be written.
+    RecordFileError
+        ``archive`` is an FFRecord record file: records without paths, nothing to
+        convert (the message says what reads it).
     FormatError, ChecksumError
         ``archive`` is damaged; records that overlap or a record named twice are refused
         before OUT is begun (:meth:`packfs.core.Archive.check_records`), so the output is
         never larger than what the archive holds.
     """
-    with Archive(archive) as source:
+    try:
+        opened = Archive(archive)
+    except RecordFileError as error:
+        if not error.record_count:
+            raise  # no records either: its own message says what it is and what to do
+        raise RecordFileError(
+            f"{error.path!r} is {error.description}: it has no paths, so there is nothing to convert; "
+            f"{READ_RECORDS_WITH} read it as it is, and to make an archive of files from its records, "
+            f"give each a path and pack them with packfs.pack_entries (docs/ffrecord.md shows how)",
+            error.path, error.record_count, error.description) from None
+    with opened as source:
         if not source.legacy and source.footer.version_minor >= PIECES_SINCE_MINOR:  # 1.3 only adds attributes
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive of format "
                             f"{source.version}: nothing to convert")

@@ -4,8 +4,13 @@
 The only part of :mod:`packfs.ffrecord` that imports torch.
 """
 
-from .dataset import ConcatDataset, Dataset, ReaderRegistry, Subset
-from .dataloader import DataLoader
+from ...errors import missing_dependency
+
+try:
+    from .dataset import ConcatDataset, Dataset, ReaderRegistry, Subset
+    from .dataloader import DataLoader
+except ImportError as error:
+    raise missing_dependency(error, "torch", "packfs.ffrecord.torch", "torch", "PyTorch") from None
 
 __all__ = [
     "ConcatDataset",
