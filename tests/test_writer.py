@@ -202,22 +202,6 @@ def test_killed_pack_leaves_old_output_and_a_recognisable_temporary(tree: Path, 
     assert PackedFolder(out).read("hello.txt") == b"hello world\n"
 
 
-def test_file_changing_size_is_an_error(tree: Path, tmp_path: Path) -> None:
-    class Grow:
-        def start(self, *args: int) -> None:
-            (tree / "zz-late.txt").write_bytes(b"")  # scanned? no: created after the scan
-            with open(tree / "Zeta.txt", "ab") as f:
-                f.write(b"more")
-
-        def advance(self, *args: int) -> None:
-            pass
-
-    out = tmp_path / "x.ffr"
-    with pytest.raises(PackError, match="Zeta.txt' changed size while packing"):
-        pack_folder(tree, out, progress=Grow())
-    assert not out.exists()
-
-
 def test_vanished_file_is_an_error(tree: Path, tmp_path: Path) -> None:
     class Vanish:
         def start(self, *args: int) -> None:
@@ -419,3 +403,34 @@ def test_sigint_during_pack_leaves_the_old_output(tmp_path: Path) -> None:
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == f"Interrupted by SIGINT: {str(out)!r} not written", stderr
     assert out.read_bytes() == b"old"
     assert _leftovers(tmp_path, {"src", "x.ffr"}) == []
+
+
+def test_a_discarded_record_leaves_nothing_of_itself(tmp_path: Path) -> None:
+    """ContainerWriter.discard_record: what pack uses to read a changing file again."""
+    import zlib
+
+    from packfs import RecordReader
+    from packfs.format import PIECE_SIZE, header_size
+    from packfs.write import ContainerWriter
+
+    out = tmp_path / "r.ffr"
+    first, again, last = os.urandom(2 * PIECE_SIZE + 5), os.urandom(PIECE_SIZE + 3), b"last"
+    with ContainerWriter(out, 2, pieces=True) as writer:
+        writer.begin_record()
+        writer.write(first)
+        writer.discard_record()
+        with pytest.raises(ValueError, match="begin_record"):
+            writer.discard_record()
+        writer.begin_record()
+        writer.write(again[:100])
+        assert writer.record_crc == zlib.crc32(again[:100])
+        writer.write(again[100:])
+        assert writer.end_record() == 0
+        records, starts, crcs = writer.piece_table()
+        assert list(records) == [0] and list(starts) == [0, 2]
+        assert list(crcs) == [zlib.crc32(again[:PIECE_SIZE]), zlib.crc32(again[PIECE_SIZE:])]
+        writer.write_record(last)
+        writer.commit()
+    assert out.stat().st_size == header_size(2) + len(again) + len(last)  # no tail of the first copy
+    with RecordReader(out, check_data=True) as reader:
+        assert reader[:] == [again, last]

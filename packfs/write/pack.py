@@ -16,8 +16,8 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Se
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError
-from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, pack_footer, record_count_for,
-                      symlink_target_problem)
+from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, crc32, pack_footer,
+                      record_count_for, symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
 
 __all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
@@ -117,7 +117,10 @@ class _ArchiveBuilder:
             )
         self.writer.begin_record()
 
-    def add(self, entry: Entry) -> None:
+    def add(self, entry: Entry | _TreeFile) -> None:
+        if isinstance(entry, _TreeFile):
+            self._add_tree_file(entry)
+            return
         key = archive_key(entry.path)
         kind = entry.kind
         if kind not in _TYPE_BITS:
@@ -157,6 +160,56 @@ class _ArchiveBuilder:
             self.file_bytes += size
         self.counts[kind] += 1
         self.rows.add(key, mode, entry.uid, entry.gid, entry.mtime_ns, size, record)
+
+    def _add_tree_file(self, source: _TreeFile) -> None:
+        key = archive_key(source.key)
+        if key in self.rows:
+            raise PackError(f"duplicate path {source.path!r}")
+        record, size, info = self._write_tree_file(source)
+        self.file_bytes += size
+        self.counts["file"] += 1
+        self.rows.add(key, S_IFREG | stat_module.S_IMODE(info.st_mode), info.st_uid, info.st_gid,
+                      info.st_mtime_ns, size, record)
+
+    def _write_tree_file(self, source: _TreeFile) -> tuple[int, int, os.stat_result]:
+        """Copy a file of the tree into a record so that the bytes stored are one state
+        of the file, read again while it changes; return (record, size, the stat of
+        that state, which is what the entry stores)."""
+        source.open()
+        try:
+            self._new_record()
+            for attempt in range(1, _READ_ATTEMPTS + 1):
+                before, started = source.state()
+                size = self._copy(source, before.st_size)
+                change = source.change(before, size)
+                if change is None and _stamps_may_hide_a_write(before, started):
+                    change = source.second_read_change(before, self.writer.record_crc, size, self._buffer)
+                if change is None:
+                    if attempt > 1:
+                        log.warning("%r changed while it was read; stored as read again", source.path)
+                    return self.writer.end_record(), size, before
+                self.writer.discard_record()
+                if attempt < _READ_ATTEMPTS:
+                    self.writer.begin_record()
+            raise PackError(f"{source.path!r} kept changing while it was read ({_READ_ATTEMPTS} reads; "
+                            f"the last: {change})")
+        finally:
+            source.close()
+
+    def _copy(self, source: _TreeFile, expected: int) -> int:
+        """Copy ``source`` from its start into the current record; return the bytes
+        copied.  At most one byte past ``expected`` is read: that one already says the
+        file changed, and a file growing as fast as it is read would never end."""
+        view = memoryview(self._buffer)
+        copied = 0
+        while True:
+            got = source.read_at(view[: min(_CHUNK, expected + 1 - copied)], copied)
+            if not got:
+                return copied
+            self.writer.write(view[:got])
+            copied += got
+            if self.progress is not None:
+                self.progress.advance(0, got)
 
     def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
         data = entry.data
@@ -270,7 +323,7 @@ def pack_entries(
     return _stats(builder, 0, out_path, started)
 
 
-def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool,
+def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: int, force: bool,
                    progress: PackProgress | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path."""
     with ContainerWriter(out, record_count_for(data_slots), force=force, pieces=True) as writer:
@@ -541,23 +594,110 @@ class _Frame:
             self.fd = -1
 
 
-def _open_source(root: bytes, key: bytes) -> Callable[[], BinaryIO]:
-    def opener() -> BinaryIO:
-        path = os.fsdecode(root + b"/" + key)
+# A file that changed while it was read is read again, from its start, its record cut
+# back; after this many reads that each saw it change, it is not packed.
+_READ_ATTEMPTS = 3
+# How recent a file's ctime must be for an unchanged stat to prove nothing.  A write is
+# stamped with the kernel's coarse clock (up to a tick behind: 10 ms at HZ=100),
+# truncated to the file system's granularity (1 ns on ext4, xfs, btrfs and tmpfs; whole
+# seconds on Lustre and on ext4 with 128-byte inodes; 2 s on FAT), so a write during the
+# read may carry the stamp of the write just before it, and leave the stat as it was.
+_FINE_STAMPS_WINDOW_NS = 50_000_000
+_SECOND_STAMPS_WINDOW_NS = 3_000_000_000
+
+
+def _stamps_may_hide_a_write(info: os.stat_result, started_ns: int) -> bool:
+    """Whether ``info``, taken at ``started_ns``, is too recent a change for an
+    unchanged stat after the read to prove that nothing was written during it."""
+    whole_seconds = info.st_ctime_ns % 1_000_000_000 == 0
+    window = _SECOND_STAMPS_WINDOW_NS if whole_seconds else _FINE_STAMPS_WINDOW_NS
+    return info.st_ctime_ns >= started_ns - window
+
+
+def _stat_change(before: os.stat_result, after: os.stat_result, copied: int) -> str | None:
+    """How the file changed between two fstat calls around a read of ``copied`` bytes,
+    or None.  (Its identity cannot change: both come from one descriptor.)"""
+    if not before.st_size == copied == after.st_size:
+        return f"{before.st_size} bytes before the read, {copied} read, {after.st_size} after it"
+    if after.st_mtime_ns != before.st_mtime_ns:
+        return "its mtime changed during the read"
+    if after.st_ctime_ns != before.st_ctime_ns:
+        return "its ctime changed during the read"
+    return None
+
+
+class _TreeFile:
+    """A regular file of the tree being packed, opened when its entry is written.
+
+    Its bytes and the attributes stored with them come from one descriptor, and the
+    fstat before the read must equal the fstat after it (size, mtime, ctime), or the
+    read is repeated: what GNU tar reports as "file changed as we read it", except that
+    nothing torn is stored."""
+
+    kind = "file"
+
+    def __init__(self, root: bytes, key: bytes, scanned: os.stat_result) -> None:
+        self.root = root
+        self.key = key
+        self.scanned = scanned
+        self.path = os.fsdecode(root + b"/" + key)
+        self._fd = -1
+
+    def open(self) -> None:
+        """Open the file; a PackError says why it cannot be packed."""
         # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         try:
-            fd = _open_beneath(root, key, flags)
+            self._fd = _open_beneath(self.root, self.key, flags)
         except FileNotFoundError:
-            raise PackError(f"{path!r} vanished while packing") from None
+            raise PackError(f"{self.path!r} vanished while packing") from None
         except OSError as error:
-            raise PackError(f"cannot read {path!r}: {error.strerror}") from None
-        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise PackError(f"{path!r} is no longer a regular file")
-        return os.fdopen(fd, "rb", buffering=0)
+            raise PackError(f"cannot read {self.path!r}: {error.strerror}") from None
+        info = os.fstat(self._fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            self.close()
+            raise PackError(f"{self.path!r} is no longer a regular file")
+        scanned = self.scanned
+        if scanned.st_nlink > 1 and (info.st_dev, info.st_ino) != (scanned.st_dev, scanned.st_ino):
+            # Its other names in the tree are stored as hard links to what this one holds.
+            self.close()
+            raise PackError(f"{self.path!r} was replaced while packing, and it has hard links")
 
-    return opener
+    def state(self) -> tuple[os.stat_result, int]:
+        """The file's stat before a read, and the time it was taken."""
+        started = time.time_ns()
+        return os.fstat(self._fd), started
+
+    def read_at(self, buffer: memoryview, offset: int) -> int:
+        """Read into ``buffer`` from ``offset``; return the bytes read (0 at the end)."""
+        try:
+            return os.preadv(self._fd, [buffer], offset)
+        except OSError as error:
+            raise PackError(f"cannot read {self.path!r}: {error.strerror}") from None
+
+    def change(self, before: os.stat_result, copied: int) -> str | None:
+        """How the file changed since ``before`` (a read of ``copied`` bytes), or None."""
+        return _stat_change(before, os.fstat(self._fd), copied)
+
+    def second_read_change(self, before: os.stat_result, crc: int, size: int, buffer: bytearray) -> str | None:
+        """Read the file again: None if it gives the same ``size`` bytes with CRC ``crc``
+        and the stat is still ``before``, else how it changed."""
+        view = memoryview(buffer)
+        again, offset = 0, 0
+        while offset <= size:
+            got = self.read_at(view[: min(len(view), size + 1 - offset)], offset)
+            if not got:
+                break
+            again = crc32(view[:got], again)
+            offset += got
+        if offset != size or again != crc:
+            return "a second read gave other bytes"
+        return self.change(before, offset)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def pack_folder(
@@ -574,6 +714,12 @@ def pack_folder(
     Regular files, directories (empty ones too) and symlinks are kept with their mode
     bits, uid, gid and mtime in nanoseconds; hard-linked files are stored once.  FIFOs,
     sockets and devices are skipped with a warning on the ``packfs`` logger.
+
+    A file's bytes and the attributes stored with them are one state of the file: its
+    fstat before and after the read must agree (size, mtime, ctime), and a file whose
+    ctime is too recent for that to prove anything is read twice and must give the same
+    bytes.  A file that changed while it was read is read again (a warning says so),
+    up to three reads in all.
 
     Parameters
     ----------
@@ -598,8 +744,8 @@ def pack_folder(
     Raises
     ------
     PackError
-        ``src`` is not a directory, ``out`` exists, a file vanished or changed size
-        while being packed, or reading or writing failed.
+        ``src`` is not a directory, ``out`` exists, a file vanished while being
+        packed or kept changing while it was read, or reading or writing failed.
     """
     started = time.perf_counter()
     src_bytes = os.fsencode(src)
@@ -631,7 +777,7 @@ def pack_folder(
             sum(item.info.st_size for item in items if item.kind == "file"),
         )
 
-    def entries() -> Iterator[Entry]:
+    def entries() -> Iterator[Entry | _TreeFile]:
         for item in items:
             info = item.info
             common = dict(
@@ -639,7 +785,7 @@ def pack_folder(
                 mtime_ns=info.st_mtime_ns,
             )
             if item.kind == "file":
-                yield Entry(item.key, _open_source(root, item.key), "file", size=info.st_size, **common)
+                yield _TreeFile(root, item.key, info)  # stored with the attributes it has when read
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
             else:
