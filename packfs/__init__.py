@@ -20,11 +20,12 @@ from .errors import (
     NotASymlinkError,
     PackError,
     PackfsError,
+    PackSourceError,
     PathNotFoundError,
     UnpackDamagedError,
     UnpackError,
 )
-from .write import Entry, PackStats, convert, pack_entries, pack_folder
+from .write import Entry, PackStats, SkippedPath, convert, pack_entries, pack_folder
 from .extract import UnpackStats, unpack
 from .folder import FileStat, PackedFile, PackedFolder, VerifyReport
 from .records import RecordReader, RecordWriter
@@ -41,6 +42,7 @@ __all__ = [
     "convert",
     "Entry",
     "PackStats",
+    "SkippedPath",
     "unpack",
     "UnpackStats",
     "RecordWriter",
@@ -55,6 +57,7 @@ __all__ = [
     "NotADirectoryPathError",
     "NotASymlinkError",
     "PackError",
+    "PackSourceError",
     "UnpackError",
     "UnpackDamagedError",
     "__version__",

@@ -12,15 +12,15 @@ import stat as stat_module
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Protocol, Sequence, Union
+from typing import BinaryIO, Callable, Iterable, Iterator, Literal, NamedTuple, NoReturn, Protocol, Sequence, Union
 
 from ..core.paths import PathArg, archive_key
-from ..errors import PackError
+from ..errors import PackError, PackSourceError
 from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, crc32, pack_footer,
                       record_count_for, symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
 
-__all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
+__all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pack_entries", "pack_folder"]
 
 log = logging.getLogger("packfs")
 
@@ -76,18 +76,70 @@ class Entry:
     size: int | None = None
 
 
+class SkippedPath(NamedTuple):
+    """A path a pack left out of the archive, and why.
+
+    ``failed`` is True for a path that was to be packed but could not be read whole
+    (unreadable, vanished, or changing while it was read: only with ``keep_going``),
+    False for what an archive does not hold (FIFOs, sockets, devices, symlink loops,
+    unsafe tar or zip members).
+    """
+
+    path: str
+    reason: str
+    failed: bool = False
+
+
 @dataclass(frozen=True)
 class PackStats:
-    """What a pack wrote."""
+    """What a pack wrote, and every path it left out (``skipped``, in the order met;
+    paths left out by ``exclude`` are not listed)."""
 
     files: int
     dirs: int
     symlinks: int
     hardlinks: int
-    skipped: int
+    skipped: tuple[SkippedPath, ...]
     file_bytes: int
     archive_bytes: int
     seconds: float
+
+    @property
+    def failed(self) -> tuple[SkippedPath, ...]:
+        """The skipped paths that could not be read whole (``packfs pack`` then exits 3)."""
+        return tuple(path for path in self.skipped if path.failed)
+
+
+class SkipList:
+    """The paths one pack leaves out, each logged as a warning on the ``packfs`` logger
+    when it is met (the record carries it as ``skipped_path``, which the CLI prints as
+    ``skipped: PATH (reason)``).
+
+    Parameters
+    ----------
+    keep_going
+        Whether a failed path is skipped; if not, the pack fails listing them, and they
+        are not logged as skipped.
+    where
+        Put before each warning (the tar or zip a member was in).
+    """
+
+    def __init__(self, keep_going: bool = False, where: str = "") -> None:
+        self.keep_going = keep_going
+        self.where = where
+        self.paths: list[SkippedPath] = []
+
+    def add(self, path: str, reason: str, failed: bool = False) -> None:
+        """Note that ``path`` is left out, and why."""
+        skipped = SkippedPath(path, reason, failed)
+        self.paths.append(skipped)
+        if self.keep_going or not failed:
+            log.warning("%sskipped %r: %s", self.where, path, reason, extra={"skipped_path": skipped})
+
+    @property
+    def failures(self) -> list[SkippedPath]:
+        """The paths that could not be read whole."""
+        return [path for path in self.paths if path.failed]
 
 
 _DEFAULT_MODE = {"file": 0o644, "dir": 0o755, "symlink": 0o777, "hardlink": 0o644}
@@ -174,25 +226,30 @@ class _ArchiveBuilder:
     def _write_tree_file(self, source: _TreeFile) -> tuple[int, int, os.stat_result]:
         """Copy a file of the tree into a record so that the bytes stored are one state
         of the file, read again while it changes; return (record, size, the stat of
-        that state, which is what the entry stores)."""
+        that state, which is what the entry stores).  A file that cannot be packed
+        raises _CannotPack, its record dropped."""
         source.open()
         try:
             self._new_record()
-            for attempt in range(1, _READ_ATTEMPTS + 1):
-                before, started = source.state()
-                size = self._copy(source, before.st_size)
-                change = source.change(before, size)
-                if change is None and _stamps_may_hide_a_write(before, started):
-                    change = source.second_read_change(before, self.writer.record_crc, size, self._buffer)
-                if change is None:
+            try:
+                for attempt in range(1, _READ_ATTEMPTS + 1):
                     if attempt > 1:
-                        log.warning("%r changed while it was read; stored as read again", source.path)
-                    return self.writer.end_record(), size, before
+                        self.writer.discard_record()
+                        self.writer.begin_record()
+                    before, started = source.state()
+                    size = self._copy(source, before.st_size)
+                    change = source.change(before, size)
+                    if change is None and _stamps_may_hide_a_write(before, started):
+                        change = source.second_read_change(before, self.writer.record_crc, size, self._buffer)
+                    if change is None:
+                        if attempt > 1:
+                            log.warning("%r changed while it was read; stored as read again", source.path)
+                        return self.writer.end_record(), size, before
+                raise _CannotPack(source.path, f"kept changing while it was read ({_READ_ATTEMPTS} reads; "
+                                               f"the last: {change})")
+            except _CannotPack:
                 self.writer.discard_record()
-                if attempt < _READ_ATTEMPTS:
-                    self.writer.begin_record()
-            raise PackError(f"{source.path!r} kept changing while it was read ({_READ_ATTEMPTS} reads; "
-                            f"the last: {change})")
+                raise
         finally:
             source.close()
 
@@ -320,17 +377,26 @@ def pack_entries(
     started = time.perf_counter()
     out_path = os.fsdecode(out)
     builder = _write_archive(entries, out_path, count, force, progress)
-    return _stats(builder, 0, out_path, started)
+    return _stats(builder, (), out_path, started)
 
 
 def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: int, force: bool,
-                   progress: PackProgress | None = None) -> _ArchiveBuilder:
-    """Write ``entries`` and the table to ``out`` atomically; the one write path."""
+                   progress: PackProgress | None = None,
+                   cannot_pack: Callable[[_CannotPack], None] | None = None) -> _ArchiveBuilder:
+    """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
+    file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
+    or, without it, ends the write."""
     with ContainerWriter(out, record_count_for(data_slots), force=force, pieces=True) as writer:
         builder = _ArchiveBuilder(writer, data_slots, progress)
         try:
             for entry in entries:
-                builder.add(entry)  # reports the bytes as they are written
+                try:
+                    builder.add(entry)  # reports the bytes as they are written
+                except _CannotPack as failure:
+                    if cannot_pack is None:
+                        raise
+                    cannot_pack(failure)
+                    continue
                 if progress is not None and entry.kind == "file":
                     progress.advance(1, 0)
         except OSError as error:
@@ -342,14 +408,14 @@ def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: i
     return builder
 
 
-def _stats(builder: _ArchiveBuilder, skipped: int, out: str, started: float) -> PackStats:
+def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, started: float) -> PackStats:
     counts = builder.counts
     return PackStats(
         files=counts["file"] + counts["hardlink"],
         dirs=sum(1 for mode in builder.rows.mode if mode & S_IFMT == S_IFDIR),
         symlinks=counts["symlink"],
         hardlinks=counts["hardlink"],
-        skipped=skipped,
+        skipped=tuple(skipped),
         file_bytes=builder.file_bytes,
         archive_bytes=os.path.getsize(out),
         seconds=time.perf_counter() - started,
@@ -470,15 +536,16 @@ _HELD_DIRECTORIES = 256
 
 def _scan(
     src: bytes, follow_symlinks: bool, exclude: Sequence[str], skip: set[tuple[int, int]],
-    temp_files: tuple[tuple[int, int], bytes],
-) -> tuple[list[_Scanned], int]:
-    """Depth-first listing of ``src``, names sorted bytewise; returns (items, skipped).
+    temp_files: tuple[tuple[int, int], bytes], skips: SkipList,
+) -> list[_Scanned]:
+    """Depth-first listing of ``src``, names sorted bytewise.  What cannot be listed or
+    stat'ed below ``src`` goes to ``skips`` (a directory that cannot be listed stays, as
+    an empty directory with its own attributes), and so do special files.
 
     Iterative, and each directory is opened relative to its parent's descriptor and
     its children stat'ed relative to its own, so neither depth nor path length has a
     limit and a tree of depth d costs O(d), not O(d**2), path resolution."""
     items: list[_Scanned] = []
-    skipped = 0
     first_link: dict[tuple[int, int], bytes] = {}
     root_info = os.stat(src) if follow_symlinks else os.lstat(src)
     items.append(_Scanned(b"", "dir", root_info))
@@ -488,13 +555,19 @@ def _scan(
     # A directory's own name is opened without following a symlink swapped in for it.
     open_flags = _DIRECTORY_FLAGS | (0 if follow_symlinks else os.O_NOFOLLOW)
 
+    def path_of(key: bytes) -> str:
+        return os.fsdecode(src + b"/" + key)
+
     def children(fd: int, key: bytes, identity: tuple[int, int]) -> list[tuple[bytes, bytes, os.stat_result, bytes | None]]:
         """(name, key, info, symlink text) of each child of directory ``key`` to pack."""
         try:
             # listdir of a descriptor gives str: back to the names' exact bytes.
             names = sorted(map(os.fsencode, os.listdir(fd)))
         except OSError as error:
-            raise PackError(f"cannot list {os.fsdecode(src + b'/' + key)!r}: {error.strerror}") from None
+            if not key:
+                raise PackError(f"cannot list {os.fsdecode(src)!r}: {error.strerror}") from None
+            skips.add(path_of(key), f"cannot list: {error.strerror}", failed=True)
+            return []
         found = []
         for name in names:
             child_key = key + b"/" + name if key else name
@@ -508,22 +581,21 @@ def _scan(
                     try:
                         info = os.stat(name, dir_fd=fd)
                     except OSError:
-                        log.warning("%r: dangling symlink kept as a symlink", os.fsdecode(src + b"/" + child_key))
+                        log.warning("%r: dangling symlink kept as a symlink", path_of(child_key))
                 target = os.readlink(name, dir_fd=fd) if stat_module.S_ISLNK(info.st_mode) else None
             except FileNotFoundError:
-                raise PackError(f"{os.fsdecode(src + b'/' + child_key)!r} vanished while packing") from None
+                skips.add(path_of(child_key), "vanished while packing", failed=True)
+                continue
             except OSError as error:
-                raise PackError(f"cannot read {os.fsdecode(src + b'/' + child_key)!r}: {error.strerror}") from None
+                skips.add(path_of(child_key), f"cannot stat: {error.strerror}", failed=True)
+                continue
             found.append((name, child_key, info, target))
         return found
 
-    def open_directory(name: bytes, key: bytes, parent: _Frame) -> int:
-        try:
-            if parent.fd < 0:  # closed to stay under the descriptor budget
-                parent.fd = _open_beneath(src, parent.key, open_flags)
-            return os.open(name, open_flags, dir_fd=parent.fd)
-        except OSError as error:
-            raise PackError(f"cannot list {os.fsdecode(src + b'/' + key)!r}: {error.strerror}") from None
+    def open_directory(name: bytes, parent: _Frame) -> int:
+        if parent.fd < 0:  # closed to stay under the descriptor budget
+            parent.fd = _open_beneath(src, parent.key, open_flags)
+        return os.open(name, open_flags, dir_fd=parent.fd)
 
     try:
         root_fd = os.open(src, _DIRECTORY_FLAGS)
@@ -546,12 +618,20 @@ def _scan(
             mode = info.st_mode
             if stat_module.S_ISDIR(mode):
                 if child in on_path:
-                    log.warning("%r: symlink loop, skipped", os.fsdecode(src + b"/" + child_key))
-                    skipped += 1
+                    skips.add(path_of(child_key), "a symlink loop")
                     continue
                 items.append(_Scanned(child_key, "dir", info))
+                try:
+                    fd = open_directory(name, frame)
+                except FileNotFoundError:
+                    items.pop()
+                    skips.add(path_of(child_key), "vanished while packing", failed=True)
+                    continue
+                except OSError as error:
+                    # As tar, the contents are left out; the directory itself is kept.
+                    skips.add(path_of(child_key), f"cannot list: {error.strerror}", failed=True)
+                    continue
                 on_path.add(child)
-                fd = open_directory(name, child_key, frame)
                 stack.append(_Frame(child_key, child, fd, iter(())))
                 stack[-1].pending = iter(children(fd, child_key, child))
                 if len(stack) > _HELD_DIRECTORIES:
@@ -567,15 +647,14 @@ def _scan(
                 items.append(_Scanned(child_key, "symlink", info, target))
             else:
                 kind = (
-                    "FIFO" if stat_module.S_ISFIFO(mode) else
-                    "socket" if stat_module.S_ISSOCK(mode) else "device file"
+                    "a FIFO" if stat_module.S_ISFIFO(mode) else
+                    "a socket" if stat_module.S_ISSOCK(mode) else "a device file"
                 )
-                log.warning("skipped %s %r", kind, os.fsdecode(src + b"/" + child_key))
-                skipped += 1
+                skips.add(path_of(child_key), kind)
     finally:
         for frame in stack:
             frame.close()
-    return items, skipped
+    return items
 
 
 @dataclass
@@ -626,6 +705,15 @@ def _stat_change(before: os.stat_result, after: os.stat_result, copied: int) -> 
     return None
 
 
+class _CannotPack(PackError):
+    """A file of the tree cannot be packed: ``path`` and ``reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
 class _TreeFile:
     """A regular file of the tree being packed, opened when its entry is written.
 
@@ -644,24 +732,24 @@ class _TreeFile:
         self._fd = -1
 
     def open(self) -> None:
-        """Open the file; a PackError says why it cannot be packed."""
+        """Open the file; _CannotPack says why it cannot be packed."""
         # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         try:
             self._fd = _open_beneath(self.root, self.key, flags)
         except FileNotFoundError:
-            raise PackError(f"{self.path!r} vanished while packing") from None
+            raise _CannotPack(self.path, "vanished while packing") from None
         except OSError as error:
-            raise PackError(f"cannot read {self.path!r}: {error.strerror}") from None
+            raise _CannotPack(self.path, f"cannot open: {error.strerror}") from None
         info = os.fstat(self._fd)
         if not stat_module.S_ISREG(info.st_mode):
             self.close()
-            raise PackError(f"{self.path!r} is no longer a regular file")
+            raise _CannotPack(self.path, "no longer a regular file")
         scanned = self.scanned
         if scanned.st_nlink > 1 and (info.st_dev, info.st_ino) != (scanned.st_dev, scanned.st_ino):
             # Its other names in the tree are stored as hard links to what this one holds.
             self.close()
-            raise PackError(f"{self.path!r} was replaced while packing, and it has hard links")
+            raise _CannotPack(self.path, "replaced while packing, and it has hard links")
 
     def state(self) -> tuple[os.stat_result, int]:
         """The file's stat before a read, and the time it was taken."""
@@ -673,7 +761,7 @@ class _TreeFile:
         try:
             return os.preadv(self._fd, [buffer], offset)
         except OSError as error:
-            raise PackError(f"cannot read {self.path!r}: {error.strerror}") from None
+            raise _CannotPack(self.path, f"cannot read: {error.strerror}") from None
 
     def change(self, before: os.stat_result, copied: int) -> str | None:
         """How the file changed since ``before`` (a read of ``copied`` bytes), or None."""
@@ -708,6 +796,7 @@ def pack_folder(
     exclude: Sequence[str] = (),
     force: bool = False,
     progress: PackProgress | None = None,
+    keep_going: bool = False,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
 
@@ -720,6 +809,14 @@ def pack_folder(
     ctime is too recent for that to prove anything is read twice and must give the same
     bytes.  A file that changed while it was read is read again (a warning says so),
     up to three reads in all.
+
+    A path below ``src`` that cannot be packed (a file or directory that cannot be
+    opened, listed or stat'ed, that vanished, or a file that kept changing) fails the
+    pack, and nothing is written; the error lists every such path in the tree, not
+    only the first: once one is found, the files not yet read are only opened, to find
+    the others.  With ``keep_going`` the rest is packed and each is in
+    ``PackStats.skipped`` with ``failed`` set (an unreadable directory is stored
+    empty, with its own attributes, its contents left out, as tar does).
 
     Parameters
     ----------
@@ -736,6 +833,8 @@ def pack_folder(
         Replace ``out`` if it exists.
     progress
         Told the totals after the scan, then each file as it is written.
+    keep_going
+        Pack the rest when paths cannot be packed, and list them in the result.
 
     Returns
     -------
@@ -743,9 +842,11 @@ def pack_folder(
 
     Raises
     ------
+    PackSourceError
+        Without ``keep_going``: paths below ``src`` cannot be packed (all are listed).
     PackError
-        ``src`` is not a directory, ``out`` exists, a file vanished while being
-        packed or kept changing while it was read, or reading or writing failed.
+        ``src`` is not a directory or cannot be listed, ``out`` exists, or writing
+        failed.
     """
     started = time.perf_counter()
     src_bytes = os.fsencode(src)
@@ -769,7 +870,10 @@ def pack_folder(
         os.fsencode("." + os.path.basename(out_text) + TEMP_MARKER),
     )
     root = src_bytes.rstrip(b"/") or b"/"
-    items, skipped = _scan(root, follow_symlinks, exclude, skip, temp_files)
+    skips = SkipList(keep_going)
+    items = _scan(root, follow_symlinks, exclude, skip, temp_files, skips)
+    if skips.failures and not keep_going:
+        _fail_listing_every_path(root, items, skips)
     data_slots = sum(1 for item in items if item.kind in ("file", "symlink"))
     if progress is not None:
         progress.start(
@@ -777,8 +881,13 @@ def pack_folder(
             sum(item.info.st_size for item in items if item.kind == "file"),
         )
 
+    failed_files: set[bytes] = set()  # for their hard links (only with keep_going)
+    written = 0  # how many items were given to the writer
+
     def entries() -> Iterator[Entry | _TreeFile]:
+        nonlocal written
         for item in items:
+            written += 1
             info = item.info
             common = dict(
                 mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
@@ -786,10 +895,49 @@ def pack_folder(
             )
             if item.kind == "file":
                 yield _TreeFile(root, item.key, info)  # stored with the attributes it has when read
+            elif item.kind == "hardlink" and item.target in failed_files:
+                skips.add(os.fsdecode(root + b"/" + item.key), _link_to_failed(root, item.target), failed=True)
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    builder = _write_archive(entries(), out_text, data_slots, force, progress)
-    return _stats(builder, skipped, out_text, started)
+    def skip_file(failure: _CannotPack) -> None:
+        skips.add(failure.path, failure.reason, failed=True)
+        failed_files.add(items[written - 1].key)
+
+    try:
+        builder = _write_archive(entries(), out_text, data_slots, force, progress,
+                                 skip_file if keep_going else None)
+    except _CannotPack as failure:  # the writer is gone: what else cannot be packed?
+        skips.add(failure.path, failure.reason, failed=True)
+        failed_files.add(items[written - 1].key)
+        _fail_listing_every_path(root, items[written:], skips, failed_files)
+    return _stats(builder, skips.paths, out_text, started)
+
+
+def _link_to_failed(root: bytes, target: bytes | None) -> str:
+    return f"a hard link to {os.fsdecode(root + b'/' + (target or b''))!r}, which could not be packed"
+
+
+def _fail_listing_every_path(root: bytes, items: Sequence[_Scanned], skips: SkipList,
+                             failed_files: set[bytes] | None = None) -> NoReturn:
+    """Raise PackSourceError listing every path that cannot be packed: those in
+    ``skips``, and those among ``items`` (not yet written) that cannot be opened, or are
+    hard links to files that cannot be (in ``failed_files`` or found here).  Opening
+    costs a small part of reading, so all are found in one run, not one per run."""
+    failed_files = set() if failed_files is None else failed_files
+    for item in items:
+        path = os.fsdecode(root + b"/" + item.key)
+        if item.kind == "file":
+            source = _TreeFile(root, item.key, item.info)
+            try:
+                source.open()
+            except _CannotPack as failure:
+                skips.add(path, failure.reason, failed=True)
+                failed_files.add(item.key)
+            else:
+                source.close()
+        elif item.kind == "hardlink" and item.target in failed_files:
+            skips.add(path, _link_to_failed(root, item.target), failed=True)
+    raise PackSourceError(skips.failures)
