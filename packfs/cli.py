@@ -220,7 +220,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Leave out paths or names matching GLOB (repeatable).")
+              help="Leave out paths or names matching GLOB (repeatable). ./GLOB, /GLOB and absolute "
+                   "paths inside SRC match from SRC's top only, as tar's and rsync's do; GLOB/ matches "
+                   "directories only. A GLOB that excluded nothing is warned about.")
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-k", "--keep-going", is_flag=True,
               help="Pack the rest when paths cannot be read (unreadable, vanished, changing while read): "
@@ -249,6 +251,13 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
     from_archive = src == "-" or not os.path.isdir(src)
     if from_archive and (follow_symlinks or exclude or keep_going):
         raise click.UsageError("-L, --exclude and --keep-going apply to a directory SRC only")
+    if exclude:
+        from .write import ExcludePatterns
+
+        try:
+            ExcludePatterns(exclude, src)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--exclude'") from None
     progress = _TerminalProgress("packing", quiet)
     try:
         with _exit_on_signals(repr(out)), _closing(progress):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from packfs import PackedFolder
 from packfs.cli import main
 from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, damaged_copy
 
@@ -58,6 +59,18 @@ def test_pack_options(run, tree: Path, tmp_path: Path) -> None:
     assert "dangling" in result.stderr and "kept as a symlink" in result.stderr
     long = run("ls", "-l", out).stdout
     assert "link-to-hello -> " not in long and "dangling -> no/such/target" in long
+
+
+def test_pack_exclude_forms_and_the_warning(run, tree: Path, tmp_path: Path) -> None:
+    result = run("pack", "--exclude", "./a/", "--exclude", f"{tree}/hello.txt", "--exclude", "*.gti",
+                 tree, tmp_path / "x.ffr")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == f"Warning: exclude pattern '*.gti' excluded nothing in {str(tree)!r}"
+    folder = PackedFolder(tmp_path / "x.ffr")
+    assert not folder.exists("a") and not folder.exists("hello.txt") and folder.exists("big/large.bin")
+    result = run("pack", "--exclude", "./", tree, tmp_path / "y.ffr")
+    assert result.exit_code == 2 and "Invalid value for '--exclude'" in result.stderr
+    assert "names the directory being packed itself" in result.stderr
 
 
 def test_pack_warns_about_special_files(run, tree: Path, tmp_path: Path) -> None:

@@ -110,6 +110,74 @@ def test_exclude_globs(tree: Path, tmp_path: Path) -> None:
         assert folder.exists("a/b/c/deep.bin")
 
 
+def _git_tree(root: Path) -> Path:
+    """A project with a .git directory, a nested one, a worktree's .git file, and build
+    as a directory and as a file."""
+    for path in (".git/objects/ab", "sub/.git", "worktree", "build/obj", "src/build"):
+        (root / path).mkdir(parents=True)
+    (root / ".git" / "objects" / "ab" / "cd").write_bytes(b"object")
+    (root / "sub" / ".git" / "HEAD").write_bytes(b"ref")
+    (root / "worktree" / ".git").write_bytes(b"gitdir: ../.git/worktrees/w")
+    (root / "build" / "obj" / "a.o").write_bytes(b"o")
+    (root / "src" / "build" / "b.o").write_bytes(b"o")
+    (root / "build.sh").write_bytes(b"#!/bin/sh")
+    (root / "main.c").write_bytes(b"int main;")
+    return root
+
+
+@pytest.mark.parametrize("patterns, left_out", [
+    ([".git"], [".git", "sub/.git", "worktree/.git"]),  # a name: anywhere (unchanged)
+    (["./.git"], [".git"]),                              # tar: from the top only
+    (["/.git"], [".git"]),                               # rsync: from the top only
+    (["{src}/.git"], [".git"]),                          # an absolute path inside SRC
+    (["{link}/.git"], [".git"]),                         # ... reached through a symlink
+    (["{src}/sub/.git/"], ["sub/.git"]),
+    ([".git/"], [".git", "sub/.git"]),                   # rsync: directories only, not the worktree's file
+    (["./build/"], ["build"]),
+    (["build/"], ["build", "src/build"]),
+    (["build*"], ["build", "build.sh", "src/build"]),
+    (["./src/build/*.o"], ["src/build/b.o"]),
+    (["././main.c", "./sub//"], ["main.c", "sub"]),
+])
+def test_exclude_as_tar_and_rsync_users_write_it(tmp_path: Path, patterns: list[str], left_out: list[str],
+                                                 caplog) -> None:
+    src = _git_tree(tmp_path / "project")
+    os.symlink(src, tmp_path / "link")
+    patterns = [p.format(src=src, link=tmp_path / "link") for p in patterns]
+    everything = _all_paths(src)
+    with caplog.at_level(logging.WARNING, logger="packfs"):
+        pack_folder(src, tmp_path / "x.ffr", exclude=patterns)
+    assert caplog.text == ""  # every pattern excluded something
+    with PackedFolder(tmp_path / "x.ffr") as folder:
+        kept = set(folder.list(recursive=True))
+    gone = everything - kept
+    assert {path for path in gone if not any(path.startswith(top + "/") for top in gone)} == set(left_out)
+
+
+def _all_paths(root: Path) -> set[str]:
+    return {str(path.relative_to(root)) for path in root.rglob("*")}
+
+
+def test_a_pattern_that_excludes_nothing_is_warned_about(tmp_path: Path, caplog) -> None:
+    src = _git_tree(tmp_path / "project")
+    patterns = [".gti", "/etc/passwd", "main.c/", "build", "build/obj"]  # the last: inside what build left out
+    with caplog.at_level(logging.WARNING, logger="packfs"):
+        pack_folder(src, tmp_path / "x.ffr", exclude=patterns)
+    assert [record.getMessage() for record in caplog.records] == [
+        f"exclude pattern {pattern!r} excluded nothing in {str(src)!r}"
+        for pattern in (".gti", "/etc/passwd", "main.c/", "build/obj")]
+    with PackedFolder(tmp_path / "x.ffr") as folder:
+        assert folder.exists("main.c") and not folder.exists("build")
+
+
+@pytest.mark.parametrize("pattern", [".", "./", "{src}", "{src}/", "/"])
+def test_a_pattern_for_the_packed_directory_itself_is_refused(tmp_path: Path, pattern: str) -> None:
+    src = _git_tree(tmp_path / "project")
+    with pytest.raises(ValueError, match="names the directory being packed itself"):
+        pack_folder(src, tmp_path / "x.ffr", exclude=[pattern.format(src=src)])
+    assert not (tmp_path / "x.ffr").exists()
+
+
 def test_output_inside_source_is_not_packed_into_itself(tree: Path) -> None:
     out = tree / "self.ffr"
     pack_folder(tree, out)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fnmatch
 import logging
 import os
 import shutil
@@ -19,6 +18,7 @@ from ..errors import PackError, PackSourceError
 from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, crc32, pack_footer,
                       record_count_for, symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
+from .exclude import ExcludePatterns
 
 __all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pack_entries", "pack_folder"]
 
@@ -491,11 +491,6 @@ class _Scanned:
     target: bytes | None = None  # symlink text, or the first path of a hard link
 
 
-def _excluded(key: bytes, name: bytes, patterns: Sequence[str]) -> bool:
-    text, base = os.fsdecode(key), os.fsdecode(name)
-    return any(fnmatch.fnmatchcase(text, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
-
-
 # Paths longer than this are opened in pieces (PATH_MAX is 4,096 on Linux; a tree
 # 10,000 levels deep has 20,000-byte paths).
 _PATH_PIECE = 2048
@@ -535,7 +530,7 @@ _HELD_DIRECTORIES = 256
 
 
 def _scan(
-    src: bytes, follow_symlinks: bool, exclude: Sequence[str], skip: set[tuple[int, int]],
+    src: bytes, follow_symlinks: bool, exclude: ExcludePatterns, skip: set[tuple[int, int]],
     temp_files: tuple[tuple[int, int], bytes], skips: SkipList,
 ) -> list[_Scanned]:
     """Depth-first listing of ``src``, names sorted bytewise.  What cannot be listed or
@@ -573,7 +568,7 @@ def _scan(
             child_key = key + b"/" + name if key else name
             if identity == temp_files[0] and name.startswith(temp_files[1]):
                 continue  # a packer's temporary file for this same output
-            if exclude and _excluded(child_key, name, exclude):
+            if exclude and exclude.excludes(child_key, name):
                 continue
             try:
                 info = os.lstat(name, dir_fd=fd)
@@ -588,6 +583,8 @@ def _scan(
                 continue
             except OSError as error:
                 skips.add(path_of(child_key), f"cannot stat: {error.strerror}", failed=True)
+                continue
+            if exclude and stat_module.S_ISDIR(info.st_mode) and exclude.excludes(child_key, name, directory=True):
                 continue
             found.append((name, child_key, info, target))
         return found
@@ -828,7 +825,10 @@ def pack_folder(
         Store what symlinks point to instead of the links.
     exclude
         Glob patterns; an entry is left out when its path relative to ``src`` or its
-        name matches one.
+        name matches one.  ``./PATTERN``, ``/PATTERN`` and absolute paths inside
+        ``src`` match from its top only, ``PATTERN/`` directories only (see
+        :class:`packfs.write.ExcludePatterns`); a pattern that excluded nothing
+        is logged as a warning after the pack.
     force
         Replace ``out`` if it exists.
     progress
@@ -847,6 +847,8 @@ def pack_folder(
     PackError
         ``src`` is not a directory or cannot be listed, ``out`` exists, or writing
         failed.
+    ValueError
+        An ``exclude`` pattern names ``src`` itself.
     """
     started = time.perf_counter()
     src_bytes = os.fsencode(src)
@@ -870,8 +872,9 @@ def pack_folder(
         os.fsencode("." + os.path.basename(out_text) + TEMP_MARKER),
     )
     root = src_bytes.rstrip(b"/") or b"/"
+    patterns = ExcludePatterns(exclude, root)
     skips = SkipList(keep_going)
-    items = _scan(root, follow_symlinks, exclude, skip, temp_files, skips)
+    items = _scan(root, follow_symlinks, patterns, skip, temp_files, skips)
     if skips.failures and not keep_going:
         _fail_listing_every_path(root, items, skips)
     data_slots = sum(1 for item in items if item.kind in ("file", "symlink"))
@@ -913,6 +916,8 @@ def pack_folder(
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
         _fail_listing_every_path(root, items[written:], skips, failed_files)
+    for pattern in patterns.unused():
+        log.warning("exclude pattern %r excluded nothing in %r", pattern, os.fsdecode(root))
     return _stats(builder, skips.paths, out_text, started)
 
 
