@@ -19,7 +19,7 @@ from . import __version__
 from .errors import PackfsError, PackSourceError
 from .extract import unpack as unpack_archive
 from .folder import PackedFolder
-from .write import pack_folder, remove_unfinished
+from .write import SkippedPath, pack_folder, remove_unfinished
 
 # Checked by the library, which says in one line what is wrong (missing, a directory,
 # not an archive) and exits 1; click's own check would be a usage error (exit 2).
@@ -289,7 +289,7 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         click.get_current_context().exit(3)
 
 
-def _skipped_summary(skipped: tuple[Any, ...], failed: int) -> str:
+def _skipped_summary(skipped: tuple[SkippedPath, ...], failed: int) -> str:
     if not skipped:
         return ""
     text = f"; skipped {_count(len(skipped), 'path')}, each listed above"

@@ -73,6 +73,19 @@ def test_pack_exclude_forms_and_the_warning(run, tree: Path, tmp_path: Path) -> 
     assert "names the directory being packed itself" in result.stderr
 
 
+@pytest.mark.parametrize("option", [["-L"], ["--exclude", "a"], ["-k"], ["--keep-going"]])
+def test_pack_options_for_a_directory_are_usage_errors_for_a_tar(run, tree: Path, tmp_path: Path,
+                                                                  option: list[str]) -> None:
+    import tarfile
+
+    with tarfile.open(tmp_path / "t.tar", "w") as tar:
+        tar.add(tree / "hello.txt", "hello.txt")
+    result = run("pack", *option, tmp_path / "t.tar", tmp_path / "t.ffr")
+    assert result.exit_code == 2
+    assert "-L, --exclude and --keep-going apply to a directory SRC only" in result.stderr
+    assert not (tmp_path / "t.ffr").exists()
+
+
 def test_pack_warns_about_special_files(run, tree: Path, tmp_path: Path) -> None:
     os.mkfifo(tree / "pipe")
     result = run("pack", tree, tmp_path / "x.ffr")
