@@ -20,13 +20,14 @@ from .errors import (
     NotASymlinkError,
     PackError,
     PackfsError,
+    PackSourceError,
     PathNotFoundError,
     RecordFileError,
     RemoteArchiveError,
     UnpackDamagedError,
     UnpackError,
 )
-from .write import Entry, PackStats, convert, pack_entries, pack_folder
+from .write import Entry, PackStats, SkippedPath, convert, pack_entries, pack_folder
 from .extract import UnpackStats, unpack
 from .folder import FileStat, PackedFile, PackedFolder, VerifyReport
 from .records import RecordReader, RecordWriter, record_file_info, verify_record_file
@@ -43,6 +44,7 @@ __all__ = [
     "convert",
     "Entry",
     "PackStats",
+    "SkippedPath",
     "unpack",
     "UnpackStats",
     "RecordWriter",
@@ -61,6 +63,7 @@ __all__ = [
     "NotADirectoryPathError",
     "NotASymlinkError",
     "PackError",
+    "PackSourceError",
     "UnpackError",
     "UnpackDamagedError",
     "__version__",

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 import click
 
 from . import __version__
-from .errors import PackfsError, RecordFileError
+from .errors import PackfsError, PackSourceError, RecordFileError
 from .extract import unpack as unpack_archive
 from .folder import PackedFolder
-from .write import pack_folder, remove_unfinished
+from .write import SkippedPath, pack_folder, remove_unfinished
 
 # Checked by the library, which says in one line what is wrong (missing, a directory,
 # not an archive) and exits 1; click's own check would be a usage error (exit 2).
@@ -169,16 +169,30 @@ def _exit_on_signals(what: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _closing(progress: _TerminalProgress) -> Iterator[_TerminalProgress]:
-    """Blank the progress line however the block ends."""
+    """Blank the progress line however the block ends; warnings meanwhile blank it
+    first, so that they do not run into it."""
+    _WarningHandler.progress = progress
     try:
         yield progress
     finally:
+        _WarningHandler.progress = None
         progress.close()
 
 
 class _WarningHandler(logging.Handler):
+    """Prints the ``packfs`` logger's warnings on stderr: ``Warning: ...``, and a path a
+    pack left out as ``skipped: PATH (reason)`` (its exact bytes)."""
+
+    progress: _TerminalProgress | None = None
+
     def emit(self, record: logging.LogRecord) -> None:
-        click.echo(f"Warning: {record.getMessage()}", err=True)
+        if self.progress is not None:
+            self.progress.close()  # the next update draws it again, below
+        skipped = getattr(record, "skipped_path", None)
+        if skipped is not None:
+            click.echo(os.fsencode(f"skipped: {skipped.path} ({skipped.reason})"), err=True)
+        else:
+            click.echo(f"Warning: {record.getMessage()}", err=True)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -215,36 +229,63 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Leave out paths or names matching GLOB (repeatable).")
+              help="Leave out paths or names matching GLOB (repeatable). ./GLOB, /GLOB and absolute "
+                   "paths inside SRC match from SRC's top only, as tar's and rsync's do; GLOB/ matches "
+                   "directories only. A GLOB that excluded nothing is warned about.")
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("-k", "--keep-going", is_flag=True,
+              help="Pack the rest when paths cannot be read (unreadable, vanished, changing while read): "
+                   "each is printed as 'skipped: PATH (why)' and the exit status is 3.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("--no-xattrs", "no_xattrs", is_flag=True,
               help="Leave out extended attributes (kept by default: a directory's, as this user can read "
                    "them; a tar's from its pax headers).")
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
-         quiet: bool, no_xattrs: bool) -> None:
+         keep_going: bool, quiet: bool, no_xattrs: bool) -> None:
     """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
     .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
     streamed in, never extracted to disk.
 
+    A path in SRC that cannot be read fails the pack, listing every such path, and
+    nothing is written; with --keep-going the rest is packed.  FIFOs, sockets and
+    devices are skipped ('skipped: PATH (why)').
+
+    \b
+    Exit status: 0 packed; 1 error, OUT not written; 2 usage error;
+    3 packed with --keep-going, but paths that could not be read were left out.
+
     \b
     Example:
       packfs pack dataset/ data.ffr --exclude '*.tmp'
+      packfs pack -k /scratch/project project.ffr   # exit status 3 if paths were left out
       packfs pack ILSVRC2012_img_val.tar val.ffr
     """
     from_archive = src == "-" or not os.path.isdir(src)
-    if from_archive and (follow_symlinks or exclude):
-        raise click.UsageError("-L and --exclude apply to a directory SRC only")
-    progress = _TerminalProgress("packing", quiet)
-    with _exit_on_signals(repr(out)), _closing(progress):
-        if from_archive:
-            from .write import pack_archive
+    if from_archive and (follow_symlinks or exclude or keep_going):
+        raise click.UsageError("-L, --exclude and --keep-going apply to a directory SRC only")
+    if exclude:
+        from .write import ExcludePatterns
 
-            stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress,
-                                 xattrs=not no_xattrs)
-        else:
-            stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
-                                force=force, progress=progress, xattrs=not no_xattrs)
+        try:
+            ExcludePatterns(exclude, src)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--exclude'") from None
+    progress = _TerminalProgress("packing", quiet)
+    try:
+        with _exit_on_signals(repr(out)), _closing(progress):
+            if from_archive:
+                from .write import pack_archive
+
+                stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress,
+                                     xattrs=not no_xattrs)
+            else:
+                stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
+                                    force=force, progress=progress, keep_going=keep_going, xattrs=not no_xattrs)
+    except PackSourceError as error:
+        if len(error.failed) > 1:  # the error line names one; every one is listed
+            for failed in error.failed:
+                click.echo(os.fsencode(f"cannot pack: {failed.path} ({failed.reason})"), err=True)
+        raise
     if not quiet:
         seconds = max(stats.seconds, 1e-9)
         rates = [f"{human_size(stats.file_bytes / seconds)}/s"]
@@ -254,9 +295,18 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
             f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
             f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
             f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
-            + (f"; skipped {_count(stats.skipped, 'entry', 'entries')} (each named above)" if stats.skipped else ""),
+            + _skipped_summary(stats.skipped, len(stats.failed)),
             err=True,
         )
+    if stats.failed:
+        click.get_current_context().exit(3)
+
+
+def _skipped_summary(skipped: tuple[SkippedPath, ...], failed: int) -> str:
+    if not skipped:
+        return ""
+    text = f"; skipped {_count(len(skipped), 'path')}, each listed above"
+    return text + (f" ({failed} could not be read)" if failed else "")
 
 
 def _count(number: int, noun: str, plural: str = "") -> str:

@@ -7,10 +7,11 @@ keep writing ``except FileNotFoundError`` (the pattern zarr uses).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from .extract import UnpackStats
+    from .write import SkippedPath
 
 __all__ = [
     "PackfsError",
@@ -26,6 +27,7 @@ __all__ = [
     "NotADirectoryPathError",
     "NotASymlinkError",
     "PackError",
+    "PackSourceError",
     "UnpackError",
     "UnpackDamagedError",
     "MountError",
@@ -98,6 +100,18 @@ class NotASymlinkError(PackfsError, ValueError):
 
 class PackError(PackfsError):
     """Raised when the writer rejects its input or cannot finish the archive."""
+
+
+class PackSourceError(PackError):
+    """Raised by pack_folder (without ``keep_going``) when paths in the tree cannot be
+    packed: unreadable, vanished, or changing while read.  Nothing is written;
+    ``failed`` lists every one found, as SkippedPath(path, reason, failed=True)."""
+
+    def __init__(self, failed: Sequence[SkippedPath]) -> None:
+        self.failed = tuple(failed)
+        first = f"{failed[0].path!r}: {failed[0].reason}"
+        text = first if len(failed) == 1 else f"{len(failed)} paths cannot be packed ({first}, and {len(failed) - 1} more)"
+        super().__init__(f"{text}; nothing was written (--keep-going packs the rest)")
 
 
 class UnpackError(PackfsError):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from packfs import PackedFolder
 from packfs.cli import main
 from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, cli_runner, damaged_copy
 
@@ -59,11 +60,38 @@ def test_pack_options(run, tree: Path, tmp_path: Path) -> None:
     assert "link-to-hello -> " not in long and "dangling -> no/such/target" in long
 
 
+def test_pack_exclude_forms_and_the_warning(run, tree: Path, tmp_path: Path) -> None:
+    result = run("pack", "--exclude", "./a/", "--exclude", f"{tree}/hello.txt", "--exclude", "*.gti",
+                 tree, tmp_path / "x.ffr")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == f"Warning: exclude pattern '*.gti' excluded nothing in {str(tree)!r}"
+    folder = PackedFolder(tmp_path / "x.ffr")
+    assert not folder.exists("a") and not folder.exists("hello.txt") and folder.exists("big/large.bin")
+    result = run("pack", "--exclude", "./", tree, tmp_path / "y.ffr")
+    assert result.exit_code == 2 and "Invalid value for '--exclude'" in result.stderr
+    assert "names the directory being packed itself" in result.stderr
+
+
+@pytest.mark.parametrize("option", [["-L"], ["--exclude", "a"], ["-k"], ["--keep-going"]])
+def test_pack_options_for_a_directory_are_usage_errors_for_a_tar(run, tree: Path, tmp_path: Path,
+                                                                  option: list[str]) -> None:
+    import tarfile
+
+    with tarfile.open(tmp_path / "t.tar", "w") as tar:
+        tar.add(tree / "hello.txt", "hello.txt")
+    result = run("pack", *option, tmp_path / "t.tar", tmp_path / "t.ffr")
+    assert result.exit_code == 2
+    assert "-L, --exclude and --keep-going apply to a directory SRC only" in result.stderr
+    assert not (tmp_path / "t.ffr").exists()
+
+
 def test_pack_warns_about_special_files(run, tree: Path, tmp_path: Path) -> None:
     os.mkfifo(tree / "pipe")
     result = run("pack", tree, tmp_path / "x.ffr")
-    assert result.exit_code == 0
-    assert "Warning: skipped FIFO" in result.stderr and "pipe" in result.stderr
+    assert result.exit_code == 0  # a FIFO is no failure: archives hold none
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"skipped: {tree / 'pipe'} (a FIFO)"
+    assert lines[1].startswith("packed 11 files") and lines[1].endswith("; skipped 1 path, each listed above")
 
 
 def test_ls(run, archive: Path) -> None:
@@ -413,9 +441,9 @@ def test_counts_are_plural_only_when_they_should_be(run, tmp_path: Path) -> None
     packed = run("pack", src, out)
     assert packed.exit_code == 0, packed.output
     # What was skipped is named: each in a warning, then counted with its noun.
-    assert "Warning: skipped FIFO" in packed.stderr
+    assert f"skipped: {src / 'pipe'} (a FIFO)" in packed.stderr
     assert "packed 1 file, 2 dirs, 1 symlink (1 B)" in packed.stderr
-    assert packed.stderr.rstrip().endswith("; skipped 1 entry (each named above)")
+    assert packed.stderr.rstrip().endswith("; skipped 1 path, each listed above")
     unpacked = run("unpack", out, tmp_path / "dest")
     assert unpacked.stderr.startswith("unpacked 1 file, 2 dirs, 1 symlink (1 B)")
     converted = run("convert", VECTORS / "packed_empty_folder.ffr", tmp_path / "converted.ffr")

@@ -8,7 +8,9 @@ from __future__ import annotations
 from .archives import pack_archive
 from .container import TEMP_MARKER, ContainerWriter, remove_unfinished
 from .convert import convert
-from .pack import Entry, PackProgress, PackStats, pack_entries, pack_folder
+from .exclude import ExcludePatterns
+from .pack import Entry, PackProgress, PackStats, SkipList, SkippedPath, pack_entries, pack_folder
 
-__all__ = ["Entry", "PackProgress", "PackStats", "pack_entries", "pack_folder", "pack_archive", "convert",
+__all__ = ["Entry", "PackProgress", "PackStats", "SkippedPath", "SkipList", "pack_entries", "pack_folder",
+           "pack_archive", "convert", "ExcludePatterns",
            "ContainerWriter", "TEMP_MARKER", "remove_unfinished"]

@@ -19,6 +19,7 @@ positions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any, BinaryIO, Iterator, cast
 from ..errors import PackError
 from ..format import MAX_SYMLINK_TARGET, symlink_length_problem, symlink_target_problem
 from ..source import url_error
-from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
+from .pack import Entry, PackProgress, PackStats, PathLike, SkipList, pack_entries
 
 __all__ = ["archive_kind", "pack_archive"]
 
@@ -71,16 +72,16 @@ def _normalized(name: str) -> str | None:
     return None if ".." in parts else "/".join(parts)
 
 
-def _safe_name(name: str, source: str) -> str | None:
+def _safe_name(name: str, skips: SkipList) -> str | None:
     normal = _normalized(name)
     if normal is None:
-        log.warning("%s: skipped %r: a name with '..' would leave the tree", source, name)
+        skips.add(name, "a name with '..' would leave the tree")
     elif name.startswith("/"):
-        log.warning("%s: stored %r as %r, without the leading '/'", source, name, normal)
+        log.warning("%sstored %r as %r, without the leading '/'", skips.where, name, normal)
     return normal
 
 
-def _storable_target(target: str | bytes, name: str, source: str, length: int | None = None) -> bool:
+def _storable_target(target: str | bytes, name: str, skips: SkipList, length: int | None = None) -> bool:
     """Whether a symlink member's target is one an archive can hold (format section 5:
     non-empty, no NUL byte, at most 4,095 bytes); if not, the member is skipped with a
     warning, as other members packfs cannot store are: one bad member of a tar or zip
@@ -88,7 +89,7 @@ def _storable_target(target: str | bytes, name: str, source: str, length: int | 
     problem = (symlink_length_problem(length) if length is not None
                else symlink_target_problem(os.fsencode(target)))
     if problem:
-        log.warning("%s: skipped %r: a symlink with %s", source, name, problem)
+        skips.add(name, f"a symlink with {problem}")
     return not problem
 
 
@@ -114,33 +115,39 @@ def _attributes(member: tarfile.TarInfo, xattrs: bool) -> dict[str, Any]:
             "mtime_ns": int(round(member.mtime * 1e9)), "xattrs": _member_xattrs(member) if xattrs else None}
 
 
-def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], source: str,
+def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], skips: SkipList,
                  xattrs: bool = True) -> Iterator[Entry]:
     for member in members:
-        name = _safe_name(member.name, source)
-        if name is None:
-            continue
-        if member.isdir():
-            yield Entry(name, kind="dir", **_attributes(member, xattrs))
-        elif member.isreg():
-            yield Entry(name, tar.extractfile(member), size=member.size, **_attributes(member, xattrs))
-        elif member.issym():
-            if _storable_target(member.linkname, member.name, source):
-                yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member, xattrs))
-        elif member.islnk():
-            target = _safe_name(member.linkname, source)
-            if target is not None:
-                yield Entry(name, kind="hardlink", target=target, **_attributes(member, xattrs))
-        else:
-            log.warning("%s: skipped %r: a device, FIFO or other special member", source, member.name)
+        name = _safe_name(member.name, skips)
+        if name is not None:
+            yield from _tar_entry(tar, member, name, skips, xattrs)
 
 
-def _tar_entries_in_pack_order(tar: tarfile.TarFile, source: str, xattrs: bool = True) -> tuple[Iterator[Entry], int]:
+def _tar_entry(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, skips: SkipList,
+               xattrs: bool = True) -> Iterator[Entry]:
+    """The entry of ``member``, stored as ``name`` (none if it is skipped)."""
+    if member.isdir():
+        yield Entry(name, kind="dir", **_attributes(member, xattrs))
+    elif member.isreg():
+        yield Entry(name, tar.extractfile(member), size=member.size, **_attributes(member, xattrs))
+    elif member.issym():
+        if _storable_target(member.linkname, member.name, skips):
+            yield Entry(name, kind="symlink", target=member.linkname, **_attributes(member, xattrs))
+    elif member.islnk():
+        target = _safe_name(member.linkname, skips)
+        if target is not None:
+            yield Entry(name, kind="hardlink", target=target, **_attributes(member, xattrs))
+    else:
+        skips.add(member.name, "a device, FIFO or other special member")
+
+
+def _tar_entries_in_pack_order(tar: tarfile.TarFile, skips: SkipList,
+                               xattrs: bool = True) -> tuple[Iterator[Entry], int]:
     """The members in pack's order, reading each file by seeking; a hard-link group's
     data goes to its first path in that order, as pack stores an extracted tree."""
     members = {}
     for member in tar.getmembers():
-        name = _safe_name(member.name, source)
+        name = _safe_name(member.name, skips)
         if name is not None:
             members[name] = member
     groups: dict[str, list[str]] = {}  # a linked file's path -> every path of its data
@@ -167,10 +174,9 @@ def _tar_entries_in_pack_order(tar: tarfile.TarFile, source: str, xattrs: bool =
                 else:
                     yield Entry(name, kind="hardlink", target=leader[name], **_attributes(original, xattrs))
             elif member.islnk():
-                log.warning("%s: skipped %r: a hard link to %r, which is not a file in the archive",
-                            source, member.name, member.linkname)
+                skips.add(member.name, f"a hard link to {member.linkname!r}, which is not a file in the archive")
             else:
-                yield from _tar_entries(tar, iter([member]), source, xattrs)
+                yield from _tar_entry(tar, member, name, skips, xattrs)  # its name was checked above
 
     count = sum(1 for m in members.values() if m.isreg() or m.issym())  # hard links take no record
     return entries(), count
@@ -182,9 +188,9 @@ def _compressed(path: str) -> bool:
     return head[:2] == b"\x1f\x8b" or head[:3] == b"BZh" or head == b"\xfd7zXZ\x00"
 
 
-def _zip_entries(archive: zipfile.ZipFile, source: str) -> Iterator[Entry]:
+def _zip_entries(archive: zipfile.ZipFile, skips: SkipList) -> Iterator[Entry]:
     for info in archive.infolist():
-        name = _safe_name(info.filename, source)
+        name = _safe_name(info.filename, skips)
         if name is None:
             continue
         unix_mode = info.external_attr >> 16
@@ -195,16 +201,16 @@ def _zip_entries(archive: zipfile.ZipFile, source: str) -> Iterator[Entry]:
         elif kind == stat_module.S_IFLNK:
             # The declared size first, so a huge "target" is not decompressed to be refused.
             if info.file_size > MAX_SYMLINK_TARGET:
-                _storable_target(b"", info.filename, source, length=info.file_size)  # warns
+                _storable_target(b"", info.filename, skips, length=info.file_size)  # skips it
                 continue
             target = archive.read(info)
-            if _storable_target(target, info.filename, source):
+            if _storable_target(target, info.filename, skips):
                 yield Entry(name, kind="symlink", target=target, mtime_ns=mtime_ns)
         elif kind in (0, stat_module.S_IFREG):
             yield Entry(name, lambda info=info: archive.open(info), size=info.file_size,
                         mode=(unix_mode & 0o7777) or 0o644, mtime_ns=mtime_ns)
         else:
-            log.warning("%s: skipped %r: a device, FIFO or other special member", source, info.filename)
+            skips.add(info.filename, "a device, FIFO or other special member")
 
 
 class _CountingReader:
@@ -314,6 +320,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
         raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
     if source == "-" and stdin is None:
         raise ValueError('pack_archive("-") needs the stream to read as stdin')
+    skips = SkipList(where=f"{'<stdin>' if source == '-' else source}: ")
     try:
         with contextlib.ExitStack() as stack:
             raw = cast(BinaryIO, stdin) if source == "-" else stack.enter_context(open(source, "rb"))
@@ -325,28 +332,30 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                     # The central directory lists every member up front, so the record
                     # count is known and members stream straight in, without a spool.
                     # (The counting reader already reports the bytes they are read from.)
-                    entries = list(_zip_entries(archive, source))
-                    return pack_entries(entries, out, count=sum(entry.kind != "dir" for entry in entries),
-                                        force=force)
-            if streamed:
+                    entries = list(_zip_entries(archive, skips))
+                    stats = pack_entries(entries, out, count=sum(entry.kind != "dir" for entry in entries),
+                                         force=force)
+            elif streamed:
                 # A stream: member order.  tarfile reads a stream 10 KiB at a time, and
                 # its stream buffer copies what it holds at every read, so a larger
                 # bufsize makes each 512-byte header read copy that much (1 MiB made
                 # 8,000 JPEGs 4x slower).  A 1 MiB buffer below it keeps the system
                 # calls few instead.
                 with tarfile.open(fileobj=io.BufferedReader(_RawReader(raw), _CHUNK), mode="r|*") as tar:
-                    label = "<stdin>" if source == "-" else source
-                    return pack_entries(_tar_entries(tar, iter(tar), label, xattrs), out, force=force,
-                                        progress=progress)
-            compressed = _compressed(source)
-            with tarfile.open(fileobj=raw, mode="r:*" if compressed else "r:") as tar:
-                if compressed:  # reading a compressed tar out of order would be slow
-                    return pack_entries(_tar_entries(tar, iter(tar), source, xattrs), out, force=force,
-                                        progress=progress)
-                entries, count = _tar_entries_in_pack_order(tar, source, xattrs)
-                # Not spooled: the counting reader already reports every byte copied, and
-                # pack_entries reporting the files too would count them twice.
-                has_xattrs = xattrs and any(_member_xattrs(member) for member in tar.getmembers())
-                return pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs)
+                    stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
+                                         progress=progress)
+            else:
+                compressed = _compressed(source)
+                with tarfile.open(fileobj=raw, mode="r:*" if compressed else "r:") as tar:
+                    if compressed:  # reading a compressed tar out of order would be slow
+                        stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
+                                             progress=progress)
+                    else:
+                        entries, count = _tar_entries_in_pack_order(tar, skips, xattrs)
+                        # Not spooled: the counting reader already reports every byte copied, and
+                        # pack_entries reporting the files too would count them twice.
+                        has_xattrs = xattrs and any(_member_xattrs(member) for member in tar.getmembers())
+                        stats = pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs)
+        return dataclasses.replace(stats, skipped=tuple(skips.paths))
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
         raise PackError(f"cannot read {source!r}: {error}") from None

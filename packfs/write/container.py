@@ -200,6 +200,31 @@ class ContainerWriter:
                 self._piece_crc = 0
             data = data[head:]
 
+    @property
+    def record_crc(self) -> int:
+        """The CRC-32 of the bytes written so far to the record begun with :meth:`begin_record`."""
+        return self._record_crc
+
+    def discard_record(self) -> None:
+        """Drop the record begun with :meth:`begin_record`: the output is cut back to
+        where the record began, so that it can be begun again and written anew (a
+        file that changed while it was copied in) or another record take its place.
+
+        Raises
+        ------
+        ValueError
+            No record is begun.
+        """
+        if self._record_start < 0:
+            raise ValueError("discard_record() needs a record begun with begin_record()")
+        self._file.seek(self._record_start)
+        self._file.truncate()  # a shorter second copy must not leave the first one's tail
+        self.position = self._record_start
+        self._record_start = -1
+        self._record_crc = 0
+        self._piece_crc = 0
+        del self._record_pieces[:]
+
     def end_record(self) -> int:
         """Finish the current record and return its index."""
         self._offsets.append(self._record_start)
@@ -213,6 +238,7 @@ class ContainerWriter:
             self._piece_crcs.extend(self._record_pieces)
             self._piece_starts.append(len(self._piece_crcs))
             del self._record_pieces[:]
+        self._record_start = -1
         return record
 
     def piece_table(self) -> tuple[array, array, array]:

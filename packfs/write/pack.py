@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-from array import array
 import errno
-import fnmatch
 import logging
 import os
 import shutil
 import stat as stat_module
 import tempfile
 import time
+from array import array
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, Iterator, Literal, Mapping, Optional, Protocol, Sequence, Union
+from typing import (BinaryIO, Callable, Iterable, Iterator, Literal, Mapping, NoReturn, Optional, Protocol,
+                    Sequence, Union)
 
 from ..core.paths import PathArg, archive_key
-from ..errors import PackError
+from ..errors import PackError, PackSourceError
 from ..format import (NO_RECORD, PIECES_SINCE_MINOR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT,
-                      SECTIONS, XATTR_SECTIONS, XATTRS_SINCE_MINOR, pack_footer, record_count_for, section_count_for,
-                      symlink_target_problem)
+                      SECTIONS, XATTR_SECTIONS, XATTRS_SINCE_MINOR, crc32, pack_footer, record_count_for,
+                      section_count_for, symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
+from .exclude import ExcludePatterns
+from .scan import Scanned, open_beneath, scan_tree
+from .skips import SkipList, SkippedPath
 
-__all__ = ["Entry", "PackStats", "PackProgress", "pack_entries", "pack_folder"]
+__all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pack_entries", "pack_folder"]
 
 log = logging.getLogger("packfs")
 
@@ -86,16 +89,22 @@ class Entry:
 
 @dataclass(frozen=True)
 class PackStats:
-    """What a pack wrote."""
+    """What a pack wrote, and every path it left out (``skipped``, in the order met;
+    paths left out by ``exclude`` are not listed)."""
 
     files: int
     dirs: int
     symlinks: int
     hardlinks: int
-    skipped: int
+    skipped: tuple[SkippedPath, ...]
     file_bytes: int
     archive_bytes: int
     seconds: float
+
+    @property
+    def failed(self) -> tuple[SkippedPath, ...]:
+        """The skipped paths that could not be read whole (``packfs pack`` then exits 3)."""
+        return tuple(path for path in self.skipped if path.failed)
 
 
 _DEFAULT_MODE = {"file": 0o644, "dir": 0o755, "symlink": 0o777, "hardlink": 0o644}
@@ -127,7 +136,10 @@ class _ArchiveBuilder:
             )
         self.writer.begin_record()
 
-    def add(self, entry: Entry) -> None:
+    def add(self, entry: Entry | _TreeFile) -> None:
+        if isinstance(entry, _TreeFile):
+            self._add_tree_file(entry)
+            return
         key = archive_key(entry.path)
         kind = entry.kind
         if kind not in _TYPE_BITS:
@@ -181,6 +193,63 @@ class _ArchiveBuilder:
         except ValueError as error:
             raise PackError(f"{label!r} has an extended attribute the format cannot store: {error}") from None
         self.rows.xattrs[self.rows.row_of[key]] = encoded
+
+    def _add_tree_file(self, source: _TreeFile) -> None:
+        key = archive_key(source.key)
+        if key in self.rows:
+            raise PackError(f"duplicate path {source.path!r}")
+        record, size, info = self._write_tree_file(source)
+        self.file_bytes += size
+        self.counts["file"] += 1
+        self.rows.add(key, S_IFREG | stat_module.S_IMODE(info.st_mode), info.st_uid, info.st_gid,
+                      info.st_mtime_ns, size, record)
+        if source.xattrs:
+            self._add_xattrs(key, source.path, source.xattrs)
+
+    def _write_tree_file(self, source: _TreeFile) -> tuple[int, int, os.stat_result]:
+        """Copy a file of the tree into a record so that the bytes stored are one state
+        of the file, read again while it changes; return (record, size, the stat of
+        that state, which is what the entry stores).  A file that cannot be packed
+        raises _CannotPack, its record dropped."""
+        source.open()
+        try:
+            self._new_record()
+            try:
+                for attempt in range(1, _READ_ATTEMPTS + 1):
+                    if attempt > 1:
+                        self.writer.discard_record()
+                        self.writer.begin_record()
+                    before, started = source.state()
+                    size = self._copy(source, before.st_size)
+                    change = source.change(before, size)
+                    if change is None and _stamps_may_hide_a_write(before, started):
+                        change = source.second_read_change(before, self.writer.record_crc, size, self._buffer)
+                    if change is None:
+                        if attempt > 1:
+                            log.warning("%r changed while it was read; stored as read again", source.path)
+                        return self.writer.end_record(), size, before
+                raise _CannotPack(source.path, f"kept changing while it was read ({_READ_ATTEMPTS} reads; "
+                                               f"the last: {change})")
+            except _CannotPack:
+                self.writer.discard_record()
+                raise
+        finally:
+            source.close()
+
+    def _copy(self, source: _TreeFile, expected: int) -> int:
+        """Copy ``source`` from its start into the current record; return the bytes
+        copied.  At most one byte past ``expected`` is read: that one already says the
+        file changed, and a file growing as fast as it is read would never end."""
+        view = memoryview(self._buffer)
+        copied = 0
+        while True:
+            got = source.read_at(view[: min(_CHUNK, expected + 1 - copied)], copied)
+            if not got:
+                return copied
+            self.writer.write(view[:got])
+            copied += got
+            if self.progress is not None:
+                self.progress.advance(0, got)
 
     def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
         data = entry.data
@@ -303,19 +372,28 @@ def pack_entries(
         xattrs = isinstance(entries, Sequence) and any(entry.xattrs for entry in entries)
     started = time.perf_counter()
     out_path = os.fsdecode(out)
-    builder = _write_archive(entries, out_path, count, force, progress, xattrs)
-    return _stats(builder, 0, out_path, started)
+    builder = _write_archive(entries, out_path, count, force, progress, xattrs=xattrs)
+    return _stats(builder, (), out_path, started)
 
 
-def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: bool,
-                   progress: PackProgress | None = None, xattrs: bool = False) -> _ArchiveBuilder:
-    """Write ``entries`` and the table to ``out`` atomically; the one write path."""
+def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: int, force: bool,
+                   progress: PackProgress | None = None,
+                   cannot_pack: Callable[[_CannotPack], None] | None = None, xattrs: bool = False) -> _ArchiveBuilder:
+    """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
+    file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
+    or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3)."""
     sections = section_count_for(XATTRS_SINCE_MINOR if xattrs else PIECES_SINCE_MINOR)
     with ContainerWriter(out, record_count_for(data_slots, sections), force=force, pieces=True) as writer:
         builder = _ArchiveBuilder(writer, data_slots, progress, xattrs)
         try:
             for entry in entries:
-                builder.add(entry)  # reports the bytes as they are written
+                try:
+                    builder.add(entry)  # reports the bytes as they are written
+                except _CannotPack as failure:
+                    if cannot_pack is None:
+                        raise
+                    cannot_pack(failure)
+                    continue
                 if progress is not None and entry.kind == "file":
                     progress.advance(1, 0)
         except OSError as error:
@@ -327,14 +405,14 @@ def _write_archive(entries: Iterable[Entry], out: str, data_slots: int, force: b
     return builder
 
 
-def _stats(builder: _ArchiveBuilder, skipped: int, out: str, started: float) -> PackStats:
+def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, started: float) -> PackStats:
     counts = builder.counts
     return PackStats(
         files=counts["file"] + counts["hardlink"],
         dirs=sum(1 for mode in builder.rows.mode if mode & S_IFMT == S_IFDIR),
         symlinks=counts["symlink"],
         hardlinks=counts["hardlink"],
-        skipped=skipped,
+        skipped=tuple(skipped),
         file_bytes=builder.file_bytes,
         archive_bytes=os.path.getsize(out),
         seconds=time.perf_counter() - started,
@@ -402,247 +480,121 @@ class _Window:
 # -- packing a directory ---------------------------------------------------------------
 
 
-@dataclass
-class _Scanned:
-    key: bytes
-    kind: str
-    info: os.stat_result
-    target: bytes | None = None  # symlink text, or the first path of a hard link
-    xattrs: dict[bytes, bytes] | None = None
+# A file that changed while it was read is read again, from its start, its record cut
+# back; after this many reads that each saw it change, it is not packed.
+_READ_ATTEMPTS = 3
+# How recent a file's ctime must be for an unchanged stat to prove nothing.  A write is
+# stamped with the kernel's coarse clock (up to a tick behind: 10 ms at HZ=100),
+# truncated to the file system's granularity (1 ns on ext4, xfs, btrfs and tmpfs; whole
+# seconds on Lustre and on ext4 with 128-byte inodes; 2 s on FAT), so a write during the
+# read may carry the stamp of the write just before it, and leave the stat as it was.
+_FINE_STAMPS_WINDOW_NS = 50_000_000
+_SECOND_STAMPS_WINDOW_NS = 3_000_000_000
 
 
-# Errors that mean "this file system keeps no extended attributes", not a problem.
-_NO_XATTR_SUPPORT = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+def _stamps_may_hide_a_write(info: os.stat_result, started_ns: int) -> bool:
+    """Whether ``info``, taken at ``started_ns``, is too recent a change for an
+    unchanged stat after the read to prove that nothing was written during it."""
+    whole_seconds = info.st_ctime_ns % 1_000_000_000 == 0
+    window = _SECOND_STAMPS_WINDOW_NS if whole_seconds else _FINE_STAMPS_WINDOW_NS
+    return info.st_ctime_ns >= started_ns - window
 
 
-def _read_xattrs(path: bytes, follow_symlinks: bool, label: str) -> dict[bytes, bytes] | None:
-    """The extended attributes of ``path`` (None for none), as the OS lists them for
-    this user (an unprivileged one sees no trusted.* names).  A name the format cannot
-    store, or one that cannot be read, is left out with a warning."""
-    try:
-        names = os.listxattr(path, follow_symlinks=follow_symlinks)
-    except OSError as error:
-        if error.errno not in _NO_XATTR_SUPPORT:
-            log.warning("%r: cannot list extended attributes (%s), packed without them", label, error.strerror)
-        return None
-    if not names:
-        return None
-    from ..format import XATTR_SIZE_MAX, xattr_name_problem
-
-    found: dict[bytes, bytes] = {}
-    for name in names:
-        raw = os.fsencode(name)
-        problem = xattr_name_problem(raw)
-        if problem:
-            log.warning("%r: extended attribute with %s not packed", label, problem)
-            continue
-        try:
-            value = os.getxattr(path, name, follow_symlinks=follow_symlinks)
-        except OSError as error:
-            if error.errno != errno.ENODATA:  # removed since it was listed: nothing to keep
-                log.warning("%r: cannot read extended attribute %r (%s), not packed", label, name, error.strerror)
-            continue
-        if len(value) > XATTR_SIZE_MAX:
-            log.warning("%r: extended attribute %r of %d bytes not packed (at most %d)", label, name,
-                        len(value), XATTR_SIZE_MAX)
-            continue
-        found[raw] = value
-    return found or None
+def _stat_change(before: os.stat_result, after: os.stat_result, copied: int) -> str | None:
+    """How the file changed between two fstat calls around a read of ``copied`` bytes,
+    or None.  (Its identity cannot change: both come from one descriptor.)"""
+    if not before.st_size == copied == after.st_size:
+        return f"{before.st_size} bytes before the read, {copied} read, {after.st_size} after it"
+    if after.st_mtime_ns != before.st_mtime_ns:
+        return "its mtime changed during the read"
+    if after.st_ctime_ns != before.st_ctime_ns:
+        return "its ctime changed during the read"
+    return None
 
 
-def _excluded(key: bytes, name: bytes, patterns: Sequence[str]) -> bool:
-    text, base = os.fsdecode(key), os.fsdecode(name)
-    return any(fnmatch.fnmatchcase(text, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
+class _CannotPack(PackError):
+    """A file of the tree cannot be packed: ``path`` and ``reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path!r}: {reason}")
+        self.path = path
+        self.reason = reason
 
 
-# Paths longer than this are opened in pieces (PATH_MAX is 4,096 on Linux; a tree
-# 10,000 levels deep has 20,000-byte paths).
-_PATH_PIECE = 2048
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+class _TreeFile:
+    """A regular file of the tree being packed, opened when its entry is written.
 
+    Its bytes and the attributes stored with them come from one descriptor, and the
+    fstat before the read must equal the fstat after it (size, mtime, ctime), or the
+    read is repeated: what GNU tar reports as "file changed as we read it", except that
+    nothing torn is stored."""
 
-def _open_beneath(root: bytes, key: bytes, flags: int, relative_to: int | None = None) -> int:
-    """Open ``root/key`` however long the path (or ``key`` relative to the directory
-    descriptor ``relative_to``): in pieces shorter than PATH_MAX, each opened
-    relative to the directory the previous piece reached."""
-    if relative_to is None:
-        if len(root) + len(key) < _PATH_PIECE:
-            return os.open(root + b"/" + key if key else root, flags)
-        fd = os.open(root, _DIRECTORY_FLAGS)
-    elif len(key) < _PATH_PIECE:
-        return os.open(key, flags, dir_fd=relative_to)
-    else:
-        fd = os.dup(relative_to)
-    try:
-        position = 0
-        while True:
-            if len(key) - position < _PATH_PIECE:
-                return os.open(key[position:], flags, dir_fd=fd)
-            cut = key.rfind(b"/", position, position + _PATH_PIECE)
-            if cut <= position:  # a single name longer than a piece: the OS refuses it
-                return os.open(key[position:], flags, dir_fd=fd)
-            below = os.open(key[position:cut], _DIRECTORY_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd, position = below, cut + 1
-    finally:
-        os.close(fd)
+    kind = "file"
 
+    def __init__(self, root: bytes, key: bytes, scanned: os.stat_result,
+                 xattrs: dict[bytes, bytes] | None = None) -> None:
+        self.root = root
+        self.key = key
+        self.scanned = scanned
+        self.xattrs = xattrs  # read by the scan, with the file's other metadata
+        self.path = os.fsdecode(root + b"/" + key)
+        self._fd = -1
 
-# At most this many directory descriptors stay open while scanning (one per level of
-# the current path); a level whose descriptor was closed is reopened if it is needed.
-_HELD_DIRECTORIES = 256
-
-
-def _scan(
-    src: bytes, follow_symlinks: bool, exclude: Sequence[str], skip: set[tuple[int, int]],
-    temp_files: tuple[tuple[int, int], bytes], xattrs: bool = True,
-) -> tuple[list[_Scanned], int]:
-    """Depth-first listing of ``src``, names sorted bytewise; returns (items, skipped).
-
-    Iterative, and each directory is opened relative to its parent's descriptor and
-    its children stat'ed relative to its own, so neither depth nor path length has a
-    limit and a tree of depth d costs O(d), not O(d**2), path resolution."""
-    items: list[_Scanned] = []
-    skipped = 0
-    first_link: dict[tuple[int, int], bytes] = {}
-    root_info = os.stat(src) if follow_symlinks else os.lstat(src)
-    items.append(_Scanned(b"", "dir", root_info, None, _read_xattrs(src, True, os.fsdecode(src)) if xattrs else None))
-    root_identity = (root_info.st_dev, root_info.st_ino)
-    # The directories on the current path, to recognise a symlink loop (-L).
-    on_path = {root_identity}
-    # A directory's own name is opened without following a symlink swapped in for it.
-    open_flags = _DIRECTORY_FLAGS | (0 if follow_symlinks else os.O_NOFOLLOW)
-
-    def attributes(fd: int, name: bytes, child_key: bytes, info: os.stat_result) -> dict[bytes, bytes] | None:
-        path = src + b"/" + child_key
-        if len(path) >= _PATH_PIECE:  # too long to name: through the directory's descriptor
-            path = b"/proc/self/fd/%d/%s" % (fd, name)
-        follow = follow_symlinks and not stat_module.S_ISLNK(info.st_mode)
-        return _read_xattrs(path, follow, os.fsdecode(src + b"/" + child_key))
-
-    def children(fd: int, key: bytes, identity: tuple[int, int]) -> list[tuple[bytes, bytes, os.stat_result, bytes | None, dict[bytes, bytes] | None]]:
-        """(name, key, info, symlink text, attributes) of each child of directory ``key`` to pack."""
-        try:
-            # listdir of a descriptor gives str: back to the names' exact bytes.
-            names = sorted(map(os.fsencode, os.listdir(fd)))
-        except OSError as error:
-            raise PackError(f"cannot list {os.fsdecode(src + b'/' + key)!r}: {error.strerror}") from None
-        found = []
-        for name in names:
-            child_key = key + b"/" + name if key else name
-            if identity == temp_files[0] and name.startswith(temp_files[1]):
-                continue  # a packer's temporary file for this same output
-            if exclude and _excluded(child_key, name, exclude):
-                continue
-            try:
-                info = os.lstat(name, dir_fd=fd)
-                if follow_symlinks and stat_module.S_ISLNK(info.st_mode):
-                    try:
-                        info = os.stat(name, dir_fd=fd)
-                    except OSError:
-                        log.warning("%r: dangling symlink kept as a symlink", os.fsdecode(src + b"/" + child_key))
-                target = os.readlink(name, dir_fd=fd) if stat_module.S_ISLNK(info.st_mode) else None
-            except FileNotFoundError:
-                raise PackError(f"{os.fsdecode(src + b'/' + child_key)!r} vanished while packing") from None
-            except OSError as error:
-                raise PackError(f"cannot read {os.fsdecode(src + b'/' + child_key)!r}: {error.strerror}") from None
-            found.append((name, child_key, info, target, attributes(fd, name, child_key, info) if xattrs else None))
-        return found
-
-    def open_directory(name: bytes, key: bytes, parent: _Frame) -> int:
-        try:
-            if parent.fd < 0:  # closed to stay under the descriptor budget
-                parent.fd = _open_beneath(src, parent.key, open_flags)
-            return os.open(name, open_flags, dir_fd=parent.fd)
-        except OSError as error:
-            raise PackError(f"cannot list {os.fsdecode(src + b'/' + key)!r}: {error.strerror}") from None
-
-    try:
-        root_fd = os.open(src, _DIRECTORY_FLAGS)
-    except OSError as error:
-        raise PackError(f"cannot list {os.fsdecode(src)!r}: {error.strerror}") from None
-    stack = [_Frame(b"", root_identity, root_fd, iter(children(root_fd, b"", root_identity)))]
-    try:
-        while stack:
-            frame = stack[-1]
-            child_item = next(frame.pending, None)
-            if child_item is None:
-                stack.pop()
-                frame.close()
-                on_path.discard(frame.identity)
-                continue
-            name, child_key, info, target, child_xattrs = child_item
-            child = (info.st_dev, info.st_ino)
-            if child in skip:
-                continue  # the output archive itself
-            mode = info.st_mode
-            if stat_module.S_ISDIR(mode):
-                if child in on_path:
-                    log.warning("%r: symlink loop, skipped", os.fsdecode(src + b"/" + child_key))
-                    skipped += 1
-                    continue
-                items.append(_Scanned(child_key, "dir", info, None, child_xattrs))
-                on_path.add(child)
-                fd = open_directory(name, child_key, frame)
-                stack.append(_Frame(child_key, child, fd, iter(())))
-                stack[-1].pending = iter(children(fd, child_key, child))
-                if len(stack) > _HELD_DIRECTORIES:
-                    stack[-1 - _HELD_DIRECTORIES].close()
-            elif stat_module.S_ISREG(mode):
-                if info.st_nlink > 1 and child in first_link:
-                    items.append(_Scanned(child_key, "hardlink", info, first_link[child]))
-                else:
-                    if info.st_nlink > 1:
-                        first_link[child] = child_key
-                    items.append(_Scanned(child_key, "file", info, None, child_xattrs))
-            elif stat_module.S_ISLNK(mode):
-                items.append(_Scanned(child_key, "symlink", info, target, child_xattrs))
-            else:
-                kind = (
-                    "FIFO" if stat_module.S_ISFIFO(mode) else
-                    "socket" if stat_module.S_ISSOCK(mode) else "device file"
-                )
-                log.warning("skipped %s %r", kind, os.fsdecode(src + b"/" + child_key))
-                skipped += 1
-    finally:
-        for frame in stack:
-            frame.close()
-    return items, skipped
-
-
-@dataclass
-class _Frame:
-    """One directory on the scan's current path: its descriptor (-1 once closed) and
-    the children still to visit."""
-
-    key: bytes
-    identity: tuple[int, int]
-    fd: int
-    pending: Iterator[tuple[bytes, bytes, os.stat_result, bytes | None, dict[bytes, bytes] | None]]
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _open_source(root: bytes, key: bytes) -> Callable[[], BinaryIO]:
-    def opener() -> BinaryIO:
-        path = os.fsdecode(root + b"/" + key)
+    def open(self) -> None:
+        """Open the file; _CannotPack says why it cannot be packed."""
         # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         try:
-            fd = _open_beneath(root, key, flags)
+            self._fd = open_beneath(self.root, self.key, flags)
         except FileNotFoundError:
-            raise PackError(f"{path!r} vanished while packing") from None
+            raise _CannotPack(self.path, "vanished while packing") from None
         except OSError as error:
-            raise PackError(f"cannot read {path!r}: {error.strerror}") from None
-        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise PackError(f"{path!r} is no longer a regular file")
-        return os.fdopen(fd, "rb", buffering=0)
+            raise _CannotPack(self.path, f"cannot open: {error.strerror}") from None
+        info = os.fstat(self._fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            self.close()
+            raise _CannotPack(self.path, "no longer a regular file")
+        scanned = self.scanned
+        if scanned.st_nlink > 1 and (info.st_dev, info.st_ino) != (scanned.st_dev, scanned.st_ino):
+            # Its other names in the tree are stored as hard links to what this one holds.
+            self.close()
+            raise _CannotPack(self.path, "replaced while packing, and it has hard links")
 
-    return opener
+    def state(self) -> tuple[os.stat_result, int]:
+        """The file's stat before a read, and the time it was taken."""
+        started = time.time_ns()
+        return os.fstat(self._fd), started
+
+    def read_at(self, buffer: memoryview, offset: int) -> int:
+        """Read into ``buffer`` from ``offset``; return the bytes read (0 at the end)."""
+        try:
+            return os.preadv(self._fd, [buffer], offset)
+        except OSError as error:
+            raise _CannotPack(self.path, f"cannot read: {error.strerror}") from None
+
+    def change(self, before: os.stat_result, copied: int) -> str | None:
+        """How the file changed since ``before`` (a read of ``copied`` bytes), or None."""
+        return _stat_change(before, os.fstat(self._fd), copied)
+
+    def second_read_change(self, before: os.stat_result, crc: int, size: int, buffer: bytearray) -> str | None:
+        """Read the file again: None if it gives the same ``size`` bytes with CRC ``crc``
+        and the stat is still ``before``, else how it changed."""
+        view = memoryview(buffer)
+        again, offset = 0, 0
+        while offset <= size:
+            got = self.read_at(view[: min(len(view), size + 1 - offset)], offset)
+            if not got:
+                break
+            again = crc32(view[:got], again)
+            offset += got
+        if offset != size or again != crc:
+            return "a second read gave other bytes"
+        return self.change(before, offset)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def pack_folder(
@@ -653,6 +605,7 @@ def pack_folder(
     exclude: Sequence[str] = (),
     force: bool = False,
     progress: PackProgress | None = None,
+    keep_going: bool = False,
     xattrs: bool = True,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
@@ -661,6 +614,20 @@ def pack_folder(
     bits, uid, gid, mtime in nanoseconds and extended attributes; hard-linked files are
     stored once.  FIFOs, sockets and devices are skipped with a warning on the
     ``packfs`` logger.
+
+    A file's bytes and the attributes stored with them are one state of the file: its
+    fstat before and after the read must agree (size, mtime, ctime), and a file whose
+    ctime is too recent for that to prove anything is read twice and must give the same
+    bytes.  A file that changed while it was read is read again (a warning says so),
+    up to three reads in all.
+
+    A path below ``src`` that cannot be packed (a file or directory that cannot be
+    opened, listed or stat'ed, that vanished, or a file that kept changing) fails the
+    pack, and nothing is written; the error lists every such path in the tree, not
+    only the first: once one is found, the files not yet read are only opened, to find
+    the others.  With ``keep_going`` the rest is packed and each is in
+    ``PackStats.skipped`` with ``failed`` set (an unreadable directory is stored
+    empty, with its own attributes, its contents left out, as tar does).
 
     Parameters
     ----------
@@ -672,11 +639,16 @@ def pack_folder(
         Store what symlinks point to instead of the links.
     exclude
         Glob patterns; an entry is left out when its path relative to ``src`` or its
-        name matches one.
+        name matches one.  ``./PATTERN``, ``/PATTERN`` and absolute paths inside
+        ``src`` match from its top only, ``PATTERN/`` directories only (see
+        :class:`packfs.write.ExcludePatterns`); a pattern that excluded nothing
+        is logged as a warning after the pack.
     force
         Replace ``out`` if it exists.
     progress
         Told the totals after the scan, then each file as it is written.
+    keep_going
+        Pack the rest when paths cannot be packed, and list them in the result.
     xattrs
         Keep extended attributes (those this user can read: trusted.* needs root).
 
@@ -686,9 +658,13 @@ def pack_folder(
 
     Raises
     ------
+    PackSourceError
+        Without ``keep_going``: paths below ``src`` cannot be packed (all are listed).
     PackError
-        ``src`` is not a directory, ``out`` exists, a file vanished or changed size
-        while being packed, or reading or writing failed.
+        ``src`` is not a directory or cannot be listed, ``out`` exists, or writing
+        failed.
+    ValueError
+        An ``exclude`` pattern names ``src`` itself.
     """
     started = time.perf_counter()
     src_bytes = os.fsencode(src)
@@ -712,7 +688,11 @@ def pack_folder(
         os.fsencode("." + os.path.basename(out_text) + TEMP_MARKER),
     )
     root = src_bytes.rstrip(b"/") or b"/"
-    items, skipped = _scan(root, follow_symlinks, exclude, skip, temp_files, xattrs)
+    patterns = ExcludePatterns(exclude, root)
+    skips = SkipList(keep_going)
+    items = scan_tree(root, follow_symlinks, patterns, skip, temp_files, skips, xattrs)
+    if skips.failures and not keep_going:
+        _fail_listing_every_path(root, items, skips)
     data_slots = sum(1 for item in items if item.kind in ("file", "symlink"))
     if progress is not None:
         progress.start(
@@ -720,20 +700,65 @@ def pack_folder(
             sum(item.info.st_size for item in items if item.kind == "file"),
         )
 
-    def entries() -> Iterator[Entry]:
+    failed_files: set[bytes] = set()  # for their hard links (only with keep_going)
+    written = 0  # how many items were given to the writer
+
+    def entries() -> Iterator[Entry | _TreeFile]:
+        nonlocal written
         for item in items:
+            written += 1
             info = item.info
             common = dict(
                 mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
                 mtime_ns=info.st_mtime_ns, xattrs=item.xattrs,
             )
             if item.kind == "file":
-                yield Entry(item.key, _open_source(root, item.key), "file", size=info.st_size, **common)
+                yield _TreeFile(root, item.key, info, item.xattrs)  # stored with the stat it has when read
+            elif item.kind == "hardlink" and item.target in failed_files:
+                skips.add(os.fsdecode(root + b"/" + item.key), _link_to_failed(root, item.target), failed=True)
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    has_xattrs = any(item.xattrs for item in items)
-    builder = _write_archive(entries(), out_text, data_slots, force, progress, has_xattrs)
-    return _stats(builder, skipped, out_text, started)
+    def skip_file(failure: _CannotPack) -> None:
+        skips.add(failure.path, failure.reason, failed=True)
+        failed_files.add(items[written - 1].key)
+
+    try:
+        builder = _write_archive(entries(), out_text, data_slots, force, progress,
+                                 skip_file if keep_going else None, any(item.xattrs for item in items))
+    except _CannotPack as failure:  # the writer is gone: what else cannot be packed?
+        skips.add(failure.path, failure.reason, failed=True)
+        failed_files.add(items[written - 1].key)
+        _fail_listing_every_path(root, items[written:], skips, failed_files)
+    for pattern in patterns.unused():
+        log.warning("exclude pattern %r excluded nothing in %r", pattern, os.fsdecode(root))
+    return _stats(builder, skips.paths, out_text, started)
+
+
+def _link_to_failed(root: bytes, target: bytes | None) -> str:
+    return f"a hard link to {os.fsdecode(root + b'/' + (target or b''))!r}, which could not be packed"
+
+
+def _fail_listing_every_path(root: bytes, items: Sequence[Scanned], skips: SkipList,
+                             failed_files: set[bytes] | None = None) -> NoReturn:
+    """Raise PackSourceError listing every path that cannot be packed: those in
+    ``skips``, and those among ``items`` (not yet written) that cannot be opened, or are
+    hard links to files that cannot be (in ``failed_files`` or found here).  Opening
+    costs a small part of reading, so all are found in one run, not one per run."""
+    failed_files = set() if failed_files is None else failed_files
+    for item in items:
+        path = os.fsdecode(root + b"/" + item.key)
+        if item.kind == "file":
+            source = _TreeFile(root, item.key, item.info)
+            try:
+                source.open()
+            except _CannotPack as failure:
+                skips.add(path, failure.reason, failed=True)
+                failed_files.add(item.key)
+            else:
+                source.close()
+        elif item.kind == "hardlink" and item.target in failed_files:
+            skips.add(path, _link_to_failed(root, item.target), failed=True)
+    raise PackSourceError(skips.failures)
