@@ -148,6 +148,11 @@ def _exit_on_signals(what: str) -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         for number in _TERMINATING_SIGNALS:
             signal.signal(number, signal.SIG_IGN)
+        # Here, before anything unwinds: pack and unpack register each temporary file
+        # before creating it, so this finds it wherever the signal landed (between the
+        # open() and the `try` that would remove it, or inside that `finally`), and the
+        # directory descriptors unpack's names are relative to are all still open.
+        remove_unfinished()
         raise _Signalled(signum)
 
     # A signal ignored when packfs started stays ignored (nohup, a background job's
@@ -157,9 +162,6 @@ def _exit_on_signals(what: str) -> Iterator[None]:
     try:
         yield
     except _Signalled as interrupted:
-        # The unwinding removed the temporary file, unless the signal came between its
-        # creation and the `with` that would remove it: this covers every such window.
-        remove_unfinished()
         click.echo(f"Interrupted by {signal.Signals(interrupted.signum).name}: {what} not written", err=True)
         sys.exit(128 + interrupted.signum)
     finally:
@@ -806,7 +808,8 @@ def _verify_record_file(path: str, quiet: bool, as_json: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("--skip-existing", is_flag=True,
               help="Resume an earlier unpack: leave files already in DEST with the archive's size and "
-                   "mtime (symlinks: its target) as they are.  Anything else in the way is still an error.")
+                   "mtime (symlinks: its target) as they are, and finish the rest, DEST's own mtime "
+                   "included.  Anything else in the way is still an error.")
 @click.option("--stop-on-error", is_flag=True,
               help="Stop at the first damaged file (by default everything intact is unpacked, each "
                    "damaged path listed, and the exit status is 1).")
@@ -837,7 +840,8 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
 
     failure = None
     # A signal stops it cleanly: the file being written is removed (each file appears
-    # under its name only once whole), and a rerun with --skip-existing resumes.
+    # under its name only once whole), and a rerun with --skip-existing resumes; the
+    # result equals an unpack never interrupted.
     with _exit_on_signals(f"the rest of {dest!r} (--skip-existing resumes)"), PackedFolder(archive) as folder:
         progress.start(0, int(folder.info()["file_bytes"]))  # type: ignore[call-overload]
         try:

@@ -5,10 +5,15 @@ symlink (O_EXCL | O_NOFOLLOW; mkdir, symlink and link never follow one), and nam
 are single components (the table forbids "/", ".", ".." and NUL).  So no symlink in
 the archive, or already in the destination, can redirect a write elsewhere.
 
-A file is written under a temporary name in its directory and published under its
-own name (link, then unlink the temporary name) only once its CRC has matched and its
-attributes are set: a file under its archived name is always complete and correct,
-even after a crash, which is what lets ``skip_existing`` resume an earlier unpack.
+A file (and a symlink) is written under a temporary name in its directory and
+published under its own name (link, then unlink the temporary name) only once its CRC
+has matched and its attributes are set: a file under its archived name is always
+complete and correct, even after a crash, which is what lets ``skip_existing`` resume
+an earlier unpack.  The temporary name (``.packfs-unpack-<pid>-<random>``) is
+registered before the file exists (:mod:`packfs.write.temporaries`), so a signal
+handler that removes what is registered (the CLI's) leaves nothing, whichever
+instruction the signal lands on; ``kill -9``'s leftovers are removed by the next unpack
+into that directory (:meth:`_Extractor.remove_abandoned`).
 
 Damage is handled per file: a file (or symlink) whose contents fail their CRC, or
 whose table values are inconsistent, is left out and reported, everything intact is
@@ -36,6 +41,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import secrets
 import stat as stat_module
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ from typing import Callable, Iterator, Sequence
 from .errors import ArchiveChangedError, ChecksumError, FormatError, UnpackDamagedError, UnpackError
 from .folder import PackedFolder, PathArg
 from .format import S_IFDIR, S_IFLNK
+from .write.temporaries import abandoned, register, unregister
 
 log = logging.getLogger("packfs")
 
@@ -58,6 +65,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # "something is in the way".
 _NO_LINKS = {errno.EPERM, errno.EMLINK, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
 _EXISTS_HINT = "unpack never overwrites; to resume an earlier unpack, skip existing files (--skip-existing)"
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMPORARY_MARKER = ".packfs-unpack-"
+# Names without "<pid>-" were made by packfs before it put the pid in them: leftovers too.
+_TEMPORARY_NAME = re.compile(r"\.packfs-unpack-(?:([0-9]+)-)?[0-9a-f]{12}\Z")
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,9 @@ class _Extractor:
         self.on_damaged = on_damaged
         self.as_root = os.geteuid() == 0
         self.dest_created = False  # set by unpack(): only a DEST it made gets the root's attributes
+        self.dest_mode = -1  # a resumed DEST's own mode, while unpack has it opened up to fill it
+        self.root_finished = False
+        self.temporary_prefix = f"{_TEMPORARY_MARKER}{os.getpid()}-".encode()
         # Keyed by inode, which every name of a hard-linked file shares (and only those:
         # check_claims refuses records shared otherwise before anything is written).
         self.first_entry: dict[int, int] = {}  # inode -> the entry whose name holds it in DEST
@@ -200,8 +214,9 @@ class _Extractor:
         """Create (or reuse) directory ``name`` and open it without following a symlink."""
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
+            existed = False
         except FileExistsError:
-            pass
+            existed = True
         except OSError as error:
             raise self._error(entry, error.strerror) from None
         try:
@@ -219,26 +234,105 @@ class _Extractor:
                     os.fchmod(fd, mode | 0o700)
                 except OSError:
                     pass
+        if existed:
+            self.remove_abandoned(fd)
         return fd
 
     def _finish_dir(self, entry: int, fd: int) -> None:
         # Attributes last: a read-only directory must not block its children.
-        if entry == 0 and not self.dest_created:
-            # DEST was there before: it stays the user's.  An archive's root attributes
-            # (owner 1234, mode 0777, no sticky bit) would otherwise take over an
-            # existing directory, /tmp included, when root unpacks into it.
-            self.counts["dirs"] += 1
-            return
-        mode, uid, gid, mtime_ns, _, _, _ = self.archive.stat(entry)
         try:
-            if self.as_root:
-                os.fchown(fd, uid, gid)
-            self._restore_xattrs(entry, fd)
-            os.fchmod(fd, mode & 0o7777)
-            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            if entry == 0 and not self.dest_created:
+                # DEST was there before: its owner and mode stay the user's.  An
+                # archive's root attributes (owner 1234, mode 0777, no sticky bit) would
+                # otherwise take over an existing directory, /tmp included, when root
+                # unpacks into it.  A resume finishes what the unpack that made DEST
+                # left undone: that unpack set its owner and mode as it stopped
+                # (leave_dest), and the mtime could not be set before now.
+                self.put_back_dest_mode(fd)
+                if self.skip_existing:
+                    mtime_ns = self.archive.stat(entry).mtime_ns
+                    os.utime(fd, ns=(mtime_ns, mtime_ns))
+            else:
+                mode, uid, gid, mtime_ns, _, _, _ = self.archive.stat(entry)
+                if self.as_root:
+                    os.fchown(fd, uid, gid)
+                self._restore_xattrs(entry, fd)
+                os.fchmod(fd, mode & 0o7777)
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
         except OSError as error:
             raise self._error(entry, error.strerror or str(error)) from None
+        if entry == 0:
+            self.root_finished = True
         self.counts["dirs"] += 1
+
+    def start_dest(self) -> None:
+        """A DEST this unpack created for the whole archive starts with the root's
+        permission bits as far as they are safe while it is filled (no group or other
+        write; the owner's rwx to fill it): what a resume finds after a ``kill -9``,
+        which leave_dest cannot follow."""
+        try:
+            mode = self.archive.stat(0).mode & 0o755
+            os.fchmod(self.dest_fd, mode if self.as_root else mode | 0o700)
+        except (OSError, FormatError):
+            pass  # the walk meets the same problem and reports it
+
+    def open_up_dest(self) -> None:
+        """Resuming into a DEST that an earlier unpack left with the archive root's
+        read-only mode: open it up to fill it (put_back_dest_mode restores it)."""
+        if self.as_root or self.dest_created:
+            return
+        try:
+            mode = os.fstat(self.dest_fd).st_mode & 0o7777
+            if mode & 0o700 != 0o700:
+                os.fchmod(self.dest_fd, mode | 0o700)
+                self.dest_mode = mode
+        except OSError as error:
+            raise UnpackError(f"cannot unpack into {self.dest!r}: {error.strerror}") from None
+
+    def put_back_dest_mode(self, fd: int) -> None:
+        """Undo open_up_dest."""
+        if self.dest_mode >= 0:
+            os.fchmod(fd, self.dest_mode)
+            self.dest_mode = -1
+
+    def leave_dest(self) -> None:
+        """An unpack of the whole archive stops before its end (an error, a signal):
+        give a DEST it created the archive root's owner and mode now, as an unpack
+        that ends gives it, so that a resume (which leaves the owner and mode of a DEST
+        that was there before as they are) ends with the same DEST; and put back the
+        mode of a DEST opened up to be filled."""
+        try:
+            self.put_back_dest_mode(self.dest_fd)
+            if self.dest_created and not self.root_finished:
+                mode, uid, gid, _, _, _, _ = self.archive.stat(0)
+                if self.as_root:
+                    os.fchown(self.dest_fd, uid, gid)
+                os.fchmod(self.dest_fd, mode & 0o7777)
+        except (OSError, FormatError):
+            pass  # what stopped the unpack is the error to report
+
+    def remove_abandoned(self, fd: int) -> None:
+        """Remove the temporary files that an unpack killed where nothing could clean
+        up after it (``kill -9``, a crash, a power cut) left in directory ``fd``: named
+        by a process that is gone, or by an older packfs that put no pid in the name.
+        Only directories that were there before are searched: a new one has none."""
+        try:
+            names = os.scandir(fd)
+        except OSError:
+            return  # not readable: nothing can be written there either, which says why
+        with names:
+            for item in names:
+                if not item.name.startswith(_TEMPORARY_MARKER):
+                    continue
+                match = _TEMPORARY_NAME.match(item.name)
+                if match is None:
+                    continue
+                name = os.fsencode(item.name)
+                if match.group(1) is None or abandoned(int(match.group(1)), name):
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except OSError:
+                        pass
 
     def walk(self, top: int, top_fd: int) -> None:
         """Unpack directory ``top`` (already open as ``top_fd``, which this closes) and
@@ -264,8 +358,10 @@ class _Extractor:
                         self._reopen_parent(frame, parent)
                         lowest_open = len(stack) - 2
                     self._finish_dir(frame.entry, frame.fd)
-                    os.close(frame.fd)
-                    frame.fd = -1
+                    # Forgotten before it is closed: a signal raised as close() returns
+                    # must not make the `finally` below close it (or a reused number) again.
+                    finished_fd, frame.fd = frame.fd, -1
+                    os.close(finished_fd)
                     del self.frames[frame.entry]
                     stack.pop()
                     continue
@@ -288,8 +384,8 @@ class _Extractor:
                     raise
                 self.frames[child] = stack[-1]
                 if len(stack) - lowest_open > _OPEN_DIRS:
-                    os.close(stack[lowest_open].fd)
-                    stack[lowest_open].fd = -1
+                    above_fd, stack[lowest_open].fd = stack[lowest_open].fd, -1
+                    os.close(above_fd)
                     lowest_open += 1
         finally:
             for frame in stack:
@@ -320,8 +416,8 @@ class _Extractor:
         try:
             for part in self.archive.path_of(entry).split(b"/"):
                 below = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = below
+                fd, above = below, fd
+                os.close(above)
         except BaseException:
             os.close(fd)
             raise
@@ -406,25 +502,40 @@ class _Extractor:
             target = self.archive.readlink(entry, check=True)
         except FormatError as error:
             raise _Damaged(_reason(error), error) from None
-        try:
-            os.symlink(target, name, dir_fd=parent_fd)
-        except FileExistsError:
-            if not self.skip_existing:
-                raise
-            st = os.lstat(name, dir_fd=parent_fd)
-            if not stat_module.S_ISLNK(st.st_mode):
-                raise self._error(entry, f"a {_kind(st.st_mode)} is in the way, where the archive has a "
-                                         f"symlink (unpack never overwrites)") from None
-            if os.readlink(name, dir_fd=parent_fd) != target:
-                raise self._error(entry, "a symlink to somewhere else is in the way "
-                                         "(unpack never overwrites)") from None
-            self.counts["existing"] += 1
+        # Only a resume looks first: otherwise the link that publishes it fails with
+        # EEXIST if something is in the way (one system call fewer per symlink).
+        if self.skip_existing and self._existing_symlink(entry, name, parent_fd, target):
             return
-        if self.as_root:
-            os.chown(name, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
-        self._restore_xattrs(entry, name, parent_fd)
-        os.utime(name, ns=(mtime_ns, mtime_ns), dir_fd=parent_fd, follow_symlinks=False)
+        # Under a temporary name too: a symlink appears under its name only with its
+        # owner and mtime set, so a resume can leave one it finds as it is.
+        temporary = self._new_temporary(parent_fd)
+        published = False
+        try:
+            os.symlink(target, temporary, dir_fd=parent_fd)
+            if self.as_root:
+                os.chown(temporary, uid, gid, dir_fd=parent_fd, follow_symlinks=False)
+            self._restore_xattrs(entry, temporary, parent_fd)
+            os.utime(temporary, ns=(mtime_ns, mtime_ns), dir_fd=parent_fd, follow_symlinks=False)
+            self._publish(temporary, name, parent_fd)
+            published = True
+        finally:
+            self._drop_temporary(temporary, parent_fd, published)
         self.counts["symlinks"] += 1
+
+    def _existing_symlink(self, entry: int, name: bytes, parent_fd: int, target: bytes) -> bool:
+        """For skip_existing: False if nothing is at ``name``; True if the archive's
+        symlink is there (counted); else UnpackError saying what is in the way."""
+        try:
+            st = os.lstat(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return False
+        if not stat_module.S_ISLNK(st.st_mode):
+            raise self._error(entry, f"a {_kind(st.st_mode)} is in the way, where the archive has a "
+                                     f"symlink (unpack never overwrites)")
+        if os.readlink(name, dir_fd=parent_fd) != target:
+            raise self._error(entry, "a symlink to somewhere else is in the way (unpack never overwrites)")
+        self.counts["existing"] += 1
+        return True
 
     def _link(self, record: int, name: bytes, parent_fd: int) -> bool:
         """Hard-link ``name`` to the record's first name in DEST; False where the file
@@ -444,22 +555,52 @@ class _Extractor:
         self.counts["hardlinks"] += 1
         return True
 
-    def _create_temporary(self, parent_fd: int) -> tuple[bytes, int]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        while True:
-            temporary = b".packfs-unpack-" + secrets.token_hex(6).encode()
+    def _new_temporary(self, parent_fd: int) -> bytes:
+        """A temporary name in directory ``parent_fd``, registered before anything is
+        created under it (so that no instruction lies between the file existing and the
+        clean-up knowing it); _drop_temporary unregisters it."""
+        temporary = self.temporary_prefix + secrets.token_hex(6).encode()
+        register(temporary, parent_fd)
+        return temporary
+
+    def _drop_temporary(self, temporary: bytes, parent_fd: int, published: bool) -> None:
+        """Remove the temporary file unless it was published; forget its name."""
+        if not published:
             try:
-                return temporary, os.open(temporary, flags, 0o600, dir_fd=parent_fd)
-            except FileExistsError:
-                continue
+                os.unlink(temporary, dir_fd=parent_fd)
+            except FileNotFoundError:
+                pass
+        unregister(temporary, parent_fd)
+
+    def _publish(self, temporary: bytes, name: bytes, parent_fd: int) -> None:
+        """Give the finished temporary file (or symlink) its own name, never replacing
+        anything there, and remove the temporary name."""
+        try:
+            os.link(temporary, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
+        except OSError as error:
+            if error.errno not in _NO_LINKS:
+                raise
+            # No hard links here: rename, which would replace what is at ``name``,
+            # so only where nothing is (what a concurrent writer could still race).
+            try:
+                os.lstat(name, dir_fd=parent_fd)
+            except FileNotFoundError:
+                os.rename(temporary, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+                return
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST)) from None
+        os.unlink(temporary, dir_fd=parent_fd)
 
     def _write_file(self, entry: int, name: bytes, parent_fd: int,
                     mode: int, uid: int, gid: int, mtime_ns: int) -> None:
         """Write file ``entry`` under a temporary name, check its CRC, set its attributes,
         then publish it as ``name`` (never replacing anything there)."""
-        temporary, fd = self._create_temporary(parent_fd)
+        temporary = self._new_temporary(parent_fd)
+        fd = -1
         published = False
         try:
+            # O_EXCL: an existing file of that name (48 random bits and this pid: only
+            # one abandoned by an earlier process of this pid) is an error, not reused.
+            fd = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=parent_fd)
             # pread, not the map: an archive overwritten in place under us is then an
             # ArchiveChangedError from the short read, never a fault in write().
             length = 0
@@ -481,30 +622,16 @@ class _Extractor:
             self._restore_xattrs(entry, fd)
             os.fchmod(fd, mode)
             os.utime(fd, ns=(mtime_ns, mtime_ns))
-            os.close(fd)
-            fd = -1
-            try:
-                os.link(temporary, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
-            except OSError as error:
-                if error.errno not in _NO_LINKS:
-                    raise
-                # No hard links here: rename, which would replace what is at ``name``,
-                # so only where nothing is (what a concurrent writer could still race).
-                try:
-                    os.lstat(name, dir_fd=parent_fd)
-                except FileNotFoundError:
-                    os.rename(temporary, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-                    published = True
-                else:
-                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST)) from None
+            # Forgotten before it is closed: a signal raised as close() returns must not
+            # make the `finally` close it (or a reused number) again.
+            fd, written_fd = -1, fd
+            os.close(written_fd)
+            self._publish(temporary, name, parent_fd)
+            published = True
         finally:
             if fd >= 0:
                 os.close(fd)
-            if not published:
-                try:
-                    os.unlink(temporary, dir_fd=parent_fd)
-                except FileNotFoundError:
-                    pass
+            self._drop_temporary(temporary, parent_fd, published)
         self.counts["files"] += 1
         self.counts["bytes"] += length
 
@@ -590,7 +717,10 @@ def unpack(
     skip_existing
         Resume an earlier unpack: a file already in ``dest`` with the archive's size
         and mtime (a symlink: its target) is left as it is and counted in
-        ``existing``.  Anything else in the way is still an error.
+        ``existing``.  Anything else in the way is still an error.  Unpacking the
+        whole archive, ``dest``'s own mtime is set to the root's even though ``dest``
+        was there before (never its owner or mode: the unpack that created it set
+        them), so that the result equals an unpack never interrupted.
     stop_on_error
         Raise at the first damaged file (its ChecksumError or FormatError) instead of
         unpacking everything intact first.
@@ -617,7 +747,9 @@ def unpack(
         stops there.
 
     A damaged file is never left in ``dest``, whole or in part.  If ``dest`` did not
-    exist and unpacking fails with nothing in it, ``dest`` is removed again.
+    exist and unpacking fails with nothing in it, ``dest`` is removed again.  An
+    exception (KeyboardInterrupt included) leaves no temporary file; temporary files
+    that a killed unpack left in a directory this one writes into are removed.
     """
     dest_text = os.fsdecode(dest)
     entries = _selected(folder, paths)
@@ -631,8 +763,18 @@ def unpack(
     extractor.dest_created = bool(created)
     try:
         try:
+            if created and 0 in entries:
+                extractor.start_dest()
+            elif not created:
+                if skip_existing and 0 in entries:
+                    extractor.open_up_dest()
+                extractor.remove_abandoned(dest_fd)
             for entry in entries:
                 _unpack_entry(extractor, entry)
+        except BaseException:
+            if 0 in entries:
+                extractor.leave_dest()
+            raise
         finally:
             os.close(dest_fd)
         stats = extractor.stats()
@@ -672,8 +814,8 @@ def _unpack_entry(extractor: _Extractor, entry: int) -> None:
     try:
         for directory, part in zip(above, parts):
             below = extractor.open_dir(fd, part, directory)
-            os.close(fd)
-            fd = below
+            fd, upper = below, fd
+            os.close(upper)
         if archive.file_type(entry) == S_IFDIR:
             below = extractor.open_dir(fd, parts[-1], entry)
             extractor.walk(entry, below)

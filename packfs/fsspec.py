@@ -19,7 +19,8 @@ reads files inside an archive by URL.  The archive is named in one of three ways
     fs = fsspec.filesystem("packfs", fo="data.ffr"); fs.ls("train"); fs.glob("**/*.jpg")
 
 Read-only: anything that would write raises ``PermissionError``.  Files open as
-``PackedFile`` (seekable, CRC checked once at open when ``check_data``).
+``PackedFolder.open`` opens them (seekable, CRC checked once at open when
+``check_data``); text mode wraps them in ``io.TextIOWrapper``, as fsspec does.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat as stat_module
 import struct
 from pathlib import Path
 from typing import Callable
@@ -61,6 +62,44 @@ def make_tree(root: Path) -> Path:
             os.utime(os.path.join(dirpath, name), ns=(MTIME_NS, MTIME_NS), follow_symlinks=False)
     os.utime(root, ns=(MTIME_NS, MTIME_NS))
     return root
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple]:
+    """Everything unpack restores, by path relative to ``root`` ("." for ``root``
+    itself): the mode with the file type, the mtime in ns, the owner, and the contents
+    of a file (with the first name, in sorted order, of the names that share its inode:
+    hard links), the target of a symlink.  Directory sizes are left out (a file
+    system's own business)."""
+    snapshot: dict[str, tuple] = {}
+    first_name: dict[tuple[int, int], str] = {}
+
+    def add(path: str) -> None:
+        st = os.lstat(path)
+        relative = os.path.relpath(path, root)
+        if stat_module.S_ISREG(st.st_mode):
+            with open(path, "rb") as opened:
+                extra: object = (opened.read(), first_name.setdefault((st.st_dev, st.st_ino), relative))
+        elif stat_module.S_ISLNK(st.st_mode):
+            extra = os.readlink(path)
+        else:
+            extra = None
+        snapshot[relative] = (st.st_mode, st.st_mtime_ns, st.st_uid, st.st_gid, extra)
+
+    add(str(root))
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            add(os.path.join(dirpath, name))
+    return snapshot
+
+
+def assert_same_tree(expected: Path, actual: Path) -> None:
+    """``actual`` holds what ``expected`` holds, attributes, hard links and the root's
+    own mode and mtime included (see tree_snapshot)."""
+    want, got = tree_snapshot(expected), tree_snapshot(actual)
+    differences = [(path, want.get(path, "missing")[:4], got.get(path, "missing")[:4])
+                   for path in sorted(set(want) | set(got)) if want.get(path) != got.get(path)]
+    assert not differences, f"{len(differences)} differences (path, expected, actual): {differences[:10]}"
 
 
 @pytest.fixture

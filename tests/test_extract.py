@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import filecmp
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,30 +12,13 @@ import packfs
 from packfs import (ChecksumError, PackedFolder, PathNotFoundError, UnpackDamagedError, UnpackError, pack_entries,
                     pack_folder, unpack)
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, cli_runner
-
-
-def _same_tree(left: Path, right: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(left):
-        for name in dirnames + filenames:
-            a = Path(dirpath) / name
-            b = right / a.relative_to(left)
-            sa, sb = os.lstat(a), os.lstat(b)
-            assert (sa.st_mode, sa.st_mtime_ns, sa.st_uid, sa.st_gid) == (
-                sb.st_mode, sb.st_mtime_ns, sb.st_uid, sb.st_gid), a
-            if a.is_symlink():
-                assert os.readlink(a) == os.readlink(b)
-            elif a.is_file():
-                assert filecmp.cmp(a, b, shallow=False)
-                assert sa.st_nlink == sb.st_nlink
-    assert sorted(p.relative_to(left) for p in left.rglob("*")) == sorted(
-        p.relative_to(right) for p in right.rglob("*"))
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, assert_same_tree, cli_runner
 
 
 def test_unpack_restores_the_tree(tree: Path, archive: Path, tmp_path: Path) -> None:
     with PackedFolder(archive) as folder:
         stats = unpack(folder, tmp_path / "out")
-    _same_tree(tree, tmp_path / "out")
+    assert_same_tree(tree, tmp_path / "out")
     assert os.stat(tmp_path / "out").st_mtime_ns == MTIME_NS
     assert stats.hardlinks == 1 and stats.symlinks == 5
 
@@ -234,6 +217,65 @@ def test_unpack_cli_lists_damage_and_exits_1(archive: Path, tree: Path, tmp_path
     assert type(debug.exception).__name__ == "UnpackDamagedError"
 
 
+@pytest.mark.parametrize("call", ["open", "symlink"])
+def test_an_interrupt_as_a_temporary_file_is_created_leaves_nothing(archive: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     call: str) -> None:
+    """Ctrl-C in a program that calls unpack, landing as the system call that created
+    the temporary file (or symlink) returns: before the `try` that would remove it, in
+    the code before this fix.  Its name was known before it existed, so it goes."""
+    from packfs.write import temporaries
+
+    real = getattr(os, call)
+    created = []
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        result = real(*args, **kwargs)
+        name = args[1] if call == "symlink" else args[0]
+        if isinstance(name, bytes) and name.startswith(b".packfs-unpack-"):
+            created.append(name)
+            assert any(path == name for _, path in temporaries._UNFINISHED)  # known from the start
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(os, call, interrupted)
+    with PackedFolder(archive) as folder, pytest.raises(KeyboardInterrupt):
+        unpack(folder, tmp_path / "out")
+    monkeypatch.undo()
+    assert created
+    assert not [p for p in _all_paths(tmp_path / "out") if ".packfs-unpack-" in p]
+    assert not temporaries._UNFINISHED
+
+
+def test_temporary_files_abandoned_by_a_killed_unpack_go_and_a_live_ones_stay(archive: Path, tree: Path,
+                                                                              tmp_path: Path) -> None:
+    """What kill -9 left (its process gone; or named by a packfs before issue 22, with no
+    pid; or the same pid as this process, not registered by it: a container's pid) is
+    removed by the next unpack into that directory; a live process's temporary file, and
+    a user's file that only looks alike, stay."""
+    out = tmp_path / "out"
+    with PackedFolder(archive) as folder:
+        unpack(folder, out)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        left = {out / f".packfs-unpack-{dead.pid}-0123456789ab": False,
+                out / "a" / ".packfs-unpack-0123456789ab": False,  # before issue 22
+                out / "a" / "b" / f".packfs-unpack-{os.getpid()}-00000000beef": False,
+                out / "big" / f".packfs-unpack-{live.pid}-0123456789ab": True,
+                out / "a" / ".packfs-unpack-notes.txt": True}
+        for path in left:
+            path.write_bytes(b"")
+        with PackedFolder(archive) as folder:
+            stats = unpack(folder, out, skip_existing=True)
+        assert stats.files == 0 and stats.existing == 16
+        assert {path: path.exists() for path in left} == left
+    finally:
+        live.kill()
+        live.wait()
+
+
 # -- resuming: --skip-existing -------------------------------------------------------------
 
 
@@ -253,7 +295,7 @@ def test_a_rerun_resumes_with_skip_existing(archive: Path, tree: Path, tmp_path:
         stats = unpack(folder, out, skip_existing=True)
         assert (stats.files, stats.hardlinks, stats.existing) == (3, 1, 12)
         assert stats.skipped == 0
-    _same_tree(tree, out)
+    assert_same_tree(tree, out)
     result = cli_runner().invoke(main, ["unpack", "--skip-existing", str(archive), str(out)])
     assert result.exit_code == 0, result.output
     assert "unpacked 0 files" in result.stderr and "16 already there, left as they were" in result.stderr
@@ -446,6 +488,14 @@ def test_an_existing_dest_keeps_its_owner_and_mode(tmp_path: Path) -> None:
     after = os.stat(dest)
     assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
     assert (dest / "f").read_bytes() == b"x"
+    # A resume finishes DEST's mtime (which the unpack that made DEST could not set
+    # before it was stopped), never its owner or mode.
+    os.unlink(dest / "f")
+    with PackedFolder(archive) as folder:
+        unpack(folder, dest, skip_existing=True)
+    after = os.stat(dest)
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
+    assert after.st_mtime_ns == os.stat(src).st_mtime_ns
     # A DEST that unpack creates is the archive's root, attributes and all.
     with PackedFolder(archive) as folder:
         unpack(folder, tmp_path / "new")

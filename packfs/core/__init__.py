@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from .archive import CHECKSUM_POLICIES, CLOSED, Archive, EntryStat
 from .container import Container
-from .files import PackedFile
+from .files import MemoryFile, PackedFile, StreamFile
 from .paths import PathArg, archive_key, lookup_key
 from .pathtable import PathTable
 from .verify import VerifyReport
 
-__all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED", "Container", "PackedFile", "PathTable", "VerifyReport",
-           "PathArg", "archive_key", "lookup_key"]
+__all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED", "Container", "PackedFile", "MemoryFile",
+           "StreamFile", "PathTable", "VerifyReport", "PathArg", "archive_key", "lookup_key"]

@@ -38,7 +38,7 @@ from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, PIECE_SIZE, S_IFDIR, S_IF
 from ..source import ByteSource
 from . import legacy, recordfile
 from .container import MAP_COPY_BYTES, Container, explain_foreign
-from .files import PackedFile, read_entries
+from .files import SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, PackedFile, StreamFile, read_entries
 from .paths import PathArg, lookup_key
 from .pathtable import PathTable
 from .pieces import NO_PIECES, PieceTable
@@ -741,21 +741,33 @@ class Archive:
         return view
 
     def open(self, entry: int, name: str = "") -> PackedFile:
-        """A seekable, read-only binary file over file ``entry``: its CRC is checked
-        here under the policy ("always" checks it once per file object, not on every
-        read); each read checks that the archive was not changed in place."""
+        """A seekable, read-only binary file over file ``entry`` (a
+        :class:`~packfs.core.files.PackedFile`): its CRC is checked here under the
+        policy ("always" checks it once per file object, not on every read).  A file of
+        at most SMALL_FILE_BYTES (UNCHECKED_SMALL_FILE_BYTES where no check is due) is
+        read here, whole, and the bytes checked are the bytes its reads return (a
+        MemoryFile); a larger one is read as it is read, each read checking that the
+        archive was not changed in place (a StreamFile)."""
         container = self._container
         if not container.guarded:
             container.check_size()
         try:
             record, start, end = self._file_span(self._regular_file(entry))
-            if self._needs_check(record):
+            check = self._needs_check(record)
+            data = None
+            if end - start <= (SMALL_FILE_BYTES if check else UNCHECKED_SMALL_FILE_BYTES):
+                data = container.pread(start, end)
+                if check:
+                    self._checked_sound(record, data, name or entry)
+            elif check:
                 self._checked_sound(record, None, name or entry)
         except PackfsError:
             container.changed_instead()
             raise
         container.check_unchanged()
-        return PackedFile(container, start, end, name)
+        if data is not None:
+            return MemoryFile(data, name)
+        return StreamFile(container, start, end, name)
 
     def read_batch(self, entries: Sequence[int] | np.ndarray) -> Iterator[tuple[int, bytes]]:
         """(position in ``entries``, contents) of each file in ``entries``, in archive

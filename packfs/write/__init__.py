@@ -6,10 +6,11 @@ published whole under its name.  Reads only through :mod:`packfs.core`'s public 
 from __future__ import annotations
 
 from .archives import pack_archive
-from .container import TEMP_MARKER, ContainerWriter, remove_unfinished
+from .container import TEMP_MARKER, ContainerWriter
 from .convert import convert
 from .exclude import ExcludePatterns
 from .pack import Entry, PackProgress, PackStats, SkipList, SkippedPath, pack_entries, pack_folder
+from .temporaries import remove_unfinished
 
 __all__ = ["Entry", "PackProgress", "PackStats", "SkippedPath", "SkipList", "pack_entries", "pack_folder",
            "pack_archive", "convert", "ExcludePatterns",

@@ -16,28 +16,14 @@ from typing import BinaryIO
 
 from ..errors import PackError
 from ..format import HEADER_PREFIX, PIECE_SIZE, crc32, header_size
+from .temporaries import abandoned, register, unregister
 
-__all__ = ["ContainerWriter", "TEMP_MARKER", "remove_unfinished"]
+__all__ = ["ContainerWriter", "TEMP_MARKER"]
 
 # Temporary files are named ".<out>.packfs-tmp-<pid>-<random>" so that a killed packer's
 # leftovers are recognisable.
 TEMP_MARKER = ".packfs-tmp-"
 _COPY_CHUNK = 1 << 20
-
-
-# Temporary files of this process's writers that are neither published nor removed yet.
-_UNFINISHED: set[Path] = set()
-
-
-def remove_unfinished() -> None:
-    """Remove every temporary file this process's writers have not finished: for a
-    signal handler's last step, whichever point of a write the signal interrupted."""
-    for path in list(_UNFINISHED):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        _UNFINISHED.discard(path)
 
 
 def _remove_stale_temporaries(out: Path) -> None:
@@ -52,30 +38,11 @@ def _remove_stale_temporaries(out: Path) -> None:
         if not name.startswith(prefix):
             continue
         pid_text = name[len(prefix) :].partition("-")[0]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+        if pid_text.isdigit() and abandoned(int(pid_text), out.parent / name):
             try:
                 os.unlink(out.parent / name)
             except OSError:
                 pass
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs.  A killed process that has not been reaped
-    (a zombie) or is being torn down no longer writes: it counts as gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            state = stat_file.read().rpartition(b")")[2].split()[:1]
-        return state not in ([b"Z"], [b"X"], [b"x"])
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass  # alive, someone else's
-        return True
 
 
 class ContainerWriter:
@@ -122,16 +89,17 @@ class ContainerWriter:
         self.temp_path = self.out.parent / (
             f".{self.out.name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
         )
+        # Registered before it exists: whatever interrupts from here on (a signal that
+        # lands as open() returns, or before the caller's `with` is entered),
+        # remove_unfinished() finds the file.
+        register(self.temp_path)
         try:
             fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except OSError as error:
+            unregister(self.temp_path)
             raise PackError(
                 f"cannot create {str(self.temp_path)!r} next to the output: {error.strerror}"
             ) from None
-        # Registered at once: whatever interrupts from here on (a signal turned into an
-        # exception before the caller's `with` is entered, say), remove_unfinished()
-        # finds the file.
-        _UNFINISHED.add(self.temp_path)
         self._file: BinaryIO = os.fdopen(fd, "wb", buffering=_COPY_CHUNK)
         try:
             self._crcs = array("I")
@@ -271,7 +239,7 @@ class ContainerWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             self._publish()
-            _UNFINISHED.discard(self.temp_path)
+            unregister(self.temp_path)
         except OSError as error:
             self.abort()
             raise PackError(f"cannot write {str(self.out)!r}: {error.strerror}") from None
@@ -317,5 +285,5 @@ class ContainerWriter:
             os.unlink(self.temp_path)
         except FileNotFoundError:
             pass
-        _UNFINISHED.discard(self.temp_path)
+        unregister(self.temp_path)
 
