@@ -254,7 +254,9 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
 
     \b
     Exit status: 0 packed; 1 error, OUT not written; 2 usage error;
-    3 packed with --keep-going, but paths that could not be read were left out.
+    3 packed, but a file changed while it was read (stored as a later read found
+    it whole, with a warning), or, with --keep-going, paths that could not be read
+    were left out.
 
     \b
     Example:
@@ -297,10 +299,12 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
             f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
             f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
             f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
-            + _skipped_summary(stats.skipped, len(stats.failed)),
+            + _skipped_summary(stats.skipped, len(stats.failed))
+            + (f"; {_count(len(stats.changed), 'file')} changed while read, stored as read again"
+               if stats.changed else ""),
             err=True,
         )
-    if stats.failed:
+    if stats.failed or stats.changed:
         click.get_current_context().exit(3)
 
 

@@ -100,6 +100,9 @@ class PackStats:
     file_bytes: int
     archive_bytes: int
     seconds: float
+    # Files that changed while they were read, stored as a later read found them whole
+    # (what GNU tar calls "file changed as we read it"; packfs pack then exits 3).
+    changed: tuple[str, ...] = ()
 
     @property
     def failed(self) -> tuple[SkippedPath, ...]:
@@ -126,6 +129,7 @@ class _ArchiveBuilder:
         self.rows = TableRows()
         self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
         self.file_bytes = 0
+        self.changed: list[str] = []  # files read again because they changed: the user's answer
         self._buffer = bytearray(_CHUNK)
 
     def _new_record(self) -> None:
@@ -227,6 +231,7 @@ class _ArchiveBuilder:
                     if change is None:
                         if attempt > 1:
                             log.warning("%r changed while it was read; stored as read again", source.path)
+                            self.changed.append(source.path)
                         return self.writer.end_record(), size, before
                 raise _CannotPack(source.path, f"kept changing while it was read ({_READ_ATTEMPTS} reads; "
                                                f"the last: {change})")
@@ -416,6 +421,7 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
         file_bytes=builder.file_bytes,
         archive_bytes=os.path.getsize(out),
         seconds=time.perf_counter() - started,
+        changed=tuple(builder.changed),
     )
 
 
