@@ -1092,20 +1092,29 @@ static PyObject *os_error(int error)
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
+/* ((start, end) x 3): the spans of three sections after the table, each inside the
+ * archive; -1 with a Python error otherwise. */
+static int three_spans(Tree *t, PyObject *spans, const char *what, unsigned long long span[3][2])
+{
+    if (!PyArg_ParseTuple(spans, "(KK)(KK)(KK)", &span[0][0], &span[0][1], &span[1][0], &span[1][1],
+                          &span[2][0], &span[2][1]))
+        return -1;
+    for (int k = 0; k < 3; k++) {
+        if (span[k][0] > span[k][1] || span[k][1] > t->file_size) {
+            PyErr_Format(PyExc_ValueError, "%s section %d's span does not fit the archive", what, k);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Section 4b's three spans, ((start, end) x 3), checked to fit the archive and each
  * other, so that every index pieces_of() and read_pieces() make is in bounds. */
 static int init_pieces(Tree *t, PyObject *pieces)
 {
     unsigned long long span[3][2];
-    if (!PyArg_ParseTuple(pieces, "(KK)(KK)(KK):pieces", &span[0][0], &span[0][1], &span[1][0], &span[1][1],
-                          &span[2][0], &span[2][1]))
+    if (three_spans(t, pieces, "piece", span) != 0)
         return -1;
-    for (int k = 0; k < 3; k++) {
-        if (span[k][0] > span[k][1] || span[k][1] > t->file_size) {
-            PyErr_Format(PyExc_ValueError, "piece section %d's span does not fit the archive", k);
-            return -1;
-        }
-    }
     uint64_t count = (span[0][1] - span[0][0]) / 8;
     if ((span[0][1] - span[0][0]) % 8 || count > t->data_records || span[1][1] - span[1][0] != 8 * (count + 1)) {
         PyErr_SetString(PyExc_ValueError, "the piece_record and piece_start sections do not agree");
@@ -1135,15 +1144,8 @@ static int init_pieces(Tree *t, PyObject *pieces)
 static int init_xattrs(Tree *t, PyObject *xattrs)
 {
     unsigned long long span[3][2];
-    if (!PyArg_ParseTuple(xattrs, "(KK)(KK)(KK):xattrs", &span[0][0], &span[0][1], &span[1][0], &span[1][1],
-                          &span[2][0], &span[2][1]))
+    if (three_spans(t, xattrs, "attribute", span) != 0)
         return -1;
-    for (int k = 0; k < 3; k++) {
-        if (span[k][0] > span[k][1] || span[k][1] > t->file_size) {
-            PyErr_Format(PyExc_ValueError, "attribute section %d's span does not fit the archive", k);
-            return -1;
-        }
-    }
     uint64_t count = (span[0][1] - span[0][0]) / 4, size = span[2][1] - span[2][0];
     if ((span[0][1] - span[0][0]) % 4 || count > t->entries || span[1][1] - span[1][0] != 8 * (count + 1)
         || u64_at(t->base + span[1][0]) != 0 || u64_at(t->base + span[1][0] + 8 * count) != size) {
