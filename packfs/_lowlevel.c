@@ -723,6 +723,7 @@ typedef struct {
     uint32_t value_length;
     int found;
     uint8_t *names;                /* where to copy the names, NUL-terminated, or NULL */
+    size_t names_capacity;         /* the bytes ``names`` holds */
     size_t names_length;           /* the names' bytes with a NUL each (listxattr's answer) */
 } XattrQuery;
 
@@ -771,6 +772,8 @@ static int tree_xattrs(Tree *t, fuse_ino_t inode, XattrQuery *q)
         if (q->names_length + name_length + 1 > XATTR_LIST_LIMIT)
             return broken(t, entry, 24, "has extended attribute names of more than 65536 bytes");
         if (q->names != NULL) {
+            if (q->names_length + name_length + 1 > q->names_capacity)
+                return EIO;  /* a list longer than the buffer made for it */
             memcpy(q->names + q->names_length, name, name_length);
             q->names[q->names_length + name_length] = 0;
         }
@@ -1019,39 +1022,27 @@ static void ll_getxattr(fuse_req_t request, fuse_ino_t inode, const char *name, 
     fuse_reply_err(request, finished(t, error));
 }
 
-/* LISTXATTR: the names, each ending in a NUL (none for an archive without attributes). */
+/* LISTXATTR: the names, each ending in a NUL (none for an archive without attributes).
+ * One pass into a buffer of the longest list the format allows: a pass to size the
+ * buffer and a second to fill it could meet a longer list if the archive changed in
+ * place in between (the reviewer's ASan run overflowed a buffer sized by the first). */
 static void ll_listxattr(fuse_req_t request, fuse_ino_t inode, size_t size)
 {
     Tree *t = tree_of(request);
     XattrQuery q;
     memset(&q, 0, sizeof q);
-    int error = tree_xattrs(t, inode, &q);
-    if (!error && size == 0) {
-        if ((error = finished(t, 0)) == 0)
-            fuse_reply_xattr(request, q.names_length);
-        else
-            fuse_reply_err(request, error);
-        return;
-    }
-    if (!error && size < q.names_length)
-        error = ERANGE;
-    if (error) {
-        fuse_reply_err(request, finished(t, error));
-        return;
-    }
-    if ((q.names = malloc(q.names_length ? q.names_length : 1)) == NULL) {
+    if ((q.names = malloc(XATTR_LIST_LIMIT)) == NULL) {
         fuse_reply_err(request, ENOMEM);
         return;
     }
-    size_t expected = q.names_length;
-    q.names_length = 0;
-    error = tree_xattrs(t, inode, &q);
-    if (!error && q.names_length != expected)
-        error = EIO;  /* only if the map changed between the passes: the check below says so */
-    if (!error)
-        error = finished(t, 0);
-    if (error)
+    q.names_capacity = XATTR_LIST_LIMIT;
+    int error = tree_xattrs(t, inode, &q);
+    if (!error && size && size < q.names_length)
+        error = ERANGE;
+    if ((error = finished(t, error)) != 0)
         fuse_reply_err(request, error);
+    else if (size == 0)
+        fuse_reply_xattr(request, q.names_length);
     else
         fuse_reply_buf(request, (const char *) q.names, q.names_length);
     free(q.names);
@@ -1461,6 +1452,7 @@ static PyObject *py_listxattr(Tree *t, PyObject *args)
     XattrQuery q;
     memset(&q, 0, sizeof q);
     q.names = names;
+    q.names_capacity = XATTR_LIST_LIMIT;
     int error = finished(t, tree_xattrs(t, inode, &q));
     PyObject *result = error ? os_error(error) : PyBytes_FromStringAndSize((const char *) names, q.names_length);
     free(names);

@@ -416,3 +416,51 @@ def test_stored_acls_are_enforced_through_the_compiled_daemon(tmp_path: Path) ->
     finally:
         subprocess.run(["fusermount3", "-u", str(shared / "mnt")], capture_output=True)
         shutil.rmtree(shared)
+
+
+@pytest.mark.fuse
+def test_listxattr_survives_the_archive_changing_between_its_reads(tmp_path: Path) -> None:
+    """An archive rewritten in place under a mount, so that one file's attribute list
+    grows and shrinks, while that list is asked for: the compiled daemon once sized a
+    buffer from one read of the list and filled it from a second (ASan: a heap overflow;
+    the plain build died within seconds).  The mount must answer every call and live."""
+    import struct
+    import time
+
+    out = tmp_path / "race.ffr"
+    names = {b"user.b%03d" % i + b"x" * 240: b"" for i in range(200)}
+    pack_entries([Entry("f", b"x", xattrs={"user.a": b"1"}), Entry("g", b"y", xattrs=names)], out)
+    with Archive(out) as archive:
+        (_, _), (starts_at, _), _ = archive.xattr_spans
+        starts = struct.unpack_from("<3Q", archive.source.mapping, starts_at)
+    # f's list ends where g's starts, or where g's ends: one name, or 201.
+    where, short, long_ = starts_at + 8, struct.pack("<Q", starts[1]), struct.pack("<Q", starts[2])
+    with mounted(out, tmp_path / "mnt") as mnt:
+        assert os.listxattr(mnt / "f") == ["user.a"]
+        toggler = os.fork()
+        if toggler == 0:  # pragma: no cover - the child only rewrites the archive
+            fd = os.open(out, os.O_WRONLY)
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                os.pwrite(fd, long_, where)
+                os.pwrite(fd, short, where)
+            os._exit(0)
+        answers: dict[str, int] = {}
+        try:
+            for _ in range(20000):
+                try:
+                    os.listxattr(mnt / "f")
+                    answers["ok"] = answers.get("ok", 0) + 1
+                except OSError as error:
+                    answers[errno.errorcode[error.errno]] = answers.get(errno.errorcode[error.errno], 0) + 1
+                    assert error.errno == errno.EIO, answers  # never ENOTCONN: the daemon lives
+                if os.waitpid(toggler, os.WNOHANG) != (0, 0):
+                    toggler = 0
+                    break
+        finally:
+            if toggler:
+                os.waitpid(toggler, 0)
+        assert answers.get("EIO"), answers  # the change was seen, and answered as one
+        with pytest.raises(OSError) as caught:
+            os.listxattr(mnt / "f")
+        assert caught.value.errno == errno.EIO  # the archive changed in place: EIO from then on
