@@ -43,7 +43,7 @@ def test_a_url_is_not_supported_yet_not_missing(url: str) -> None:
 
 @pytest.mark.parametrize("command", ["ls", "find", "cat", "info", "verify", "unpack", "convert", "mount", "pack"])
 def test_every_command_says_a_url_is_not_supported_yet(command: str, tmp_path: Path) -> None:
-    from click.testing import CliRunner
+    from tests.conftest import cli_runner
 
     from packfs.cli import main
 
@@ -51,7 +51,7 @@ def test_every_command_says_a_url_is_not_supported_yet(command: str, tmp_path: P
     extra = {"cat": ["x"], "unpack": [tmp_path / "dest"], "convert": [tmp_path / "out.ffr"],
              "mount": [tmp_path / "mnt"], "pack": [tmp_path / "out.ffr"]}.get(command, [])
     for url in ("https://example.com/data.ffr", "s3://bucket/data.ffr"):
-        result = CliRunner().invoke(main, [command, url] + [str(x) for x in extra])
+        result = cli_runner().invoke(main, [command, url] + [str(x) for x in extra])
         if command == "mount" and "FUSE is not available" in result.stderr:
             pytest.skip(result.stderr.strip())
         assert result.exit_code == 1, result.output

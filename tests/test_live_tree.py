@@ -20,6 +20,7 @@ import pytest
 
 from packfs import PackError, PackedFolder, PackSourceError, SkippedPath, pack_folder
 from packfs.core import Archive
+from tests.conftest import require_python_as_nobody
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -287,6 +288,7 @@ def _as_unprivileged(*command: str) -> subprocess.CompletedProcess:
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("setpriv (util-linux) is not installed")
+        require_python_as_nobody()
         command = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command)
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
 

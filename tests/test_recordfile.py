@@ -10,20 +10,19 @@ import zlib
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from packfs import ffrecord
 from packfs import (ChecksumError, FormatError, PackedFolder, RecordFileError, RecordReader, convert,
                     record_file_info, verify_record_file)
 from packfs.cli import main
 from packfs.core import Archive, Container
-from tests.conftest import REPO, VECTORS, write_records
+from tests.conftest import REPO, VECTORS, cli_runner, write_records
 
 RECORD_FILES = ["records.ffr", "corrupt_payload.ffr", "truncated.ffr", "zero_meta_checksum.ffr", "empty.ffr"]
 
 
 def _cli(*args: object):
-    return CliRunner().invoke(main, [str(a) for a in args])
+    return cli_runner().invoke(main, [str(a) for a in args])
 
 
 def _one_line_error(result, *fragments: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import packfs
-from tests.conftest import BLUEPRINT, assert_same_tree, packfs_cli, tree_snapshot
+from tests.conftest import BLUEPRINT, assert_same_tree, packfs_cli, require_python_as_nobody, tree_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -383,6 +383,8 @@ def test_a_resume_into_a_read_only_dest_left_by_an_interrupted_unpack(tmp_path: 
     as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] if os.geteuid() == 0 else []
     if as_user and shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is needed to run the unpack as nobody")
+    if as_user:
+        require_python_as_nobody()
     work = Path(tempfile.mkdtemp(prefix="packfs-read-only-dest-"))  # pytest's tmp_path is root's only
     try:
         os.chmod(work, 0o777)
