@@ -74,8 +74,12 @@
 #define XATTR_NAME_LIMIT 255
 #define XATTR_VALUE_LIMIT 65536u
 #define XATTR_LIST_LIMIT 65536u
-/* The longest name FUSE carries (the kernel's FUSE_NAME_MAX); statfs says 255. */
-#define MAX_NAME 1024
+/* The longest name served (format section 5's NAME_MAX, packfs.format.NAME_MAX: no
+ * Linux file system holds a longer one); a longer one is left out of listings and its
+ * lookup is ENAMETOOLONG, though FUSE would carry it (1,024 bytes or more). */
+#define MAX_NAME 255
+/* What listing_item answers for an entry left out of the listing (a name too long). */
+#define LEFT_OUT (-3)
 /* Table and header pages a walk maps are dropped from the daemon's RSS (they stay in
  * the page cache) after about this many entries were read, so RSS does not grow with
  * the number of files served. */
@@ -293,12 +297,20 @@ static int name_of(Tree *t, uint64_t entry, const uint8_t **name, uint64_t *leng
     return 0;
 }
 
-/* A name handed to the kernel: at most 1024 bytes, no '/', no NUL, not "." or "..". */
+/* A name handed to the kernel: no '/', no NUL, not "." or ".."; and at most MAX_NAME
+ * bytes, else LEFT_OUT (logged once): format section 5 makes that no reason to fail
+ * the whole directory. */
 static int name_fit(Tree *t, uint64_t entry, const uint8_t *name, uint64_t length)
 {
-    if (length > MAX_NAME || memchr(name, '/', length) || memchr(name, 0, length)
+    if (memchr(name, '/', length) || memchr(name, 0, length)
         || (length == 1 && name[0] == '.') || (length == 2 && name[0] == '.' && name[1] == '.'))
-        return broken(t, entry, 3, "has a name that is longer than 1024 bytes, holds '/' or NUL, or is . or ..");
+        return broken(t, entry, 3, "has a name that holds '/' or NUL, or is . or ..");
+    if (length > MAX_NAME) {
+        log_line(t, entry * 64 + 14, "'%s': entry %llu has a name of %llu bytes, longer than %d (NAME_MAX): left "
+                 "out of its directory's listing", t->name, (unsigned long long) entry, (unsigned long long) length,
+                 MAX_NAME);
+        return LEFT_OUT;
+    }
     return 0;
 }
 
@@ -405,6 +417,8 @@ static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t l
         error = children_of(t, directory, &low, &count);
     if (error)
         return error;
+    if (length > MAX_NAME)
+        return ENAMETOOLONG;  /* as a disk's file system answers: never listed (name_fit) */
     uint64_t high = low + count;
     touched(t, 1);
     while (low < high) {
@@ -431,7 +445,7 @@ static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t l
 }
 
 /* Position ``position`` of directory ``directory``'s listing: 0 is ".", 1 is "..",
- * 2 + i its i-th child.  ENOENT past the end; *child is the entry (-1 for . and ..). */
+ * 2 + i its i-th child.  ENOENT past the end, LEFT_OUT for a child not listed. */
 static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t count, uint64_t position,
                         char *name, struct stat *st)
 {
@@ -1070,6 +1084,8 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
         struct fuse_entry_param entry;
         memset(&entry, 0, sizeof entry);
         error = listing_item(t, directory, start, count, position, name, &entry.attr);
+        if (error == LEFT_OUT)
+            continue;
         if (error == ENOENT) {
             error = 0;
             break;
@@ -1520,6 +1536,8 @@ static PyObject *py_readdir(Tree *t, PyObject *args)
     for (uint64_t position = offset; items != NULL; position++) {
         struct stat st;
         error = listing_item(t, directory, start, count, position, name, &st);
+        if (error == LEFT_OUT)
+            continue;
         if (error)
             break;
         PyObject *item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st.st_ino,
