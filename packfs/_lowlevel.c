@@ -14,7 +14,8 @@
  *   OPEN and OPENDIR answer ENOSYS: the kernel then stops sending them, keeps file
  *             pages across opens and caches listings (no_open, no_opendir).
  *   READ    = pread() of the file's record; its CRC-32 is checked once per record
- *             (a bitmap; one thread checks a record while the others asking wait).
+ *             (a bitmap; one thread checks a record while the others asking for it
+ *             wait), and a record that failed is EIO from then on (a second bitmap).
  *
  * This is a second reader of the format (packfs/format.py is the specification):
  * every value read from the table is checked, where it is used, against the rule of
@@ -73,16 +74,25 @@
 #define XATTR_NAME_LIMIT 255
 #define XATTR_VALUE_LIMIT 65536u
 #define XATTR_LIST_LIMIT 65536u
-/* The longest name FUSE carries (the kernel's FUSE_NAME_MAX); statfs says 255. */
-#define MAX_NAME 1024
+/* The longest name served (format section 5's NAME_MAX, packfs.format.NAME_MAX: no
+ * Linux file system holds a longer one); a longer one is left out of listings and its
+ * lookup is ENAMETOOLONG, though FUSE would carry it (1,024 bytes or more). */
+#define MAX_NAME 255
+/* What listing_item answers for an entry left out of the listing (a name too long). */
+#define LEFT_OUT (-3)
 /* Table and header pages a walk maps are dropped from the daemon's RSS (they stay in
  * the page cache) after about this many entries were read, so RSS does not grow with
  * the number of files served. */
 #define RELEASE_EVERY 65536
-/* A record is checked by one thread at a time: threads asking for records with the
- * same stripe wait for it (the common case is the same record: a large file's first
- * READs, arriving together from readahead). */
-#define STRIPES 256
+/* A record read from the archive to be checked (a large one without piece CRCs) is
+ * checked by one thread at a time: the other READs of it (a large file's first READs
+ * arrive together, from readahead) are parked until it ends, holding no worker thread,
+ * and nothing else waits.  At most this many such checks are claimed at once; past it
+ * a thread checks without claiming. */
+#define MAX_CLAIMED_CHECKS 64
+/* What tree_read's callers get for a READ parked on another thread's check: answered
+ * by that thread when its check ends. */
+#define PARKED (-2)
 /* What the log keeps: each distinct (entry, rule) once, at most this many lines. */
 #define MAX_LOG_LINES 10000
 
@@ -91,6 +101,15 @@ enum {
     FIRST_LINK, NAMES, PATH_HASH, PATH_ENTRY, SECTIONS
 };
 static const int item_size[SECTIONS] = {4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 4, 4, 1, 4, 4};
+
+/* A READ waiting for the check of its record, answered by the thread that checks it. */
+typedef struct Parked {
+    fuse_req_t request;
+    fuse_ino_t inode;
+    size_t size;
+    off_t offset;
+    struct Parked *next;
+} Parked;
 
 typedef struct {
     PyObject_HEAD
@@ -107,16 +126,23 @@ typedef struct {
     uint64_t names_size;
     int check_once;                /* 1: each record's CRC once; 0: never */
     uint8_t *checked;              /* a bit per data record: its CRC matched */
+    uint8_t *failed;               /* a bit per data record: its CRC did not (EIO from then on) */
     const uint8_t *piece_record;   /* section 4b: M records with piece CRCs, ascending */
     const uint8_t *piece_start;    /* M + 1 indices into piece_crc */
     const uint8_t *piece_crc;      /* piece_total CRCs */
     uint64_t piece_records, piece_total;
     uint8_t *piece_checked;        /* a bit per piece CRC: its piece matched */
+    uint8_t *piece_failed;         /* a bit per piece CRC: its piece did not */
     const uint8_t *xattr_entry;    /* section 4c: X entries with attributes, ascending */
     const uint8_t *xattr_start;    /* X + 1 offsets into xattr_data */
     const uint8_t *xattr_data;
     uint64_t xattr_entries, xattr_size;
-    pthread_mutex_t stripe[STRIPES];
+    pthread_mutex_t checks_lock;   /* guards the claims below */
+    pthread_cond_t check_ended;    /* a claimed check ended, or hold_checks was cleared */
+    uint64_t claimed[MAX_CLAIMED_CHECKS]; /* the records being checked from the archive now */
+    Parked *parked[MAX_CLAIMED_CHECKS];   /* the READs waiting for each */
+    unsigned claimed_count, parked_count;
+    int hold_checks;               /* tests: a claimed check waits before it reads */
     int changed;                   /* sticky: the archive changed in place */
     char *name;                    /* the archive's path, for the log */
     long long uid, gid, umask;     /* -o uid=, gid=, umask= (-1: as stored) */
@@ -271,12 +297,20 @@ static int name_of(Tree *t, uint64_t entry, const uint8_t **name, uint64_t *leng
     return 0;
 }
 
-/* A name handed to the kernel: at most 1024 bytes, no '/', no NUL, not "." or "..". */
+/* A name handed to the kernel: no '/', no NUL, not "." or ".."; and at most MAX_NAME
+ * bytes, else LEFT_OUT (logged once): format section 5 makes that no reason to fail
+ * the whole directory. */
 static int name_fit(Tree *t, uint64_t entry, const uint8_t *name, uint64_t length)
 {
-    if (length > MAX_NAME || memchr(name, '/', length) || memchr(name, 0, length)
+    if (memchr(name, '/', length) || memchr(name, 0, length)
         || (length == 1 && name[0] == '.') || (length == 2 && name[0] == '.' && name[1] == '.'))
-        return broken(t, entry, 3, "has a name that is longer than 1024 bytes, holds '/' or NUL, or is . or ..");
+        return broken(t, entry, 3, "has a name that holds '/' or NUL, or is . or ..");
+    if (length > MAX_NAME) {
+        log_line(t, entry * 64 + 14, "'%s': entry %llu has a name of %llu bytes, longer than %d (NAME_MAX): left "
+                 "out of its directory's listing", t->name, (unsigned long long) entry, (unsigned long long) length,
+                 MAX_NAME);
+        return LEFT_OUT;
+    }
     return 0;
 }
 
@@ -383,6 +417,8 @@ static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t l
         error = children_of(t, directory, &low, &count);
     if (error)
         return error;
+    if (length > MAX_NAME)
+        return ENAMETOOLONG;  /* as a disk's file system answers: never listed (name_fit) */
     uint64_t high = low + count;
     touched(t, 1);
     while (low < high) {
@@ -409,7 +445,7 @@ static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t l
 }
 
 /* Position ``position`` of directory ``directory``'s listing: 0 is ".", 1 is "..",
- * 2 + i its i-th child.  ENOENT past the end; *child is the entry (-1 for . and ..). */
+ * 2 + i its i-th child.  ENOENT past the end, LEFT_OUT for a child not listed. */
 static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t count, uint64_t position,
                         char *name, struct stat *st)
 {
@@ -447,11 +483,27 @@ static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t co
     return 0;
 }
 
+static inline int bit_of(const uint8_t *bits, uint64_t i)
+{
+    return __atomic_load_n(&bits[i >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (i & 7));
+}
+
+static inline void set_bit(uint8_t *bits, uint64_t i)
+{
+    __atomic_fetch_or(&bits[i >> 3], (uint8_t) (1u << (i & 7)), __ATOMIC_RELEASE);
+}
+
 /* Whether record ``record``'s CRC needs no check: checks are off, or it matched. */
 static inline int record_checked(Tree *t, uint64_t record)
 {
-    return !t->check_once
-           || (__atomic_load_n(&t->checked[record >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (record & 7)));
+    return !t->check_once || bit_of(t->checked, record);
+}
+
+/* Whether record ``record`` failed its check (logged then): every read of it is EIO
+ * without reading it again. */
+static inline int record_failed(Tree *t, uint64_t record)
+{
+    return t->check_once && bit_of(t->failed, record);
 }
 
 /* ``count`` bytes at ``at`` into ``buffer``, or EIO (noting the change) when fewer are
@@ -469,46 +521,143 @@ static int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at)
     return 0;
 }
 
-/* Check record ``record`` once (the bitmap), one thread at a time per stripe; ``data``
- * is the whole record when the caller already read it, else it is read here in
- * MAX_REQUEST pieces.  0, or EIO for a mismatch or a short read. */
-static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, const uint8_t *data)
+/* Record ``record``'s CRC (format section 1) against ``crc``: 0, or EIO for a mismatch,
+ * remembered (and logged once) unless the archive changed in place, which answers EIO
+ * for everything anyway. */
+static int record_crc_result(Tree *t, uint64_t record, uLong crc)
+{
+    if ((uint32_t) crc == u32_at(t->base + 12 + 4 * record)) {
+        set_bit(t->checked, record);
+        return 0;
+    }
+    if (!tree_changed(t)) {
+        log_line(t, ((uint64_t) 1 << 62) + record, "'%s': record %llu: checksum mismatch (the archive is "
+                 "damaged): its files answer EIO", t->name, (unsigned long long) record);
+        set_bit(t->failed, record);
+    }
+    return EIO;
+}
+
+/* Claim the check of record ``record`` from the archive, or wait while another thread
+ * has it (a READ, ``park``, is parked instead of waiting: see PARKED): 1 if claimed, 0
+ * if the table of claims is full (then check unclaimed), -1 if it ended while waiting
+ * (checked or failed), PARKED.  Only readers of the same record wait: a check takes no
+ * lock that readers of other records need. */
+static int claim_check(Tree *t, uint64_t record, const Parked *park)
+{
+    pthread_mutex_lock(&t->checks_lock);
+    int claimed = -1;
+    while (!record_checked(t, record) && !record_failed(t, record)) {
+        unsigned k = 0;
+        while (k < t->claimed_count && t->claimed[k] != record)
+            k++;
+        if (k == t->claimed_count) {
+            claimed = t->claimed_count < MAX_CLAIMED_CHECKS;
+            if (claimed) {
+                t->claimed[k] = record;
+                t->parked[k] = NULL;
+                t->claimed_count++;
+            }
+            while (claimed && t->hold_checks)
+                pthread_cond_wait(&t->check_ended, &t->checks_lock);
+            break;
+        }
+        Parked *parked = park != NULL ? malloc(sizeof *parked) : NULL;
+        if (parked != NULL) {
+            *parked = *park;
+            parked->next = t->parked[k];
+            t->parked[k] = parked;
+            t->parked_count++;
+            claimed = PARKED;
+            break;
+        }
+        pthread_cond_wait(&t->check_ended, &t->checks_lock);
+    }
+    pthread_mutex_unlock(&t->checks_lock);
+    return claimed;
+}
+
+/* End the claim on ``record``: the READs parked on it, to be answered by the caller. */
+static Parked *end_claim(Tree *t, uint64_t record)
+{
+    Parked *parked = NULL;
+    pthread_mutex_lock(&t->checks_lock);
+    for (unsigned k = 0; k < t->claimed_count; k++) {
+        if (t->claimed[k] == record) {
+            parked = t->parked[k];
+            for (Parked *p = parked; p != NULL; p = p->next)
+                t->parked_count--;
+            t->claimed_count--;
+            t->claimed[k] = t->claimed[t->claimed_count];
+            t->parked[k] = t->parked[t->claimed_count];
+            break;
+        }
+    }
+    pthread_cond_broadcast(&t->check_ended);
+    pthread_mutex_unlock(&t->checks_lock);
+    return parked;
+}
+
+static void answer_read(Tree *t, fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset);
+static int finished(Tree *t, int error);
+
+/* Answer the READs parked on record ``record``'s check, which ended with ``error``:
+ * served (or EIO) as any READ of a checked (or failed) record is, so none parks again;
+ * a check that ended without a verdict (a short read, no memory) answers its error. */
+static void answer_parked(Tree *t, Parked *parked, uint64_t record, int error)
+{
+    while (parked != NULL) {
+        Parked *next = parked->next;
+        if (record_checked(t, record) || record_failed(t, record))
+            answer_read(t, parked->request, parked->inode, parked->size, parked->offset);
+        else
+            fuse_reply_err(parked->request, finished(t, error ? error : EIO));
+        free(parked);
+        parked = next;
+    }
+}
+
+/* Check record ``record`` once (the bitmaps: a record that matched is not checked
+ * again, one that failed is EIO at once).  ``data`` is the whole record when the caller
+ * already read it; else it is read here in MAX_REQUEST pieces, by one thread at a time
+ * per record (claim_check; a READ ``park`` is parked meanwhile: PARKED).  0, or EIO
+ * for a mismatch or a short read. */
+static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, const uint8_t *data,
+                        const Parked *park)
 {
     if (record_checked(t, record))
         return 0;
-    pthread_mutex_t *lock = &t->stripe[record % STRIPES];
-    pthread_mutex_lock(lock);
-    int error = 0;
-    if (!record_checked(t, record)) {
-        uLong crc = crc32(0L, Z_NULL, 0);
-        if (data != NULL) {
-            for (uint64_t done = 0; done < end - start;) {
-                uInt piece = (uInt) (end - start - done < MAX_REQUEST ? end - start - done : MAX_REQUEST);
-                crc = crc32(crc, data + done, piece);
-                done += piece;
-            }
-        } else {
-            uint8_t *buffer = malloc(MAX_REQUEST);
-            if (buffer == NULL)
-                error = ENOMEM;
-            for (uint64_t at = start; !error && at < end;) {
-                size_t piece = end - at < MAX_REQUEST ? (size_t) (end - at) : MAX_REQUEST;
-                if ((error = read_exactly(t, buffer, piece, at)) == 0)
-                    crc = crc32(crc, buffer, (uInt) piece);
-                at += piece;
-            }
-            free(buffer);
+    if (record_failed(t, record))
+        return EIO;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    if (data != NULL) {
+        for (uint64_t done = 0; done < end - start;) {
+            uInt piece = (uInt) (end - start - done < MAX_REQUEST ? end - start - done : MAX_REQUEST);
+            crc = crc32(crc, data + done, piece);
+            done += piece;
         }
-        if (!error && (uint32_t) crc != u32_at(t->base + 12 + 4 * record)) {
-            if (!tree_changed(t))
-                log_line(t, ((uint64_t) 1 << 62) + record, "'%s': record %llu: checksum mismatch (the archive is "
-                         "damaged): its files answer EIO", t->name, (unsigned long long) record);
-            error = EIO;
-        }
-        if (!error)
-            __atomic_fetch_or(&t->checked[record >> 3], (uint8_t) (1u << (record & 7)), __ATOMIC_RELEASE);
+        return record_crc_result(t, record, crc);
     }
-    pthread_mutex_unlock(lock);
+    int claimed = claim_check(t, record, park);
+    if (claimed == PARKED)
+        return PARKED;
+    if (claimed < 0)
+        return record_failed(t, record) ? EIO : 0;
+    int error = 0;
+    uint8_t *buffer = malloc(MAX_REQUEST);
+    if (buffer == NULL)
+        error = ENOMEM;
+    for (uint64_t at = start; !error && at < end;) {
+        size_t piece = end - at < MAX_REQUEST ? (size_t) (end - at) : MAX_REQUEST;
+        if ((error = read_exactly(t, buffer, piece, at)) == 0)
+            crc = crc32(crc, buffer, (uInt) piece);
+        at += piece;
+    }
+    free(buffer);
+    if (!error)
+        error = record_crc_result(t, record, crc);
+    if (claimed)
+        answer_parked(t, end_claim(t, record), record, error);
     return error;
 }
 
@@ -538,23 +687,23 @@ static int pieces_of(Tree *t, uint64_t entry, uint64_t record, uint64_t length, 
     return 0;
 }
 
-static inline int piece_checked(Tree *t, uint64_t piece)
-{
-    return __atomic_load_n(&t->piece_checked[piece >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (piece & 7));
-}
-
 /* Bytes [offset, offset + want) of a record at ``start`` (``length`` bytes) whose piece
  * CRCs begin at ``first``: the pieces they cover that are not checked yet are read
- * whole, each checked once (one thread at a time per stripe), and the reply cut from
- * the same bytes; once all are checked, just the bytes asked for are read. */
+ * whole, each checked once (its bit set, matched or failed), and the reply cut from the
+ * same bytes; once all are checked, just the bytes asked for are read.  A piece that
+ * failed is EIO at once.  No lock: two threads reading the same unchecked piece
+ * together both check it (1 MiB each), and nobody waits. */
 static int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length, uint64_t offset, uint64_t want,
                        uint8_t **out, size_t *skip)
 {
     uint64_t low = offset / PIECE_SIZE, high = (offset + want - 1) / PIECE_SIZE + 1;
     uint64_t from = offset, to = offset + want;
     int unchecked = 0;
-    for (uint64_t p = low; p < high && !unchecked; p++)
-        unchecked = !piece_checked(t, first + p);
+    for (uint64_t p = low; p < high; p++) {
+        if (bit_of(t->piece_failed, first + p))
+            return EIO;  /* found damaged at an earlier read (logged then) */
+        unchecked |= !bit_of(t->piece_checked, first + p);
+    }
     if (unchecked) {
         from = low * PIECE_SIZE;
         to = high * PIECE_SIZE < length ? high * PIECE_SIZE : length;
@@ -565,25 +714,22 @@ static int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length,
     int error = read_exactly(t, buffer, to - from, start + from);
     for (uint64_t p = low; !error && unchecked && p < high; p++) {
         uint64_t piece = first + p;
-        if (piece_checked(t, piece))
+        if (bit_of(t->piece_checked, piece))
             continue;
-        pthread_mutex_t *lock = &t->stripe[piece % STRIPES];
-        pthread_mutex_lock(lock);
-        if (!piece_checked(t, piece)) {
-            uint64_t at = p * PIECE_SIZE - from, size = length - p * PIECE_SIZE < PIECE_SIZE ? length - p * PIECE_SIZE
-                                                                                          : PIECE_SIZE;
-            uLong crc = crc32(crc32(0L, Z_NULL, 0), buffer + at, (uInt) size);
-            if ((uint32_t) crc != u32_at(t->piece_crc + 4 * piece)) {
-                if (!tree_changed(t))
-                    log_line(t, ((uint64_t) 1 << 61) + piece, "'%s': piece %llu of a record at offset %llu: "
-                             "checksum mismatch (the archive is damaged): its file answers EIO there", t->name,
-                             (unsigned long long) p, (unsigned long long) start);
-                error = EIO;
-            } else {
-                __atomic_fetch_or(&t->piece_checked[piece >> 3], (uint8_t) (1u << (piece & 7)), __ATOMIC_RELEASE);
-            }
+        uint64_t at = p * PIECE_SIZE - from, size = length - p * PIECE_SIZE < PIECE_SIZE ? length - p * PIECE_SIZE
+                                                                                      : PIECE_SIZE;
+        uLong crc = crc32(crc32(0L, Z_NULL, 0), buffer + at, (uInt) size);
+        if ((uint32_t) crc == u32_at(t->piece_crc + 4 * piece)) {
+            set_bit(t->piece_checked, piece);
+            continue;
         }
-        pthread_mutex_unlock(lock);
+        if (!tree_changed(t)) {
+            log_line(t, ((uint64_t) 1 << 61) + piece, "'%s': piece %llu of a record at offset %llu: "
+                     "checksum mismatch (the archive is damaged): its file answers EIO there", t->name,
+                     (unsigned long long) p, (unsigned long long) start);
+            set_bit(t->piece_failed, piece);
+        }
+        error = EIO;
     }
     if (error) {
         free(buffer);
@@ -594,11 +740,10 @@ static int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length,
     return 0;
 }
 
-/* Up to ``size`` bytes of file inode ``inode`` from ``offset``: *out (malloc'ed, free
- * it) and *got, or an errno.  A whole small record is read once and checked from the
- * same bytes; a large one with piece CRCs, piece by piece. */
-static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
-                     size_t *skip)
+/* tree_read, for READ ``park`` (or NULL): PARKED when it waits for another thread's
+ * check of its record, which then answers it. */
+static int read_or_park(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
+                        size_t *skip, const Parked *park)
 {
     uint64_t entry, record, start, end;
     unsigned type;
@@ -616,6 +761,8 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
         return 0;
     uint64_t want = length - offset < size ? length - offset : size;
     int unchecked = !record_checked(t, record);
+    if (unchecked && record_failed(t, record))
+        return EIO;  /* found damaged at an earlier read (logged then) */
     uint64_t from = offset, count = want;
     if (unchecked && length > PIECE_SIZE) {
         uint64_t first;
@@ -630,7 +777,7 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
     if (unchecked && length <= MAX_REQUEST) {
         from = 0;  /* the whole record: one pread serves the check and the reply */
         count = length;
-    } else if (unchecked && (error = check_record(t, record, start, end, NULL)) != 0) {
+    } else if (unchecked && (error = check_record(t, record, start, end, NULL, park)) != 0) {
         return error;
     }
     uint8_t *buffer = malloc(count ? count : 1);
@@ -638,7 +785,7 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
         return ENOMEM;
     error = read_exactly(t, buffer, count, start + from);
     if (!error && unchecked && length <= MAX_REQUEST)
-        error = check_record(t, record, start, end, buffer);
+        error = check_record(t, record, start, end, buffer, NULL);
     if (error) {
         free(buffer);
         return error;
@@ -647,6 +794,16 @@ static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, ui
     *skip = (size_t) (offset - from);
     *got = (size_t) want;
     return 0;
+}
+
+/* Up to ``size`` bytes of file inode ``inode`` from ``offset``: *out (malloc'ed, free
+ * it) and *got, or an errno.  A whole small record is read once and checked from the
+ * same bytes; a large one with piece CRCs, piece by piece; a large one without them is
+ * checked whole, by one thread at a time (the others wait). */
+static int tree_read(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
+                     size_t *skip)
+{
+    return read_or_park(t, inode, offset, size, out, got, skip, NULL);
 }
 
 /* Symlink inode ``inode``'s target into ``target`` (MAX_SYMLINK_TARGET + 1 bytes),
@@ -670,7 +827,7 @@ static int tree_readlink(Tree *t, fuse_ino_t inode, char *target)
     if (memchr(target, 0, length))
         return broken(t, entry, 12, "is a symlink whose target holds a NUL byte");
     target[length] = 0;
-    return check_record(t, record, start, end, (const uint8_t *) target);
+    return check_record(t, record, start, end, (const uint8_t *) target, NULL);
 }
 
 /* GETATTR: inode ``inode``'s attributes, the change check included. */
@@ -888,18 +1045,26 @@ static void ll_opendir(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
     fuse_reply_err(request, ENOSYS);
 }
 
-static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
+/* READ, from a worker thread or from the thread whose check a READ was parked on. */
+static void answer_read(Tree *t, fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset)
 {
-    Tree *t = tree_of(request);
+    Parked park = {request, inode, size, offset, NULL};
     uint8_t *data;
     size_t got, skip;
-    int error = finished(t, offset < 0 ? EINVAL : tree_read(t, inode, (uint64_t) offset, size, &data, &got, &skip));
-    if (error) {
+    int error = offset < 0 ? EINVAL : read_or_park(t, inode, (uint64_t) offset, size, &data, &got, &skip, &park);
+    if (error == PARKED)
+        return;
+    if ((error = finished(t, error)) != 0) {
         fuse_reply_err(request, error);
         return;
     }
     fuse_reply_buf(request, (const char *) data + skip, got);
     free(data);
+}
+
+static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
+{
+    answer_read(tree_of(request), request, inode, size, offset);
 }
 
 static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, int plus)
@@ -922,6 +1087,8 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
         struct fuse_entry_param entry;
         memset(&entry, 0, sizeof entry);
         error = listing_item(t, directory, start, count, position, name, &entry.attr);
+        if (error == LEFT_OUT)
+            continue;
         if (error == ENOENT) {
             error = 0;
             break;
@@ -1120,7 +1287,7 @@ static int init_pieces(Tree *t, PyObject *pieces)
     t->piece_start = t->base + span[1][0];
     t->piece_crc = t->base + span[2][0];
     /* At most the archive's size / 32 bytes: section 17 holds 4 bytes per piece. */
-    if ((t->piece_checked = calloc(total / 8 + 1, 1)) == NULL) {
+    if ((t->piece_checked = calloc(total / 8 + 1, 1)) == NULL || (t->piece_failed = calloc(total / 8 + 1, 1)) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1248,12 +1415,13 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     t->log_fd = log_fd;
     pthread_mutex_init(&t->log_lock, NULL);
     t->checked = calloc(data_records / 8 + 1, 1);
-    if (t->checked == NULL) {
+    t->failed = calloc(data_records / 8 + 1, 1);
+    if (t->checked == NULL || t->failed == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (int i = 0; i < STRIPES; i++)
-        pthread_mutex_init(&t->stripe[i], NULL);
+    pthread_mutex_init(&t->checks_lock, NULL);
+    pthread_cond_init(&t->check_ended, NULL);
     t->blocks = (t->file_size + 4095) / 4096;
     return 0;
 }
@@ -1276,7 +1444,9 @@ static void tree_dealloc(Tree *t)
     if (t->fd >= 0)
         close(t->fd);
     free(t->checked);
+    free(t->failed);
     free(t->piece_checked);
+    free(t->piece_failed);
     free(t->name);
     Py_TYPE(t)->tp_free((PyObject *) t);
 }
@@ -1357,6 +1527,8 @@ static PyObject *py_readdir(Tree *t, PyObject *args)
     for (uint64_t position = offset; items != NULL; position++) {
         struct stat st;
         error = listing_item(t, directory, start, count, position, name, &st);
+        if (error == LEFT_OUT)
+            continue;
         if (error)
             break;
         PyObject *item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st.st_ino,
@@ -1591,6 +1763,34 @@ static PyObject *py_changed(Tree *t, PyObject *unused)
     return PyBool_FromLong(tree_changed(t));
 }
 
+PyDoc_STRVAR(hold_checks_doc,
+"hold_checks(hold: bool)\n\n"
+"For tests: while held, a check of a whole record read from the archive (a large file\n"
+"without piece CRCs) waits, once it has claimed its record, before it reads: the\n"
+"readers of that record wait for it (READs are parked), and nobody else does.");
+
+static PyObject *py_hold_checks(Tree *t, PyObject *args)
+{
+    int hold;
+    if (!ready(t) || !PyArg_ParseTuple(args, "p:hold_checks", &hold))
+        return NULL;
+    pthread_mutex_lock(&t->checks_lock);
+    t->hold_checks = hold;
+    pthread_cond_broadcast(&t->check_ended);
+    pthread_mutex_unlock(&t->checks_lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_checking(Tree *t, PyObject *unused)
+{
+    if (!ready(t))
+        return NULL;
+    pthread_mutex_lock(&t->checks_lock);
+    unsigned claimed = t->claimed_count, parked = t->parked_count;
+    pthread_mutex_unlock(&t->checks_lock);
+    return Py_BuildValue("(II)", claimed, parked);
+}
+
 static PyMethodDef tree_methods[] = {
     {"lookup", (PyCFunction) py_lookup, METH_VARARGS, lookup_doc},
     {"getattr", (PyCFunction) py_getattr, METH_VARARGS, getattr_doc},
@@ -1603,6 +1803,10 @@ static PyMethodDef tree_methods[] = {
     {"run", (PyCFunction) (void (*)(void)) py_run, METH_VARARGS | METH_KEYWORDS, run_doc},
     {"override", (PyCFunction) (void (*)(void)) py_override, METH_VARARGS | METH_KEYWORDS, override_doc},
     {"changed", (PyCFunction) py_changed, METH_NOARGS, "changed() -> bool: the archive changed in place since open."},
+    {"hold_checks", (PyCFunction) py_hold_checks, METH_VARARGS, hold_checks_doc},
+    {"checking", (PyCFunction) py_checking, METH_NOARGS,
+     "checking() -> (records, reads): the records being checked from the archive now (claimed),\n"
+     "and the READs parked until those checks end."},
     {NULL, NULL, 0, NULL},
 };
 

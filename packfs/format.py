@@ -191,7 +191,7 @@ table; ``verify`` checks every rule at once):
   parent, so no entry is reached from two directories and a walk takes O(N) steps
   (overlapping child ranges would make it exponential);
 - a name is non-empty, lies in the names section, is not ``.`` or ``..`` and
-  contains no ``/`` and no NUL byte;
+  contains no ``/`` and no NUL byte (its length: below);
 - the file type is a directory, a regular file or a symlink;
 - files and symlinks name a record below D whose length equals their size;
 - a symlink's target (its record) is non-empty, has no NUL byte and is at most
@@ -215,6 +215,17 @@ table; ``verify`` checks every rule at once):
   XATTR_SIZE_MAX, the names with a NUL each at most ``XATTR_LIST_MAX`` = 65,536 bytes,
   what Linux's listxattr can return); else the archive is malformed, for that entry.
   An ``xattr_entry`` that is not ascending can only hide an entry from the search.
+
+A name is at most ``NAME_MAX`` = 255 bytes, Linux's NAME_MAX: ext4, XFS, Btrfs and
+tmpfs hold no longer one, so a longer name comes only from a tar or zip (which can
+store one, and which GNU tar cannot extract either), and could not be unpacked.  No
+use of a longer name is unsafe, so it is not a rule a reader relies on: a writer
+refuses one (a tar or zip member with one is skipped, with a
+warning), ``verify`` reports each, naming the entry, and a reader that hands names to
+the kernel (a mount) leaves such an entry out of its directory's listing, logged, and
+answers a lookup of it with ENAMETOOLONG, as a disk's file system does, instead of
+failing the whole directory (FUSE carries longer names: up to 1,024 bytes on older
+kernels, 4,094 on Linux 6.18).  A reader of the library (``PackedFolder``) returns it.
 
 Before writing out a whole archive (``unpack``, ``convert``), all at once, because
 what is written is what the table claims, not what was read: the offsets are
@@ -246,6 +257,7 @@ met, and ``verify`` finds all of it.
 
 from __future__ import annotations
 
+import re
 import stat as stat_module
 import struct
 from typing import NamedTuple
@@ -280,6 +292,9 @@ __all__ = [
     "section_count_for",
     "NO_RECORD",
     "MAX_SYMLINK_TARGET",
+    "NAME_MAX",
+    "name_length_problem",
+    "path_name_problem",
     "Footer",
     "crc32",
     "header_size",
@@ -313,6 +328,10 @@ NO_RECORD = 2**64 - 1
 # Section 5: the longest symlink target, in bytes (Linux's PATH_MAX of 4,096 less the NUL).
 MAX_SYMLINK_TARGET = 4095
 
+# Section 5: the longest name, in bytes (Linux's NAME_MAX: no Linux file system holds a longer one).
+NAME_MAX = 255
+_LONG_NAME = re.compile(rb"[^/]{%d}" % (NAME_MAX + 1))  # the leftmost match starts a name
+
 # Section 4, mode: the file type bits, and the three types an entry may have.
 S_IFMT = stat_module.S_IFMT(0o177777)
 S_IFDIR = stat_module.S_IFDIR
@@ -338,6 +357,27 @@ def symlink_target_problem(target: bytes) -> str | None:
     if not target or b"\0" in target:
         return f"the target {target!r}: empty or containing a NUL byte"
     return None
+
+def name_length_problem(name: bytes) -> str | None:
+    """What makes ``name`` (one component of a path) longer than the format allows
+    (section 5: at most NAME_MAX bytes), or None: the one statement of the rule, for the
+    writer, ``verify`` and the mounts."""
+    if len(name) > NAME_MAX:
+        return f"a name of {len(name)} bytes, expected at most {NAME_MAX}"
+    return None
+
+
+def path_name_problem(path: bytes) -> str | None:
+    """:func:`name_length_problem` of the first component of ``path`` (``/``-separated)
+    that has one, or None."""
+    if len(path) <= NAME_MAX:
+        return None
+    # A scan in C, with nothing split: the writer asks this of every path of a deep tree.
+    found = _LONG_NAME.search(path)
+    if found is None:
+        return None
+    end = path.find(b"/", found.start())
+    return name_length_problem(path[found.start() : end if end >= 0 else len(path)])
 
 # Section 4: (name, numpy dtype) in section order.
 SECTIONS: tuple[tuple[str, str], ...] = (

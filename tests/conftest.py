@@ -323,3 +323,28 @@ def as_version_1_1(archive: Path, out: Path) -> Path:
         position += padding + len(section)
     laid_out += [b""] * (n - len(laid_out) - 1) + [bytes(footer)]
     return write_records(out, laid_out)
+
+
+def damaged_unpieced_archive(directory: Path, size: int = 16 << 20, small_files: int = 300) -> Path:
+    """An archive as 1.1 wrote it (no piece CRCs, so a large file is checked whole) of
+    ``big.bin`` (``size`` bytes, one byte in its middle damaged) and ``small_files``
+    sound files ``s000``, ``s001``, ... whose records follow big.bin's: with 257 or
+    more, record r + 256 (the lock stripe the compiled daemon once shared with r) is one
+    of them."""
+    source = directory / "damaged-src"
+    source.mkdir()
+    (source / "big.bin").write_bytes(bytes(range(256)) * (size // 256))
+    for k in range(small_files):
+        (source / f"s{k:03d}").write_bytes(f"small file {k}\n".encode())
+    packfs.pack_folder(source, directory / "sound.ffr")
+    old = as_version_1_1(directory / "sound.ffr", directory / "sound-1.1.ffr")
+    return damaged_copy(old, directory / "damaged.ffr", b"big.bin", at=size // 2)
+
+
+def bytes_read_by_this_thread() -> int:
+    """What this thread has passed to read() and pread() so far (/proc/thread-self/io's
+    rchar, page cache hits included): how a test sees that a read re-read nothing."""
+    for line in Path("/proc/thread-self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/thread-self/io")

@@ -15,6 +15,8 @@ hard links: what ``write_records`` (records back to back) cannot produce.
   links of one file (nlink 1), or (``hard_links=True``) declared as hard links.
 - :func:`record_over_table`: a file whose record runs from the data area over the whole
   path table (its size and CRC agree with that span), next to an ordinary file.
+- :func:`long_name_archive`: names longer than NAME_MAX (255 bytes), which the format
+  allows but no Linux file system holds, beside ordinary ones.
 - :func:`legacy_aliasing_archive`: an FFRecord ``pack_folder`` archive with the
   backwards offsets of :func:`aliasing_archive` (what ``packfs convert`` reads).
 """
@@ -37,7 +39,7 @@ from packfs.core.legacy import MAGIC as LEGACY_MAGIC
 from packfs.format import S_IFDIR, S_IFREG
 from packfs.core.tablebuild import TableRows, build_tables
 
-__all__ = ["aliasing_archive", "shared_record_archive", "record_over_table", "legacy_aliasing_archive",
+__all__ = ["aliasing_archive", "shared_record_archive", "record_over_table", "long_name_archive", "legacy_aliasing_archive",
            "write_container", "Layout", "assemble", "all_hostile", "HOSTILE_KINDS", "hostile_structure"]
 
 MTIME_NS = 1_600_000_000_000_000_000
@@ -185,6 +187,26 @@ def record_over_table(path: Path, over: str = "table") -> Path:
                 tables["size"][entry] = end_of(layout)
 
     return assemble(path, rows, blob, 3, lambda layout: [0, end_of(layout), len(first)], patch)
+
+
+def long_name_archive(path: Path, lengths: tuple[int, ...] = (300, 1100)) -> Path:
+    """Directory ``dir`` holding files whose names are ``lengths`` bytes long (``"n" *
+    length``, contents ``b"%d\\n" % length``) beside ordinary ones (``a.txt``, ``z.txt``,
+    a 255-byte name ``"m" * 255``) and a directory with a 256-byte name holding
+    ``inner.txt``; every rule of format section 5 kept: what a writer before the
+    NAME_MAX rule stored from a tar."""
+    files = {b"dir/a.txt": b"a\n", b"dir/" + b"m" * 255: b"255\n", b"dir/z.txt": b"z\n",
+             b"dir/" + b"d" * 256 + b"/inner.txt": b"inner\n"}
+    files.update({b"dir/" + b"n" * length: b"%d\n" % length for length in lengths})
+    rows = TableRows()
+    for directory in (b"", b"dir", b"dir/" + b"d" * 256):
+        rows.add(directory, S_IFDIR | 0o755, 0, 0, MTIME_NS, 0, NO_RECORD)
+    offsets, blob = [], b""
+    for record, (name, contents) in enumerate(files.items()):
+        rows.add(name, S_IFREG | 0o644, 0, 0, MTIME_NS, len(contents), record)
+        offsets.append(len(blob))
+        blob += contents
+    return assemble(path, rows, blob, len(files), lambda layout: offsets)
 
 
 def legacy_aliasing_archive(path: Path, files: int = 1000, size: int = 1 << 16, stride: int = 0,

@@ -110,6 +110,45 @@ def test_unsafe_and_special_members_are_skipped_or_normalised_with_a_warning(tmp
         ("../escape.txt", False), ("ok/a/../b.txt", False), ("dev/null-ish", False)]
 
 
+@pytest.mark.parametrize("compressed", [False, True])  # pack's order, and member order
+def test_members_with_names_over_255_bytes_are_skipped_with_a_warning(tmp_path: Path, compressed: bool) -> None:
+    """A tar stores names of any length (GNU long-name records); the format stores at
+    most NAME_MAX (255) bytes a name, so such a member is skipped, as other members an
+    archive cannot hold are, and the rest is packed.  255 bytes still pack."""
+    long_300, long_1100, longest = "n" * 300, "m" * 1100, "k" * 255
+    source = tmp_path / ("long.tar.gz" if compressed else "long.tar")
+    with tarfile.open(source, "w:gz" if compressed else "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in ((f"dir/{long_300}", b"300"), (f"dir/{long_1100}", b"1100"), (f"dir/{longest}", b"255"),
+                           (f"{long_300}/inside.txt", b"inside"), ("dir/ok.txt", b"ok")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    result = _pack(source, tmp_path / "l.ffr")
+    assert result.returncode == 0, result.stderr
+    reason = "expected at most 255 (NAME_MAX: no Linux file system holds a longer name)"
+    skipped = {line for line in result.stderr.decode().splitlines() if line.startswith("skipped: ")}
+    assert skipped == {f"skipped: dir/{long_300} (a name of 300 bytes, {reason})",
+                       f"skipped: dir/{long_1100} (a name of 1100 bytes, {reason})",
+                       f"skipped: {long_300}/inside.txt (a name of 300 bytes, {reason})"}
+    with PackedFolder(tmp_path / "l.ffr") as folder:
+        assert folder.list(recursive=True) == ["dir", f"dir/{longest}", "dir/ok.txt"]
+        assert folder.read(f"dir/{longest}") == b"255" and folder.verify().ok
+
+
+def test_zip_members_with_names_over_255_bytes_are_skipped(tmp_path: Path) -> None:
+    from packfs.write import pack_archive
+
+    source = tmp_path / "long.zip"
+    with zipfile.ZipFile(source, "w") as archive:
+        archive.writestr("a/" + "z" * 256, b"long")
+        archive.writestr("a/b.txt", b"b")
+    stats = pack_archive(str(source), tmp_path / "z.ffr")
+    assert [(path, reason.split(",")[0]) for path, reason, _ in stats.skipped] == [
+        ("a/" + "z" * 256, "a name of 256 bytes")]
+    with PackedFolder(tmp_path / "z.ffr") as folder:
+        assert folder.list(recursive=True) == ["a", "a/b.txt"]
+
+
 def test_not_an_archive_is_a_clear_error(tmp_path: Path) -> None:
     source = tmp_path / "notes.txt"
     source.write_text("just text")

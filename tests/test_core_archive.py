@@ -17,7 +17,8 @@ import packfs
 from packfs import (ChecksumError, ClosedArchiveError, NotADirectoryPathError, NotAFileError, PathNotFoundError)
 from packfs.core import Archive, Container, EntryStat
 from packfs.format import PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, SYMLINKS, as_version_1_1
+from tests.conftest import (BLUEPRINT, HARDLINK, MTIME_NS, SYMLINKS, as_version_1_1, bytes_read_by_this_thread,
+                            damaged_copy, damaged_unpieced_archive)
 
 CORRUPT = "a/b/c/deep.bin"  # the file whose byte the corrupted copies flip
 SOUND = "Zeta.txt"  # a file the corrupted copies leave alone
@@ -464,7 +465,7 @@ def test_always_raises_on_every_read_of_a_damaged_file(archive: Path, tmp_path: 
         assert not report.ok and report.bad_paths == (CORRUPT,) and len(report.bad_records) == 1
 
 
-def test_once_keeps_raising_on_a_damaged_file_and_checks_a_sound_one_once(
+def test_once_raises_on_a_damaged_file_at_every_read_checking_it_once_and_a_sound_one_once(
         archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import packfs.core.archive as archive_module
 
@@ -485,16 +486,14 @@ def test_once_keeps_raising_on_a_damaged_file_and_checks_a_sound_one_once(
         monkeypatch.setattr(archive_module, "crc32", counting_crc32)
         monkeypatch.setattr(Container, "record_crc_ok", counting_crc_ok)
         # The damaged file: every way of reading it raises, the first time and every
-        # time after (a bad record is never remembered as sound).
+        # time after (a bad record is never remembered as sound) ...
         for _ in range(3):
             for how, read in _every_read_of(opened, CORRUPT).items():
                 with pytest.raises(ChecksumError, match=CORRUPT):
                     read()
-        # Checked again each time: read, read_path, read_view and open (of a file this
-        # small, which it reads whole) compute the CRC of what they read; a partial read
-        # and check check the record from the source (read_batch checks in
-        # packfs.core.files, not counted here).
-        assert (len(whole), len(spans)) == (4 * 3, 2 * 3)
+        # ... but it is checked once: the first read's CRC failed, and is remembered
+        # (read_batch checks in packfs.core.files, not counted here).
+        assert (len(whole), len(spans)) == (1, 0)
         # A sound file: checked on its first read only, however it is read next.
         sound = opened.find(SOUND.encode())
         whole.clear(), spans.clear()
@@ -857,6 +856,45 @@ def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Pa
         assert all(results[part] == big[part * 65536 : (part + 1) * 65536] for part in range(8))
         assert archive.read(entry, 1 << 20, 10) == big[1 << 20 : (1 << 20) + 10]
         assert len(checks) == (1 if version == "1.1" else 2)
+
+
+@pytest.mark.parametrize("how", ["read", "check"])
+def test_once_reads_a_damaged_large_record_once_then_raises_at_once(tmp_path: Path, how: str) -> None:
+    """A record over 1 MiB without piece CRCs (format 1.1) is checked from the source,
+    whole; once it failed, later reads raise without reading it again."""
+    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+    with Archive(bad, checksums="once") as archive:
+        entry = archive.find(b"big.bin")
+        read = (lambda: archive.read(entry, 0, 4096)) if how == "read" else (lambda: archive.check(entry))
+        before = bytes_read_by_this_thread()
+        with pytest.raises(ChecksumError, match="big.bin"):
+            read()
+        assert bytes_read_by_this_thread() - before >= 16 << 20
+        for again in (read, lambda: archive.read(entry, 8 << 20, 10), lambda: archive.read(entry)):
+            before = bytes_read_by_this_thread()
+            with pytest.raises(ChecksumError, match="big.bin"):
+                again()
+            assert bytes_read_by_this_thread() - before < 4096
+        assert archive.read_path("s001") == b"small file 1\n"
+
+
+def test_once_remembers_a_failed_piece(tmp_path: Path) -> None:
+    """Format 1.2: a damaged piece is read and checked once; later reads that cover it
+    raise at once, and the file's other pieces still read."""
+    big = os.urandom(3 * PIECE_SIZE)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(big)
+    packfs.pack_folder(tmp_path / "src", tmp_path / "big.ffr")
+    bad = damaged_copy(tmp_path / "big.ffr", tmp_path / "bad.ffr", b"big.bin", at=PIECE_SIZE + 5)
+    with Archive(bad, checksums="once") as archive:
+        entry = archive.find(b"big.bin")
+        with pytest.raises(ChecksumError, match=r"bytes \[1048576, 2097152\)"):
+            archive.read(entry, PIECE_SIZE, 10)
+        before = bytes_read_by_this_thread()
+        with pytest.raises(ChecksumError, match=r"bytes \[1048576, 2097152\)"):
+            archive.read(entry, PIECE_SIZE + 100, 10)
+        assert bytes_read_by_this_thread() - before < 4096
+        assert archive.read(entry, 0, 10) == big[:10] and archive.read(entry, 2 * PIECE_SIZE, 10) == big[2 * PIECE_SIZE:][:10]
 
 
 def test_once_under_concurrency_never_marks_a_damaged_record(tmp_path: Path, monkeypatch) -> None:

@@ -15,7 +15,8 @@ import packfs.core
 from packfs import PackedFolder
 from packfs.fuse.common import FuseError
 from packfs.fuse.pathdaemon import PackfsOperations
-from tests.conftest import BLUEPRINT, MTIME_NS, NON_UTF8, damaged_copy, rewrite_section
+from tests.conftest import (BLUEPRINT, MTIME_NS, NON_UTF8, bytes_read_by_this_thread, damaged_copy,
+                            damaged_unpieced_archive, rewrite_section)
 
 
 @pytest.fixture
@@ -113,6 +114,21 @@ def test_checksum_failure_is_eio_once_logged(archive: Path, tmp_path: Path, capl
         assert no_open.read("/hello.txt", 4096, 0, 0) == b"hello world\n"  # checked once
     with packfs.core.Archive(tmp_path / "bad.ffr", checksums="never") as unchecked:
         assert PackfsOperations(unchecked).open("/Zeta.txt", os.O_RDONLY) >= 0
+
+
+def test_a_damaged_large_file_is_read_once_then_eio_at_once(tmp_path: Path) -> None:
+    """The mount's "once" policy: a damaged file over 1 MiB without piece CRCs (format
+    1.1) is read and checked at its first READ, and every later READ is EIO without
+    reading it again (it used to read and check it whole each time)."""
+    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+    with packfs.core.Archive(bad, checksums="once") as archive:
+        ops = PackfsOperations(archive, no_open=True)
+        assert _errno(lambda: ops.read("/big.bin", 131072, 0, 0)) == errno.EIO
+        for offset in (0, 8 << 20):
+            before = bytes_read_by_this_thread()
+            assert _errno(lambda: ops.read("/big.bin", 131072, offset, 0)) == errno.EIO
+            assert bytes_read_by_this_thread() - before < 4096
+        assert ops.read("/s002", 4096, 0, 0) == b"small file 2\n"
 
 
 def test_a_hostile_entry_is_eio_and_the_rest_is_served(archive: Path, tmp_path: Path) -> None:

@@ -357,3 +357,78 @@ def test_extreme_attributes_stat_through_a_mount(extremes: Path, tmp_path: Path,
         with pytest.raises(OSError) as caught:
             (root / "huge-file").read_bytes()
         assert caught.value.errno == errno.EIO
+
+
+# -- names longer than NAME_MAX (255 bytes) -----------------------------------------------
+
+_LONG = (b"n" * 300, b"n" * 1100, b"d" * 256)  # long_name_archive's, the 256-byte one a directory
+_LISTED = [b"a.txt", b"m" * 255, b"z.txt"]
+
+
+@pytest.fixture
+def long_names(tmp_path: Path) -> Path:
+    from tests.hostile import long_name_archive
+
+    return long_name_archive(tmp_path / "long.ffr")
+
+
+def test_verify_names_each_name_over_255_bytes_and_the_library_still_reads_them(long_names: Path) -> None:
+    with PackedFolder(long_names) as folder:
+        report = folder.verify()
+        assert not report.ok and not report.bad_records
+        assert sorted(report.problems) == sorted(
+            f"'dir/{name.decode()}' has a name of {len(name)} bytes, expected at most 255 (NAME_MAX)" for name in _LONG)
+        assert folder.read("dir/" + "n" * 300) == b"300\n"  # no use of it is unsafe
+
+
+def test_the_python_daemon_leaves_long_names_out_logged_once(long_names: Path, caplog) -> None:
+    with PackedFolder(long_names) as folder:
+        ops = PackfsOperations(folder)
+        for _ in range(2):
+            assert [name for name, _, _ in ops.readdir("/dir", 0)][2:] == [name.decode() for name in _LISTED]
+        logged = [record.getMessage() for record in caplog.records]
+        assert len(logged) == 3 and all("left out of the listing" in message for message in logged)
+        for name in _LONG:
+            assert sum(f"a name of {len(name)} bytes" in message for message in logged) == 1
+            assert _errno(lambda: ops.getattr("/dir/" + name.decode())) == errno.ENAMETOOLONG
+        assert _errno(lambda: ops.getattr("/dir/" + "d" * 256 + "/inner.txt")) == errno.ENAMETOOLONG
+        assert _errno(lambda: ops.getattr("/dir/" + "x" * 256)) == errno.ENAMETOOLONG  # not there either
+        assert ops.read("/dir/" + "m" * 255, 100, 0, 0) == b"255\n"
+        assert ops.statfs("/")["f_namemax"] == 255
+
+
+def test_the_compiled_daemon_leaves_long_names_out_logged_once(long_names: Path, tmp_path: Path) -> None:
+    from packfs.core import Archive
+    from packfs.fuse import tree_for, unavailable
+
+    if unavailable() is not None:
+        pytest.skip(unavailable())
+    with Archive(long_names, checksums="once") as opened, open(tmp_path / "log", "wb") as log:
+        tree = tree_for(opened, log.fileno())
+        directory = tree.lookup(1, b"dir")["st_ino"]
+        for _ in range(2):
+            listing = tree.readdir(directory)
+            assert [name for name, *_ in listing] == [b".", b".."] + _LISTED
+        # Positions stay those of the children, so a listing resumes anywhere.
+        assert [offset for *_, offset in listing] == [1, 2, 3, 5, 8]
+        assert tree.readdir(directory, 4) == listing[3:]
+        for name in _LONG:
+            assert _errno(lambda: tree.lookup(directory, name)) == errno.ENAMETOOLONG
+        assert tree.lookup(directory, b"m" * 255)["st_size"] == 4
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert len(lines) == 3 and all("longer than 255 (NAME_MAX): left out of its directory's listing" in line
+                                   for line in lines), lines
+
+
+@pytest.mark.fuse
+def test_a_mount_lists_a_directory_with_long_names_without_them(long_names: Path, tmp_path: Path) -> None:
+    """Both daemons (PACKFS_TEST_BINDING): the directory lists its other names (the
+    compiled daemon answered EIO for all of it), a long name is ENAMETOOLONG."""
+    with mounted(long_names, tmp_path / "mnt") as root:
+        assert sorted(os.listdir(root / "dir")) == [name.decode() for name in _LISTED]
+        assert (root / "dir" / ("m" * 255)).read_bytes() == b"255\n"
+        for name in _LONG:
+            with pytest.raises(OSError) as caught:
+                os.stat(root / "dir" / name.decode())
+            assert caught.value.errno == errno.ENAMETOOLONG
+        assert os.statvfs(root).f_namemax == 255

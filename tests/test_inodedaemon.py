@@ -17,7 +17,8 @@ import pytest
 import packfs
 from packfs.core import Archive
 from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, damaged_copy
+from tests.conftest import (BLUEPRINT, HARDLINK, SYMLINKS, bytes_read_by_this_thread, damaged_copy,
+                            damaged_unpieced_archive, wait_until)
 
 
 def _compiled():
@@ -135,7 +136,7 @@ def test_a_damaged_file_is_eio_logged_once_and_the_rest_serves(tmp_path: Path, a
         with open(log_path, "wb") as log:
             tree = _compiled()(opened, log.fileno())
             inode = opened.inode(opened.find(b"big/large.bin"))
-            for _ in range(3):  # a check failed is never marked: asked again, EIO again
+            for _ in range(3):  # a failed piece is remembered: asked again, EIO again at once
                 assert errno_of(lambda: tree.read(inode, 2 << 20, 4096)) == errno.EIO
             # Its other pieces (format 1.2) and the other files serve.
             assert len(tree.read(inode, 0, 4096)) == 4096
@@ -145,6 +146,65 @@ def test_a_damaged_file_is_eio_logged_once_and_the_rest_serves(tmp_path: Path, a
     with Archive(bad, checksums="never") as opened:
         tree = _compiled()(opened)
         assert len(tree.read(opened.inode(opened.find(b"big/large.bin")), 0, 4096)) == 4096
+
+
+def test_a_damaged_large_file_is_checked_once_then_eio_at_once(tmp_path: Path) -> None:
+    """A record over 1 MiB without piece CRCs (format 1.1) that fails its check is read
+    whole once; every later READ of it answers EIO without reading it again."""
+    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+    with Archive(bad, checksums="once") as opened:
+        log_path = tmp_path / "bad.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            inode = opened.inode(opened.find(b"big.bin"))
+            before = bytes_read_by_this_thread()
+            assert errno_of(lambda: tree.read(inode, 0, 4096)) == errno.EIO
+            first = bytes_read_by_this_thread() - before
+            assert 16 << 20 <= first < 17 << 20  # the whole record, once
+            for offset in (0, 8 << 20, (16 << 20) - 1):
+                before = bytes_read_by_this_thread()
+                assert errno_of(lambda: tree.read(inode, offset, 4096)) == errno.EIO
+                assert bytes_read_by_this_thread() - before < 4096  # nothing read again
+            assert tree.read(opened.inode(opened.find(b"s000")), 0, 100) == b"small file 0\n"
+        lines = log_path.read_text().splitlines()
+        assert len(lines) == 1 and "checksum mismatch" in lines[0], lines
+
+
+def test_a_check_in_progress_blocks_only_readers_of_its_own_record(tmp_path: Path) -> None:
+    """While a damaged large file is being checked (held there by the test hook), a
+    small file whose record shares its old lock stripe (record r + 256) reads, and so do
+    listings and attributes; a second reader of the large file waits for that one
+    check instead of reading it again, and both get EIO."""
+    bad = damaged_unpieced_archive(tmp_path)
+    with Archive(bad, checksums="once") as opened:
+        tree = _compiled()(opened)
+        big = opened.find(b"big.bin")
+        record = opened._file_span(big)[0]
+        same_stripe = next(entry for entry in opened.children(0)
+                           if entry != big and opened._file_span(entry)[0] == record + 256)
+        name = opened.name(same_stripe)
+        answers: list[int] = []
+
+        def read_big() -> None:
+            answers.append(errno_of(lambda: tree.read(opened.inode(big), 0, 4096)))
+
+        tree.hold_checks(True)
+        readers = [threading.Thread(target=read_big) for _ in range(2)]
+        try:
+            readers[0].start()
+            assert wait_until(lambda: tree.checking() == (1, 0))
+            readers[1].start()
+            # The check holds its claim on record r; everything else is served.
+            assert tree.read(opened.inode(same_stripe), 0, 100) == b"small file %d\n" % int(name[1:])
+            assert tree.lookup(1, name)["st_ino"] == opened.inode(same_stripe)
+            assert len(tree.readdir(1)) == 2 + len(opened.children(0))
+            assert tree.getattr(opened.inode(big))["st_size"] == 16 << 20
+            assert tree.checking() == (1, 0) and answers == []
+        finally:
+            tree.hold_checks(False)
+            for reader in readers:
+                reader.join()
+        assert answers == [errno.EIO, errno.EIO] and tree.checking() == (0, 0)
 
 
 def test_first_reads_of_a_large_file_together_get_the_right_bytes(tmp_path: Path) -> None:
@@ -293,3 +353,66 @@ def test_the_mount_reads_ahead_1_mib(tmp_path: Path) -> None:
         device = os.stat(root).st_dev
         setting = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
         assert wait_until(lambda: setting.read_text().strip() == str(READ_AHEAD_KB), 10), setting.read_text()
+
+
+@pytest.mark.fuse
+def test_reads_waiting_for_a_check_are_parked_holding_no_worker_thread(tmp_path: Path) -> None:
+    """Through a real mount served (in this process) by two worker threads: while one
+    holds the check of a damaged large file (the test hook), six more READs of that file
+    are parked, not waiting in a worker, so the other worker serves a small file, a
+    listing and a stat; when the check ends, every READ of the large file gets EIO."""
+    import subprocess
+
+    from packfs import _lowlevel
+    from packfs.fuse.inodedaemon import lowlevel_options
+    from tests.conftest import require_fuse
+
+    require_fuse("lowlevel")
+    if _lowlevel.FUSE_VERSION < 312:
+        pytest.skip("a thread limit needs libfuse 3.12")
+    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    answers: list[int] = []
+
+    def read_big(offset: int) -> None:
+        descriptor = os.open(mountpoint / "big.bin", os.O_RDONLY)
+        try:
+            answers.append(errno_of(lambda: os.pread(descriptor, 4096, offset)))
+        finally:
+            os.close(descriptor)
+
+    served: dict[str, object] = {}
+
+    def use_the_rest() -> None:
+        served["read"] = (mountpoint / "s001").read_bytes()
+        served["listing"] = sorted(os.listdir(mountpoint))
+        served["size"] = os.stat(mountpoint / "s002").st_size
+
+    with Archive(bad, checksums="once") as opened:
+        tree = _compiled()(opened)
+        tree.mount(str(mountpoint), lowlevel_options({"ro": True, "fsname": "packfs-test"})[0])
+        server = threading.Thread(target=tree.run, kwargs={"threads": 2})
+        server.start()
+        readers = [threading.Thread(target=read_big, args=(k << 20,)) for k in range(7)]
+        try:
+            tree.hold_checks(True)
+            readers[0].start()
+            assert wait_until(lambda: tree.checking()[0] == 1)
+            for reader in readers[1:]:
+                reader.start()
+            assert wait_until(lambda: tree.checking()[1] >= 6), tree.checking()
+            rest = threading.Thread(target=use_the_rest, daemon=True)
+            rest.start()
+            rest.join(60)  # only a deadlock lasts that long: the test fails, it does not hang
+            assert served == {"read": b"small file 1\n", "listing": ["big.bin", "s000", "s001", "s002"],
+                              "size": 13}
+            assert answers == []
+        finally:
+            tree.hold_checks(False)
+            for reader in readers:
+                if reader.is_alive() or reader.ident is not None:
+                    reader.join()
+            subprocess.run(["fusermount", "-u", str(mountpoint)], capture_output=True)
+            server.join()
+    assert answers == [errno.EIO] * 7

@@ -353,12 +353,22 @@ def test_pack_entries_with_a_count_larger_than_needed(tmp_path: Path) -> None:
         ([Entry("l", kind="symlink")], "has no target"),
         ([Entry("h", kind="hardlink", target="nothing")], "not an earlier file entry"),
         ([Entry("f", b"abc", size=4)], "changed size"),
+        ([Entry("d/" + "n" * 256, b"1")], "a name of 256 bytes, expected at most 255"),
+        ([Entry("x" * 300 + "/f", b"1")], "a name of 300 bytes, expected at most 255"),
+        ([Entry("d", kind="dir"), Entry("d/" + "é" * 128, b"1")], "a name of 256 bytes"),  # bytes, not characters
     ],
 )
 def test_pack_entries_rejects(tmp_path: Path, entries, message: str) -> None:
     with pytest.raises(PackError, match=message):
         pack_entries(entries, tmp_path / "bad.ffr")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_name_of_255_bytes_is_packed(tmp_path: Path) -> None:
+    name = "é" * 127 + "x"  # 255 bytes of UTF-8
+    pack_entries([Entry(f"d/{name}", b"1")], tmp_path / "ok.ffr")
+    with packfs.PackedFolder(tmp_path / "ok.ffr") as folder:
+        assert folder.read(f"d/{name}") == b"1" and folder.verify().ok
 
 
 # -- faults while packing: a clear error, and OUT untouched or absent ----------------------

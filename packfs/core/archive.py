@@ -12,11 +12,12 @@ The checksum policy is decided here, once, for every front end (``checksums``):
   file checks the whole record first, so front ends that read in parts open a file
   with :meth:`Archive.open`, which checks it once per handle; a record with piece CRCs,
   format 1.2's files over 1 MiB, checks just the 1 MiB pieces the read covers);
-- ``"once"``: a record is checked the first time it is read and remembered in a
-  bitmap of one bit per data record (what a mount wants: a large file read in 128 KiB
-  requests is checked once, not once per request); a record with piece CRCs has a bit
-  per piece instead, so the first bytes of a large file wait for one piece's check,
-  not the whole file's;
+- ``"once"``: a record is checked the first time it is read and the outcome
+  remembered in two bitmaps of one bit per data record, sound and failed (what a
+  mount wants: a large file read in 128 KiB requests is checked once, not once per
+  request, and a damaged one fails every later read at once instead of being read
+  and checked again); a record with piece CRCs has the two bits per piece instead, so
+  the first bytes of a large file wait for one piece's check, not the whole file's;
 - ``"never"``: no CRC of contents is checked (the header and the table are not
   checked at open either).
 """
@@ -155,9 +156,14 @@ class Archive:
         # One bit per data record, set once it was checked and found sound: bounded by
         # the archive's size (an eighth of a byte per file).
         self._checked = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
-        # And one per piece CRC (format section 4b), bounded by the archive's size too.
+        # And one per record that failed: a damaged record is read and checked once, and
+        # every later read of it fails at once (a 1 GiB one took seconds a read).
+        self._failed = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
+        # The same two per piece CRC (format section 4b), bounded by the archive's size too.
         self._pieces_checked = (bytearray((self._pieces.piece_total + 7) // 8)
                                 if checksums == "once" else None)
+        self._pieces_failed = (bytearray((self._pieces.piece_total + 7) // 8)
+                               if checksums == "once" else None)
         # Records being checked from the source now, under "once" (at most one entry per
         # thread): the threads that want the same record wait for the one checking it.
         self._checks_in_progress: dict[int, threading.Lock] = {}
@@ -514,18 +520,34 @@ class Archive:
             entry = self.lookup_kind(path, S_IFREG)
         return self._file_span(entry)
 
-    def _needs_check(self, record: int) -> bool:
+    def _needs_check(self, record: int, where: int | PathArg) -> bool:
+        """Whether record ``record`` is to be checked before its bytes are used (under
+        "once": not checked yet); ChecksumError naming ``where`` if it failed before."""
         checked = self._checked
         if checked is None:
             return self._check_every_read
-        return not checked[record >> 3] & (1 << (record & 7))
+        if checked[record >> 3] & (1 << (record & 7)):
+            return False
+        self._raise_if_failed(record, where)
+        return True
+
+    def _raise_if_failed(self, record: int, where: int | PathArg) -> None:
+        """Under "once", ChecksumError if record ``record`` failed its check at an
+        earlier read (it is not read again)."""
+        failed: bytearray = self._failed  # type: ignore[assignment]
+        if failed[record >> 3] & (1 << (record & 7)):
+            raise self._container.checksum_error(record, self._label(where))
 
     def _checked_sound(self, record: int, data: bytes | memoryview | None, where: int | PathArg) -> None:
         """Check record ``record``'s CRC (over ``data`` if it is the whole record, else
-        read from the source); remember a sound record under the "once" policy.  A
-        ChecksumError names ``where``: an entry (its path is built only then, O(depth))
-        or the path the caller was given."""
+        read from the source); under the "once" policy remember the outcome, sound or
+        failed (a record that failed before raises without a check).  A ChecksumError
+        names ``where``: an entry (its path is built only then, O(depth)) or the path
+        the caller was given."""
         container = self._container
+        failed = self._failed
+        if failed is not None:
+            self._raise_if_failed(record, where)
         if data is None and self._checked is not None:
             self._check_once_from_source(record, where)
             return
@@ -533,6 +555,8 @@ class Archive:
             if not container.record_crc_ok(record):
                 raise container.checksum_error(record, self._label(where))
         elif crc32(data) != self._crc_items[record]:
+            if failed is not None:
+                failed[record >> 3] |= 1 << (record & 7)
             container.check_crc(record, data, self._label(where))  # raises, with details
         if self._checked is not None:
             self._checked[record >> 3] |= 1 << (record & 7)
@@ -541,15 +565,18 @@ class Archive:
         """Under "once", check a record read from the source with one thread at a time:
         a large file's first READs arrive several at once (the kernel's readahead and
         the worker threads), and each used to read and check all of the record itself.
-        The others wait, then find it marked sound; a damaged record is never marked,
-        so each later read checks it again and fails."""
+        The others wait, then find it marked sound or failed (a damaged record is never
+        marked sound: it is marked failed, and every later read fails without reading it)."""
         with self._checking(record):
-            checked: bytearray = self._checked  # type: ignore[assignment]  # "once": a bitmap
-            if not checked[record >> 3] & (1 << (record & 7)):
+            checked: bytearray = self._checked  # type: ignore[assignment]  # "once": bitmaps
+            failed: bytearray = self._failed  # type: ignore[assignment]
+            bit = 1 << (record & 7)
+            if not checked[record >> 3] & bit:
                 container = self._container
-                if not container.record_crc_ok(record):
+                if failed[record >> 3] & bit or not container.record_crc_ok(record):
+                    failed[record >> 3] |= bit
                     raise container.checksum_error(record, self._label(where))
-                checked[record >> 3] |= 1 << (record & 7)
+                checked[record >> 3] |= bit
 
     @contextmanager
     def _checking(self, key: int) -> Iterator[None]:
@@ -591,17 +618,20 @@ class Archive:
         # cost more than the lookup itself for small files.
         try:
             record, start, end = self._path_span(path)
+            # _needs_check and _checked_sound, inlined: on 4 KiB files each call cost
+            # about 3% of the read.
+            checked = self._checked
+            unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
+            if unchecked:
+                self._raise_if_failed(record, path)  # not read again
             if container.guarded and end - start < MAP_COPY_BYTES:
                 data = container.mapping[start:end]
             else:
                 data = container.pread(start, end)
-            # _needs_check and _checked_sound, inlined: on 4 KiB files each call cost
-            # about 3% of the read.
-            checked = self._checked
             if checked is None:
                 if self._check_every_read and crc32(data) != self._crc_items[record]:
                     self._checked_sound(record, data, path)  # raises
-            elif not checked[record >> 3] & (1 << (record & 7)):
+            elif unchecked:
                 self._checked_sound(record, data, path)
         except PackfsError:
             container.changed_instead()
@@ -635,12 +665,15 @@ class Archive:
             if offset or size >= 0:
                 data = self._read_part(entry, record, start, end, offset, size)
             else:
-                data = container.pread(start, end)
                 checked = self._checked
+                unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
+                if unchecked:
+                    self._raise_if_failed(record, entry)  # not read again
+                data = container.pread(start, end)
                 if checked is None:
                     if self._check_every_read and crc32(data) != self._crc_items[record]:
                         self._checked_sound(record, data, entry)  # raises
-                elif not checked[record >> 3] & (1 << (record & 7)):
+                elif unchecked:
                     self._checked_sound(record, data, entry)
         except PackfsError:
             container.changed_instead()
@@ -652,7 +685,7 @@ class Archive:
         """:meth:`read` of ``size`` bytes at ``offset`` of a file at [start, end)."""
         begin = start + min(max(offset, 0), end - start)
         stop = end if size < 0 else min(end, begin + size)
-        if self._needs_check(record):
+        if self._needs_check(record, entry):
             if begin == start and stop == end:
                 # The whole file: one pread serves both the check and the reply.
                 data = self._container.pread(start, end)
@@ -678,22 +711,35 @@ class Archive:
             if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):
                 return self._container.pread(begin, stop)
             with self._checking(-1 - first - low):  # below 0: never a record's key
+                self._raise_for_failed_piece(first, low, high, start, end, entry)  # failed while we waited
                 if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):  # checked while we waited
                     return self._container.pread(begin, stop)
                 return self._check_pieces(first, start, end, low, high, begin, stop, entry)
         return self._check_pieces(first, start, end, low, high, begin, stop, entry)
+
+    def _raise_for_failed_piece(self, first: int, low: int, high: int, start: int, end: int, entry: int) -> None:
+        """Under "once", raise ChecksumError if a piece in [low, high) failed at an earlier read."""
+        failed: bytearray = self._pieces_failed  # type: ignore[assignment]
+        for p in range(low, high):
+            if failed[(first + p) >> 3] & (1 << ((first + p) & 7)):
+                raise self._piece_error(p, start, end, entry)
+
+    def _piece_error(self, p: int, start: int, end: int, entry: int) -> ChecksumError:
+        return ChecksumError(f"{self.path!r}: {self._label(entry)}: checksum mismatch in bytes "
+                             f"[{p * PIECE_SIZE}, {min(end - start, (p + 1) * PIECE_SIZE)})")
 
     def _check_pieces(self, first: int, start: int, end: int, low: int, high: int, begin: int, stop: int,
                       entry: int) -> bytes:
         span_start = start + low * PIECE_SIZE
         data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE))
         view = memoryview(data)
-        checked, pieces = self._pieces_checked, self._pieces
+        checked, failed, pieces = self._pieces_checked, self._pieces_failed, self._pieces
         for p in range(low, high):
             at = (p - low) * PIECE_SIZE
             if crc32(view[at: at + PIECE_SIZE]) != pieces.crc(first + p):
-                raise ChecksumError(f"{self.path!r}: {self._label(entry)}: checksum mismatch in bytes "
-                                    f"[{p * PIECE_SIZE}, {min(end - start, (p + 1) * PIECE_SIZE)})")
+                if failed is not None:
+                    failed[(first + p) >> 3] |= 1 << ((first + p) & 7)
+                raise self._piece_error(p, start, end, entry)
             if checked is not None:
                 checked[(first + p) >> 3] |= 1 << ((first + p) & 7)
         return data[begin - span_start: stop - span_start]
@@ -709,7 +755,7 @@ class Archive:
         container = self._container
         try:
             record = self._file_span(self._regular_file(entry))[0]
-            if self._needs_check(record):
+            if self._needs_check(record, entry):
                 self._checked_sound(record, None, entry)
         except PackfsError:
             container.changed_instead()
@@ -753,7 +799,7 @@ class Archive:
             container.check_size()
         try:
             record, start, end = self._file_span(self._regular_file(entry))
-            check = self._needs_check(record)
+            check = self._needs_check(record, name or entry)
             data = None
             if end - start <= (SMALL_FILE_BYTES if check else UNCHECKED_SMALL_FILE_BYTES):
                 data = container.pread(start, end)
@@ -817,7 +863,7 @@ class Archive:
         problem = symlink_length_problem(table.size(entry))
         if problem is None:
             target = container.checked(container.record_bytes, record)
-            if self._needs_check(record) if check is None else check:
+            if self._needs_check(record, where) if check is None else check:
                 self._checked_sound(record, target, where)
             problem = symlink_target_problem(target)
         if problem:

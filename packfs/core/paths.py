@@ -1,10 +1,10 @@
 """Paths: how a user's path becomes the key the path table stores (format section 4).
 
 A stored path is bytes: names joined by single slashes, no leading or trailing slash,
-no empty, ``.`` or ``..`` component and no NUL (the root is the empty path).  Every
-module turns paths into keys here: readers with :func:`lookup_key`, which resolves
-``.`` and ``..`` as a shell does in a path it has not seen, and writers with
-:func:`archive_key`, which refuses them.
+no empty, ``.`` or ``..`` component and no NUL (the root is the empty path); a writer
+stores no name longer than NAME_MAX bytes either.  Every module turns paths into keys
+here: readers with :func:`lookup_key`, which resolves ``.`` and ``..`` as a shell does
+in a path it has not seen, and writers with :func:`archive_key`, which refuses them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from typing import Union
 
 from ..errors import PackError
+from ..format import path_name_problem
 
 __all__ = ["PathArg", "lookup_key", "archive_key"]
 
@@ -47,7 +48,8 @@ def archive_key(path: PathArg) -> bytes:
     """The key a writer stores ``path`` under: bytes, no leading, trailing or doubled
     slashes.
 
-    Raises PackError for components the format forbids (``.``, ``..``, NUL).
+    Raises PackError for components the format forbids (``.``, ``..``, NUL, longer
+    than NAME_MAX bytes).
     """
     raw = os.fsencode(path)
     key = raw.strip(b"/")
@@ -60,4 +62,8 @@ def archive_key(path: PathArg) -> bytes:
         for part in key.split(b"/"):
             if part in (b".", b"..") or b"\0" in part:
                 raise PackError(f"invalid path {os.fsdecode(raw)!r}: component {os.fsdecode(part)!r}")
+    problem = path_name_problem(key)
+    if problem:
+        raise PackError(f"invalid path {os.fsdecode(raw)!r}: {problem} (NAME_MAX: no Linux file system "
+                        f"holds a longer name)")
     return key

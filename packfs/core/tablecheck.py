@@ -5,14 +5,14 @@ per-entry checks that every read makes are :class:`PathTable`'s own."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
-from ..format import NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32
+from ..format import NAME_MAX, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32
 
 if TYPE_CHECKING:
     from .pathtable import PathTable
 
-__all__ = ["validate", "check_records"]
+__all__ = ["validate", "check_records", "long_names"]
 
 _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 _SLASH = ord("/")
@@ -191,6 +191,22 @@ def check_records(table: PathTable) -> int:
         if data_records > _CHUNK:
             table.container.release(0, table.container.data_start)
     return total
+
+def long_names(table: PathTable) -> Iterator[int]:
+    """The entries whose names are longer than NAME_MAX bytes (format section 5: a writer
+    stores none, ``verify`` reports each), in entry order; chunk by chunk, as
+    :func:`validate` reads the table."""
+    import numpy as np
+
+    name_end = table.arrays["name_end"]
+    count = table.entry_count
+    for start in range(1, count, _CHUNK):
+        end = min(count, start + _CHUNK)
+        lengths = name_end[start:end].astype(np.int64) - name_end[start - 1 : end - 1].astype(np.int64)
+        yield from (start + np.flatnonzero(lengths > NAME_MAX)).tolist()
+        if count > _CHUNK:
+            table.release_pages()
+
 
 def _validate_paths(table: PathTable) -> None:
     """Sibling names strictly increasing (sorted, so no two alike) and every stored

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import FormatError
-from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, symlink_length_problem, symlink_target_problem
+from ..format import (S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, name_length_problem, symlink_length_problem,
+                      symlink_target_problem)
 from .container import Container
 from .pathtable import PathTable
 from .pieces import PieceTable
+from .tablecheck import long_names
 from .xattrs import XattrTable
 
 __all__ = ["VerifyReport", "verify_archive"]
@@ -83,6 +85,9 @@ def verify_archive(
                 problems.extend(pieces.problems(container))
             if xattrs is not None:
                 problems.extend(xattrs.problems(table.entry_count, table.inode))
+            for entry in long_names(table):
+                problems.append(f"{os.fsdecode(table.full_path(entry))!r} has "
+                                f"{name_length_problem(table.name(entry))} (NAME_MAX)")
             for entry in (file_type == S_IFLNK).nonzero()[0].tolist():
                 length = container.record_length(int(records[entry]))
                 problem = symlink_length_problem(length) or symlink_target_problem(

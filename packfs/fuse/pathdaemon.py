@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core import Archive
 from ..folder import PackedFolder
-from ..format import S_IFDIR, S_IFLNK
+from ..format import NAME_MAX, S_IFDIR, S_IFLNK, name_length_problem, path_name_problem
 from .common import FuseError, LogOnce, kernel_attributes, read_only, translated
 
 __all__ = ["PackfsOperations", "fuse_class"]
@@ -60,7 +60,12 @@ class PackfsOperations:
 
     def _entry(self, path: str) -> int:
         # FUSE hands us canonical absolute paths, so the table key is the path minus "/".
-        entry = self.archive.find(os.fsencode(path)[1:])
+        key = os.fsencode(path)[1:]
+        if path_name_problem(key):
+            # As a disk's file system answers (format section 5): such a name is never
+            # listed, and the kernel passes names of up to 1,024 bytes or more.
+            raise FuseError(errno.ENAMETOOLONG)
+        entry = self.archive.find(key)
         if entry < 0:
             raise FuseError(errno.ENOENT)
         return entry
@@ -81,7 +86,22 @@ class PackfsOperations:
         if self.archive.file_type(entry) != S_IFDIR:
             raise FuseError(errno.ENOTDIR)
         _, names, modes, inodes = self.archive.listing_with_inodes(entry)
+        if names and max(map(len, names)) > NAME_MAX:
+            names, modes, inodes = self._without_long_names(path, names, modes, inodes)
         return entry, inodes, names, modes
+
+    def _without_long_names(self, path: bytes, names: list[bytes], modes: list[int],
+                            inodes: list[int]) -> tuple[list[bytes], list[int], list[int]]:
+        """A listing without its names over NAME_MAX bytes (format section 5), each
+        logged once: one such name must not cost the directory its listing."""
+        kept = [k for k, name in enumerate(names) if len(name) <= NAME_MAX]
+        for name in names:
+            problem = name_length_problem(name)
+            if problem:
+                # The name last: the log keeps the first 1,000 characters of a message.
+                self.log_once(f"{os.fsdecode(path)!r}: {problem} (NAME_MAX), left out of the listing: "
+                              f"{os.fsdecode(name)!r}")
+        return [names[k] for k in kept], [modes[k] for k in kept], [inodes[k] for k in kept]
 
     def readdir(self, path: str, fh: int) -> list[Any]:
         """The listing in the bindings' generic form.  Mounts use the faster readdir of

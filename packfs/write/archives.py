@@ -4,7 +4,8 @@ Members stream straight into the packfs archive: nothing is written to disk but 
 output (and, for a stream whose length is unknown, the writer's own spool file), and a
 member of many GiB is copied in chunks.  Modes, owners, mtimes, symlinks and hard links
 are kept.  Unsafe member names are never followed out of the tree: a leading ``/`` is
-dropped and a name with a ``..`` component is skipped, each with a warning; devices,
+dropped and a name with a ``..`` component is skipped, each with a warning, and so is a
+name with a component over 255 bytes (format section 5's NAME_MAX); devices,
 FIFOs and other special members are skipped with a warning, as ``pack`` does for a
 directory, and so are symlinks whose target an archive cannot hold (empty, with a NUL
 byte, or longer than 4,095 bytes).
@@ -30,7 +31,7 @@ import zipfile
 from typing import Any, BinaryIO, Iterator, cast
 
 from ..errors import PackError
-from ..format import MAX_SYMLINK_TARGET, symlink_length_problem, symlink_target_problem
+from ..format import MAX_SYMLINK_TARGET, path_name_problem, symlink_length_problem, symlink_target_problem
 from ..source import url_error
 from .pack import Entry, PackProgress, PackStats, PathLike, SkipList, pack_entries
 
@@ -73,10 +74,17 @@ def _normalized(name: str) -> str | None:
 
 
 def _safe_name(name: str, skips: SkipList) -> str | None:
+    """A member name as an archive path, or None (the member skipped, with the reason)."""
     normal = _normalized(name)
     if normal is None:
         skips.add(name, "a name with '..' would leave the tree")
-    elif name.startswith("/"):
+        return None
+    # A tar stores names of any length (GNU long names, pax records); an archive at most NAME_MAX bytes.
+    problem = path_name_problem(os.fsencode(normal))
+    if problem:
+        skips.add(name, f"{problem} (NAME_MAX: no Linux file system holds a longer name)")
+        return None
+    if name.startswith("/"):
         log.warning("%sstored %r as %r, without the leading '/'", skips.where, name, normal)
     return normal
 
