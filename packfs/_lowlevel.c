@@ -1725,6 +1725,12 @@ static PyObject *py_run(Tree *t, PyObject *args, PyObject *kwargs)
         status = fuse_session_loop_mt(session, &config);
 #endif
     }
+    /* A check another thread runs (a Python Tree.read) may still owe READs parked on it
+     * their replies: they go to this session, so it ends only after them. */
+    pthread_mutex_lock(&t->checks_lock);
+    while (t->claimed_count > 0)
+        pthread_cond_wait(&t->check_ended, &t->checks_lock);
+    pthread_mutex_unlock(&t->checks_lock);
     end_session(session);
     Py_END_ALLOW_THREADS
     t->session = NULL;

@@ -416,3 +416,60 @@ def test_reads_waiting_for_a_check_are_parked_holding_no_worker_thread(tmp_path:
             subprocess.run(["fusermount", "-u", str(mountpoint)], capture_output=True)
             server.join()
     assert answers == [errno.EIO] * 7
+
+
+@pytest.mark.fuse
+def test_the_session_ends_only_after_the_reads_parked_on_another_threads_check(tmp_path: Path) -> None:
+    """A READ parked on a check that a Python thread runs (Tree.read) is answered by that
+    thread: run() must not end the session (and free it) before then, even when asked
+    to stop (a stress campaign saw the reply go to a destroyed session)."""
+    import signal
+    import subprocess
+
+    from packfs.fuse.inodedaemon import lowlevel_options
+    from tests.conftest import require_fuse
+
+    require_fuse("lowlevel")
+    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    results: dict[str, object] = {}
+    with Archive(bad, checksums="once") as opened:
+        tree = _compiled()(opened)
+        inode = opened.inode(opened.find(b"big.bin"))
+        tree.mount(str(mountpoint), lowlevel_options({"ro": True, "fsname": "packfs-test"})[0])
+        server = threading.Thread(target=lambda: results.setdefault("run", tree.run(threads=2)))
+        server.start()
+
+        def python_read() -> None:
+            results["python"] = errno_of(lambda: tree.read(inode, 0, 4096))
+
+        def fuse_read() -> None:
+            descriptor = os.open(mountpoint / "big.bin", os.O_RDONLY)
+            try:
+                results["fuse"] = errno_of(lambda: os.pread(descriptor, 4096, 0))
+            finally:
+                os.close(descriptor)
+
+        checker = threading.Thread(target=python_read)
+        reader = threading.Thread(target=fuse_read, daemon=True)
+        try:
+            tree.hold_checks(True)
+            checker.start()  # claims the record from a thread that is no libfuse worker
+            assert wait_until(lambda: tree.checking()[0] == 1)
+            reader.start()
+            assert wait_until(lambda: tree.checking()[1] == 1), tree.checking()  # the READ is parked
+            signal.pthread_kill(server.ident, signal.SIGTERM)  # libfuse's handler ends the loop
+            server.join(2)
+            assert server.is_alive(), "the session ended with a READ still parked on it"
+        finally:
+            tree.hold_checks(False)
+            checker.join(30)
+            reader.join(30)
+            server.join(30)
+            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+        assert not server.is_alive() and tree.checking() == (0, 0)
+        # The FUSE READ got its answer, not a reply into a freed session: EIO, or, the
+        # mount being torn down by then, the kernel's word that the connection went.
+        assert results["python"] == errno.EIO, results
+        assert results["fuse"] in (errno.EIO, errno.ENOTCONN, errno.ECONNABORTED), results
