@@ -321,6 +321,16 @@ static int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start,
     return 0;
 }
 
+/* A file's or symlink's record (record_of), and for a symlink the target's own rule:
+ * 1 to 4,095 bytes.  What a size must obey before READ, READLINK or the kernel gets it. */
+static int contents_of(Tree *t, uint64_t entry, unsigned type, uint64_t *record, uint64_t *start, uint64_t *end)
+{
+    int error = record_of(t, entry, record, start, end);
+    if (!error && type == S_IFLNK && (*end == *start || *end - *start > MAX_SYMLINK_TARGET))
+        return broken(t, entry, 11, "is a symlink whose target is empty or longer than 4095 bytes");
+    return error;
+}
+
 static int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode)
 {
     *inode = entry + 1;
@@ -336,14 +346,26 @@ static int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode)
     return 0;
 }
 
-/* The attributes the kernel takes (packfs.fuse.common.kernel_attributes, in C). */
+/* The attributes the kernel takes (packfs.fuse.common.kernel_attributes, in C), held to
+ * the rules of the data they describe: the kernel never sends a READ at or past
+ * st_size, so a size READ would refuse must not reach it (a 12-byte file shown empty,
+ * or 2**62 bytes long).  A hard-linked file's attributes are its inode's entry's
+ * (first_link) under every name, each name's own record checked: the kernel keeps one
+ * set per inode, the last it was given, so one name's wrong size would otherwise cut
+ * the file short under all of them. */
 static int entry_stat(Tree *t, uint64_t entry, struct stat *st)
 {
     unsigned type;
-    uint64_t inode;
+    uint64_t inode, record, start, end;
     int error = file_type(t, entry, &type);
     if (!error)
         error = inode_of(t, entry, type, &inode);
+    if (!error && type != S_IFDIR)
+        error = contents_of(t, entry, type, &record, &start, &end);
+    if (!error && inode != entry + 1) {
+        entry = inode - 1;  /* inode_of checked: a regular file naming the same record */
+        error = contents_of(t, entry, S_IFREG, &record, &start, &end);
+    }
     if (error)
         return error;
     memset(st, 0, sizeof *st);
@@ -409,12 +431,16 @@ static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t l
 }
 
 /* Position ``position`` of directory ``directory``'s listing: 0 is ".", 1 is "..",
- * 2 + i its i-th child.  ENOENT past the end; *child is the entry (-1 for . and ..). */
+ * 2 + i its i-th child.  ENOENT past the end.  *attributes is 1 when ``st`` holds the
+ * child's attributes; 0 for . and .., and for a child whose attributes break a rule:
+ * it is listed by name, type and inode alone, and its LOOKUP answers EIO, so that one
+ * bad entry neither hides its directory nor reaches the kernel with a wrong size. */
 static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t count, uint64_t position,
-                        char *name, struct stat *st)
+                        char *name, struct stat *st, int *attributes)
 {
     memset(st, 0, sizeof *st);
     st->st_mode = S_IFDIR;
+    *attributes = 0;
     if (position == 0) {
         strcpy(name, ".");
         st->st_ino = directory + 1;
@@ -438,10 +464,18 @@ static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t co
         error = name_fit(t, child, bytes, length);
     if (!error)
         error = parent_is(t, child, directory);
-    if (!error)
-        error = entry_stat(t, child, st);
     if (error)
         return error;
+    *attributes = entry_stat(t, child, st) == 0;
+    if (!*attributes) {
+        unsigned type;
+        uint64_t inode;
+        if ((error = file_type(t, child, &type)) != 0 || (error = inode_of(t, child, type, &inode)) != 0)
+            return error;
+        memset(st, 0, sizeof *st);
+        st->st_mode = type;
+        st->st_ino = inode;
+    }
     memcpy(name, bytes, length);
     name[length] = 0;
     return 0;
@@ -660,10 +694,8 @@ static int tree_readlink(Tree *t, fuse_ino_t inode, char *target)
         return error;
     if (type != S_IFLNK)
         return EINVAL;
-    if ((error = record_of(t, entry, &record, &start, &end)) != 0)
+    if ((error = contents_of(t, entry, type, &record, &start, &end)) != 0)
         return error;
-    if (end == start || end - start > MAX_SYMLINK_TARGET)
-        return broken(t, entry, 11, "is a symlink whose target is empty or longer than 4095 bytes");
     size_t length = (size_t) (end - start);
     if ((error = read_exactly(t, (uint8_t *) target, length, start)) != 0)
         return error;
@@ -917,8 +949,9 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
     char name[MAX_NAME + 1];
     for (uint64_t position = (uint64_t) offset;; position++) {
         struct fuse_entry_param entry;
+        int attributes;
         memset(&entry, 0, sizeof entry);
-        error = listing_item(t, directory, start, count, position, name, &entry.attr);
+        error = listing_item(t, directory, start, count, position, name, &entry.attr, &attributes);
         if (error == ENOENT) {
             error = 0;
             break;
@@ -927,8 +960,9 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
             break;
         size_t added;
         if (plus) {
-            /* "." and ".." go without an inode: the kernel makes no entry of them. */
-            if (position >= 2) {
+            /* Without attributes (".", "..", a child whose attributes break a rule) an
+             * entry goes with inode 0: the kernel then makes no entry of it. */
+            if (attributes) {
                 entry.ino = entry.attr.st_ino;
                 entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
             }
@@ -1349,13 +1383,17 @@ static PyObject *py_getattr(Tree *t, PyObject *args)
 }
 
 PyDoc_STRVAR(readdir_doc,
-"readdir(inode, offset=0) -> [(name: bytes, st_ino, st_mode, next_offset)] (READDIRPLUS's\n"
-"entries, . and .. first); OSError with the errno.");
+"readdir(inode, offset=0, plus=False) -> [(name: bytes, st_ino, st_mode, next_offset)]\n"
+"(READDIR's entries, . and .. first); with ``plus``, READDIRPLUS's: each tuple ends with\n"
+"the attributes handed with the name (a dict of st_*), or None where none are (. and\n"
+"..; a child whose attributes break a rule).  OSError with the errno.");
 
-static PyObject *py_readdir(Tree *t, PyObject *args)
+static PyObject *py_readdir(Tree *t, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"inode", "offset", "plus", NULL};
     unsigned long long inode, offset = 0;
-    if (!ready(t) || !PyArg_ParseTuple(args, "K|K:readdir", &inode, &offset))
+    int plus = 0;
+    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "K|Kp:readdir", keywords, &inode, &offset, &plus))
         return NULL;
     uint64_t directory, start, count;
     int error = directory_of(t, inode, &directory, &start, &count);
@@ -1365,11 +1403,24 @@ static PyObject *py_readdir(Tree *t, PyObject *args)
     char name[MAX_NAME + 1];
     for (uint64_t position = offset; items != NULL; position++) {
         struct stat st;
-        error = listing_item(t, directory, start, count, position, name, &st);
+        int attributes;
+        error = listing_item(t, directory, start, count, position, name, &st, &attributes);
         if (error)
             break;
-        PyObject *item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st.st_ino,
-                                       (unsigned) st.st_mode, (unsigned long long) position + 1);
+        PyObject *item;
+        if (plus) {
+            PyObject *handed = Py_None;
+            if (attributes)
+                handed = stat_tuple(&st);
+            else
+                Py_INCREF(Py_None);
+            item = handed == NULL ? NULL : Py_BuildValue("(y#KIKN)", name, (Py_ssize_t) strlen(name),
+                                                         (unsigned long long) st.st_ino, (unsigned) st.st_mode,
+                                                         (unsigned long long) position + 1, handed);
+        } else {
+            item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st.st_ino,
+                                 (unsigned) st.st_mode, (unsigned long long) position + 1);
+        }
         if (item == NULL || PyList_Append(items, item) != 0)
             Py_CLEAR(items);
         Py_XDECREF(item);
@@ -1602,7 +1653,7 @@ static PyObject *py_changed(Tree *t, PyObject *unused)
 static PyMethodDef tree_methods[] = {
     {"lookup", (PyCFunction) py_lookup, METH_VARARGS, lookup_doc},
     {"getattr", (PyCFunction) py_getattr, METH_VARARGS, getattr_doc},
-    {"readdir", (PyCFunction) py_readdir, METH_VARARGS, readdir_doc},
+    {"readdir", (PyCFunction) (void (*)(void)) py_readdir, METH_VARARGS | METH_KEYWORDS, readdir_doc},
     {"read", (PyCFunction) py_read, METH_VARARGS, read_doc},
     {"readlink", (PyCFunction) py_readlink, METH_VARARGS, readlink_doc},
     {"getxattr", (PyCFunction) py_getxattr, METH_VARARGS, getxattr_doc},

@@ -17,7 +17,7 @@ import pytest
 import packfs
 from packfs.core import Archive
 from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, damaged_copy
+from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, column_changed, damaged_copy
 
 
 def _compiled():
@@ -145,6 +145,62 @@ def test_a_damaged_file_is_eio_logged_once_and_the_rest_serves(tmp_path: Path, a
     with Archive(bad, checksums="never") as opened:
         tree = _compiled()(opened)
         assert len(tree.read(opened.inode(opened.find(b"big/large.bin")), 0, 4096)) == 4096
+
+
+def test_a_size_that_is_not_its_records_length_is_eio_for_that_entry(tmp_path: Path, archive: Path) -> None:
+    """Issue 23: the size column reached the kernel unchecked, and the kernel never sends
+    a READ at or past st_size, so READ's own check never ran: a 12-byte file whose size
+    said 0 was served as empty, one of 2**62 made open().read() fail with MemoryError.
+    Now LOOKUP and GETATTR answer EIO for the entry (logged once), READDIRPLUS hands its
+    name, type and inode without attributes (the kernel then LOOKUPs it: EIO), and the
+    rest of the directory serves."""
+    broken = {b"with space.txt": 0, b"-leading-dash": 2**62, b"link-to-hello": 4}
+    bad = column_changed(archive, tmp_path / "bad.ffr", "size", broken)
+    with Archive(bad, checksums="once") as opened:
+        log_path = tmp_path / "bad.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            plus = {item[0]: item for item in tree.readdir(1, plus=True)}
+            assert [item[:4] for item in plus.values()] == tree.readdir(1)
+            for name in broken:
+                entry = opened.find(name)
+                assert errno_of(lambda: tree.lookup(1, name)) == errno.EIO
+                assert errno_of(lambda: tree.getattr(entry + 1)) == errno.EIO
+                assert plus[name][1:] == (entry + 1, opened.file_type(entry), plus[name][3], None)
+            assert errno_of(lambda: tree.read(opened.find(b"with space.txt") + 1, 0, 100)) == errno.EIO
+            assert plus[b"hello.txt"][4] == tree.lookup(1, b"hello.txt")
+            assert plus[b"."][4] is None and plus[b".."][4] is None  # as the kernel gets them
+            assert tree.read(tree.lookup(1, b"hello.txt")["st_ino"], 0, 100) == b"hello world\n"
+        lines = log_path.read_text().splitlines()
+        assert len(lines) == 3 and all("has a size that is not its record's length" in line for line in lines), lines
+
+
+def test_every_name_of_a_hard_link_reports_its_inodes_attributes(tmp_path: Path, archive: Path) -> None:
+    """Issue 23: the kernel keeps one set of attributes per inode, the last it got, so a
+    hard link whose size column was wrong, once stat'ed, cut the file short under its
+    sound name too (b'hello' for b'hello world\n').  Every name now reports its inode's
+    entry's (first_link's) attributes, each name's own size checked too."""
+    first, second = (name.encode() for name in HARDLINK)
+    with Archive(archive) as opened:
+        assert opened.inode(opened.find(second)) == opened.find(first) + 1  # the first name is the inode's entry
+    # The second name's size is wrong: that name is EIO, the first reads whole.
+    with Archive(column_changed(archive, tmp_path / "second.ffr", "size", {second: 5}), checksums="once") as opened:
+        tree = _compiled()(opened)
+        assert errno_of(lambda: tree.lookup(1, second)) == errno.EIO
+        sound = tree.lookup(1, first)
+        assert sound["st_size"] == 12 and tree.read(sound["st_ino"], 0, 4096) == b"hello world\n"
+        assert tree.getattr(sound["st_ino"]) == sound
+    # The inode's own entry is wrong: every name is EIO.
+    with Archive(column_changed(archive, tmp_path / "first.ffr", "size", {first: 5}), checksums="once") as opened:
+        tree = _compiled()(opened)
+        assert errno_of(lambda: tree.lookup(1, first)) == errno.EIO
+        assert errno_of(lambda: tree.lookup(1, second)) == errno.EIO
+    # Names that disagree in a column no rule covers: every name shows the inode's.
+    with Archive(column_changed(archive, tmp_path / "owner.ffr", "uid", {second: 4242}), checksums="once") as opened:
+        tree = _compiled()(opened)
+        assert tree.lookup(1, first) == tree.lookup(1, second) and tree.lookup(1, second)["st_uid"] != 4242
+        plus = {item[0]: item[4] for item in tree.readdir(1, plus=True)}
+        assert plus[first] == plus[second] == tree.lookup(1, first)
 
 
 def test_first_reads_of_a_large_file_together_get_the_right_bytes(tmp_path: Path) -> None:
