@@ -203,6 +203,101 @@ def test_every_name_of_a_hard_link_reports_its_inodes_attributes(tmp_path: Path,
         assert plus[first] == plus[second] == tree.lookup(1, first)
 
 
+# Large directories are searched with pread (past 1 MiB of name_end values and names),
+# their first levels kept for the 8 searched last, each name's first 32 bytes with it.
+_LARGE_DIRECTORIES, _CHILDREN = 9, 12_000
+_SAME_START = "n" * 40  # longer than the 32 bytes kept: those names are compared whole
+
+
+def _large_directories(out: Path) -> Path:
+    entries = [packfs.Entry(f"big{d}/{_SAME_START}{i * 2:06d}" + "z" * 54) for d in range(_LARGE_DIRECTORIES)
+               for i in range(_CHILDREN)]
+    entries += [packfs.Entry(f"big{d}/short{i * 2:05d}") for d in range(_LARGE_DIRECTORIES) for i in range(100)]
+    # Shorter than the 32 bytes kept, and where the kept names go on: it comes first.
+    entries += [packfs.Entry(f"big{d}/{_SAME_START[:20]}") for d in range(_LARGE_DIRECTORIES)]
+    entries += [packfs.Entry(f"small/{name}") for name in ("a", "b", "c")]
+    packfs.pack_entries(entries, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def large_directories(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _large_directories(tmp_path_factory.mktemp("large") / "large.ffr")
+
+
+def _probes(directory: int) -> list[bytes]:
+    """Names present and absent: before, between and after them, prefixes of them, and
+    them with a byte more, across the 32 bytes kept."""
+    rng = random.Random(directory)
+    probes = []
+    for i in rng.sample(range(_CHILDREN), 60) + [0, _CHILDREN - 1]:
+        present = f"{_SAME_START}{i * 2:06d}" + "z" * 54
+        probes += [present, f"{_SAME_START}{i * 2 + 1:06d}" + "z" * 54, present[:-1], present + "z",
+                   present[:32], present[:33]]
+    probes += ["", "a", "short00004", "short00005", "short", "zzz", _SAME_START, "n" * 200, "\xff", "n" * 20,
+               "n" * 19, "n" * 21, "n" * 31]
+    return [os.fsencode(probe) for probe in probes]
+
+
+def test_lookups_in_large_directories_find_what_the_archive_finds(large_directories: Path) -> None:
+    """Issue 23: a large directory's search reads with pread, through kept first levels
+    (8 directories' worth: 9 here, searched in turn, take them over from each other),
+    and answers exactly what the core's binary search answers, from many threads too."""
+    with Archive(large_directories, checksums="once") as opened:
+        tree = _compiled()(opened)
+        directories = [opened.find(f"big{d}".encode()) for d in range(_LARGE_DIRECTORIES)]
+        directories.append(opened.find(b"small"))
+        expected = {(directory, probe): opened.lookup_child(directory, probe)
+                    for directory in directories for probe in _probes(directory)}
+        assert sum(found >= 0 for found in expected.values()) > 500
+
+        def answer(directory: int, probe: bytes) -> int:
+            try:
+                return tree.lookup(directory + 1, probe)["st_ino"] - 1
+            except FileNotFoundError:
+                return -1
+
+        for _ in range(2):  # the second pass through kept levels, or taken over again
+            for directory in directories:
+                for probe in _probes(directory):
+                    assert answer(directory, probe) == expected[(directory, probe)], (directory, probe)
+        failures: list[tuple[int, bytes, int]] = []
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            for directory, probe in rng.sample(sorted(expected), 600):
+                got = answer(directory, probe)
+                if got != expected[(directory, probe)]:
+                    failures.append((directory, probe, got))
+
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures[:5]
+
+
+def test_a_broken_name_in_a_large_directory_is_eio(tmp_path: Path, large_directories: Path) -> None:
+    """The search with pread checks each name it reads as the search through the map
+    does (format section 5: inside the names section)."""
+    from tests.conftest import rewrite_section
+
+    with Archive(large_directories) as opened:
+        directory = opened.find(b"big0")
+        middle = opened.children(directory)[len(opened.children(directory)) // 2]
+    bad = rewrite_section(large_directories, tmp_path / "bad.ffr", "name_end",
+                          lambda ends: ends.__setitem__(middle, 2**60))
+    with Archive(bad, checksums="once") as opened:
+        log_path = tmp_path / "bad.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            assert errno_of(lambda: tree.lookup(directory + 1, b"anything")) == errno.EIO
+            assert errno_of(lambda: tree.lookup(directory + 1, b"anything else")) == errno.EIO
+            assert tree.lookup(opened.find(b"small") + 1, b"a")["st_size"] == 0
+        assert "has a name outside the names section" in log_path.read_text()
+
+
 def test_first_reads_of_a_large_file_together_get_the_right_bytes(tmp_path: Path) -> None:
     """Threads reading a large file's first pieces at once (readahead does): one checks
     the record, the others wait for it; every read gets its bytes."""
