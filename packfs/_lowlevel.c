@@ -165,6 +165,25 @@ typedef struct {
 
 /* -- logging (to log_fd: stderr, the daemon's log file, by default) ---------------------- */
 
+/* One stamped line to log_fd; the caller holds log_lock. */
+static void write_log_line(Tree *t, const char *format, va_list args)
+{
+    struct timespec now;
+    struct tm local;
+    char stamp[32], line[1024];
+    clock_gettime(CLOCK_REALTIME, &now);
+    localtime_r(&now.tv_sec, &local);
+    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
+    int used = snprintf(line, sizeof line, "%s,%03ld packfs: ", stamp, now.tv_nsec / 1000000);
+    vsnprintf(line + used, sizeof line - (size_t) used - 1, format, args);
+    size_t length = strlen(line);
+    line[length++] = '\n';
+    if (write(t->log_fd, line, length) < 0) {
+        /* nowhere left to say it */
+    }
+}
+
+/* A problem found: logged once per ``key`` (a bit per hash of it), MAX_LOG_LINES at most. */
 static void log_line(Tree *t, uint64_t key, const char *format, ...)
 {
     pthread_mutex_lock(&t->log_lock);
@@ -172,23 +191,23 @@ static void log_line(Tree *t, uint64_t key, const char *format, ...)
     if (t->log_lines < MAX_LOG_LINES && !(t->log_seen[bit >> 3] & (1u << (bit & 7)))) {
         t->log_seen[bit >> 3] |= (uint8_t) (1u << (bit & 7));
         t->log_lines++;
-        struct timespec now;
-        struct tm local;
-        char stamp[32], line[1024];
-        clock_gettime(CLOCK_REALTIME, &now);
-        localtime_r(&now.tv_sec, &local);
-        strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
-        int used = snprintf(line, sizeof line, "%s,%03ld packfs: ", stamp, now.tv_nsec / 1000000);
         va_list args;
         va_start(args, format);
-        vsnprintf(line + used, sizeof line - (size_t) used - 1, format, args);
+        write_log_line(t, format, args);
         va_end(args);
-        size_t length = strlen(line);
-        line[length++] = '\n';
-        if (write(t->log_fd, line, length) < 0) {
-            /* nowhere left to say it */
-        }
     }
+    pthread_mutex_unlock(&t->log_lock);
+}
+
+/* The notice that tells the operator what to do: always written, past the cap and with
+ * no bit of its own that another key could share (its caller writes it once). */
+static void log_notice(Tree *t, const char *format, ...)
+{
+    pthread_mutex_lock(&t->log_lock);
+    va_list args;
+    va_start(args, format);
+    write_log_line(t, format, args);
+    va_end(args);
     pthread_mutex_unlock(&t->log_lock);
 }
 
@@ -245,8 +264,8 @@ static int tree_changed(Tree *t)
     if (reason == 0)
         return 0;
     if (!__atomic_exchange_n(&t->changed, reason, __ATOMIC_RELAXED))
-        log_line(t, UINT64_MAX, "'%s': archive changed in place (%s); remount: every request now answers EIO",
-                 t->name, reason == 1 ? "truncated under its map" : reason == 2 ? "overwritten or replaced" : "fstat failed");
+        log_notice(t, "'%s': archive changed in place (%s); remount: every request now answers EIO", t->name,
+                   reason == 1 ? "truncated under its map" : reason == 2 ? "overwritten or replaced" : "fstat failed");
     return 1;
 }
 

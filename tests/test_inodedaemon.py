@@ -343,6 +343,31 @@ def test_an_archive_written_over_in_place_answers_eio_from_then_on(tmp_path: Pat
         assert "archive changed in place" in log_path.read_text()
 
 
+def test_the_remount_notice_is_written_past_the_log_cap(tmp_path: Path) -> None:
+    """Issue 23: after 10,000 logged problems the one notice that tells an operator what
+    to do ("archive changed in place; remount") was dropped with the rest."""
+    from tests.conftest import rewrite_section
+
+    count = 12_000  # 10,000 distinct problems logged, whatever the log's hash collisions
+    packfs.pack_entries([packfs.Entry(f"f{i:05d}") for i in range(count)], tmp_path / "empty.ffr")
+    target = rewrite_section(tmp_path / "empty.ffr", tmp_path / "target.ffr", "size",
+                             lambda size: size.__setitem__(slice(1, None), 1))  # each 1 byte, its record 0
+    log_path = tmp_path / "full.log"
+    with Archive(target, checksums="once") as opened, open(log_path, "wb") as log:
+        tree = _compiled()(opened, log.fileno())
+        for entry in range(1, count + 1):
+            assert errno_of(lambda: tree.read(entry + 1, 0, 1)) == errno.EIO
+        assert len(log_path.read_text().splitlines()) == 10_000  # the cap
+        with open(target, "r+b") as rewrite:
+            rewrite.write(b"\0" * 64)
+        before = target.stat()
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        for _ in range(3):
+            assert errno_of(lambda: tree.getattr(1)) == errno.EIO
+    lines = log_path.read_text().splitlines()
+    assert len(lines) == 10_001 and "archive changed in place (overwritten or replaced); remount" in lines[-1]
+
+
 def test_options_for_the_low_level_api() -> None:
     from packfs.errors import MountError
     from packfs.fuse.inodedaemon import lowlevel_options
