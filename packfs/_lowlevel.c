@@ -125,6 +125,7 @@ typedef struct {
     PyObject_HEAD
     Py_buffer map;                 /* the whole archive, mapped by packfs.source.LocalFile */
     int have_map;
+    int initialised;               /* tree_init finished: only then may anything read the map */
     const uint8_t *base;
     uint64_t file_size;
     int fd;                        /* our own duplicate of the archive's descriptor */
@@ -1569,6 +1570,7 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     for (int i = 0; i < STRIPES; i++)
         pthread_mutex_init(&t->stripe[i], NULL);
     t->blocks = (t->file_size + 4095) / 4096;
+    t->initialised = 1;
     return 0;
 }
 
@@ -1608,7 +1610,7 @@ static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 
 static int ready(Tree *t)
 {
-    if (!t->have_map) {
+    if (!t->initialised) {  /* also after an __init__ that failed half-way */
         PyErr_SetString(PyExc_ValueError, "the Tree is not initialised");
         return 0;
     }
@@ -1617,11 +1619,18 @@ static int ready(Tree *t)
 
 static PyObject *stat_tuple(const struct stat *st)
 {
+    /* The mtime in ns again: through the next second when it is before 1970, since the
+     * earliest (tv_sec -9223372037) times 10**9 is below INT64_MIN, a signed overflow. */
+    long long seconds = st->st_mtim.tv_sec, nanoseconds = st->st_mtim.tv_nsec;
+    if (seconds < 0 && nanoseconds > 0) {
+        seconds += 1;
+        nanoseconds -= 1000000000;
+    }
     return Py_BuildValue("{s:K,s:I,s:K,s:I,s:I,s:L,s:L,s:L}", "st_ino", (unsigned long long) st->st_ino,
                          "st_mode", (unsigned) st->st_mode, "st_nlink", (unsigned long long) st->st_nlink,
                          "st_uid", (unsigned) st->st_uid, "st_gid", (unsigned) st->st_gid,
                          "st_size", (long long) st->st_size, "st_blocks", (long long) st->st_blocks,
-                         "st_mtime_ns", (long long) st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec);
+                         "st_mtime_ns", seconds * 1000000000LL + nanoseconds);
 }
 
 PyDoc_STRVAR(lookup_doc, "lookup(parent_inode, name: bytes) -> dict of st_* (LOOKUP); OSError with the errno.");

@@ -368,6 +368,74 @@ def test_the_remount_notice_is_written_past_the_log_cap(tmp_path: Path) -> None:
     assert len(lines) == 10_001 and "archive changed in place (overwritten or replaced); remount" in lines[-1]
 
 
+def test_mtimes_at_the_ends_of_the_column(tmp_path: Path) -> None:
+    """Issue 23: the Tree's attributes computed tv_sec * 10**9 + tv_nsec, a signed
+    overflow (undefined behaviour, which UBSan reports) for mtimes near INT64_MIN."""
+    stored = {"past": -(2**63), "past-1": -(2**63) + 1, "future": 2**63 - 1, "before-1970": -1, "epoch": 0,
+              "half": -1_500_000_000}
+    packfs.pack_entries([packfs.Entry(name, b"x", mtime_ns=mtime) for name, mtime in stored.items()],
+                        tmp_path / "times.ffr")
+    with Archive(tmp_path / "times.ffr") as opened:
+        tree = _compiled()(opened)
+        for name, mtime in stored.items():
+            attributes = tree.lookup(1, name.encode())
+            assert attributes["st_mtime_ns"] == mtime == opened.stat(opened.find(name.encode())).mtime_ns, name
+            assert tree.getattr(attributes["st_ino"]) == attributes
+        listed = {item[0]: item[4] for item in tree.readdir(1, plus=True)}
+        assert all(listed[name.encode()]["st_mtime_ns"] == mtime for name, mtime in stored.items())
+
+
+_FAILED_TREE = """
+import sys
+from packfs.core import Archive
+from packfs._lowlevel import Tree
+
+with Archive(sys.argv[1]) as opened:
+    source = opened.source
+    tree = Tree.__new__(Tree)
+    try:  # the header's values are sound, the sections are not: __init__ fails half-way
+        tree.__init__(source.mapping, source.fileno(), -1, opened.record_count, opened.data_records,
+                      opened.entry_count, [], True)
+    except ValueError as error:
+        print("init:", error)
+    calls = {"getattr": lambda: tree.getattr(1), "lookup": lambda: tree.lookup(1, b"hello.txt"),
+             "readdir": lambda: tree.readdir(1), "read": lambda: tree.read(2, 0, 10),
+             "readlink": lambda: tree.readlink(2), "getxattr": lambda: tree.getxattr(1, b"user.a"),
+             "listxattr": lambda: tree.listxattr(1), "changed": lambda: tree.changed(),
+             "override": lambda: tree.override(uid=1), "mount": lambda: tree.mount("/nonexistent", "ro"),
+             "run": lambda: tree.run()}
+    for name, call in calls.items():
+        try:
+            call()
+            print(name, "answered")
+        except ValueError as error:
+            print(name, "ValueError:", error)
+    try:
+        tree.__init__(source.mapping, source.fileno(), -1, opened.record_count, opened.data_records,
+                      opened.entry_count, opened.section_spans, True)
+    except TypeError as error:
+        print("again:", error)
+"""
+
+
+def test_a_tree_whose_construction_failed_refuses_every_call(archive: Path) -> None:
+    """Issue 23: a Tree whose __init__ failed after taking the map could still be called,
+    and read its unset columns: a crash.  Every method now raises ValueError."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    _compiled()
+    result = subprocess.run([sys.executable, "-c", _FAILED_TREE, str(archive)], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "init: expected 15 sections" and lines[-1] == "again: a Tree is initialised once"
+    assert all(line.endswith("ValueError: the Tree is not initialised") for line in lines[1:-1]), lines
+    assert len(lines) == 13
+
+
 def test_options_for_the_low_level_api() -> None:
     from packfs.errors import MountError
     from packfs.fuse.inodedaemon import lowlevel_options
