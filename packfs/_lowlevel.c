@@ -295,13 +295,23 @@ static int entry_of(Tree *t, fuse_ino_t inode, uint64_t *entry)
     return 0;
 }
 
-static int file_type(Tree *t, uint64_t entry, unsigned *type)
+/* Entry ``entry``'s mode, read once and its file type checked: a mode handed out is
+ * the one checked, not a second read of the column. */
+static int entry_mode(Tree *t, uint64_t entry, uint32_t *mode)
 {
-    unsigned kind = COLUMN32(t, MODE, entry) & S_IFMT;
+    *mode = COLUMN32(t, MODE, entry);
+    unsigned kind = *mode & S_IFMT;
     if (kind != S_IFDIR && kind != S_IFREG && kind != S_IFLNK)
         return broken(t, entry, 1, "has a file type that is not a directory, file or symlink");
-    *type = kind;
     return 0;
+}
+
+static int file_type(Tree *t, uint64_t entry, unsigned *type)
+{
+    uint32_t mode;
+    int error = entry_mode(t, entry, &mode);
+    *type = mode & S_IFMT;
+    return error;
 }
 
 /* Inode ``inode``'s entry and file type. */
@@ -417,16 +427,23 @@ static int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode)
  * the file short under all of them. */
 static int entry_stat(Tree *t, uint64_t entry, struct stat *st)
 {
-    unsigned type;
+    uint32_t mode;
     uint64_t inode, record, start, end;
-    int error = file_type(t, entry, &type);
+    int error = entry_mode(t, entry, &mode);
+    unsigned type = mode & S_IFMT;
     if (!error)
         error = inode_of(t, entry, type, &inode);
     if (!error && type != S_IFDIR)
         error = contents_of(t, entry, type, &record, &start, &end);
     if (!error && inode != entry + 1) {
-        entry = inode - 1;  /* inode_of checked: a regular file naming the same record */
-        error = contents_of(t, entry, S_IFREG, &record, &start, &end);
+        /* The inode's entry: inode_of checked it is a regular file naming the same record;
+         * the mode handed out is read (and checked) once more, here. */
+        uint64_t name = entry;
+        entry = inode - 1;
+        mode = COLUMN32(t, MODE, entry);
+        error = (mode & S_IFMT) != S_IFREG ? broken(t, name, 9, "has a first_link that is not an earlier name of "
+                                                                "the same file")
+                                           : contents_of(t, entry, S_IFREG, &record, &start, &end);
     }
     if (error)
         return error;
@@ -437,7 +454,7 @@ static int entry_stat(Tree *t, uint64_t entry, struct stat *st)
     if (size > (uint64_t) INT64_MAX)
         size = INT64_MAX;  /* the kernel answers EIO for a larger one */
     st->st_ino = inode;
-    st->st_mode = COLUMN32(t, MODE, entry);
+    st->st_mode = mode;
     st->st_nlink = COLUMN32(t, NLINK, entry);
     st->st_uid = t->uid >= 0 ? (uid_t) t->uid : uid == UINT32_MAX ? UINT32_MAX - 1 : uid;  /* (uid_t)-1: no owner */
     st->st_gid = t->gid >= 0 ? (gid_t) t->gid : gid == UINT32_MAX ? UINT32_MAX - 1 : gid;
