@@ -888,7 +888,8 @@ def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
 @click.option("-o", "options", multiple=True, metavar="OPTION[,OPTION...]",
               help="FUSE mount options, e.g. -o uid=1000,gid=1000 to show files as yours; "
                    "-o nonempty mounts over a non-empty directory. mount(8)'s own options "
-                   "(defaults, rw, noauto, nofail, _netdev, x-*, ...) are accepted and ignored.")
+                   "(defaults, rw, suid, dev, noauto, nofail, _netdev, x-*, ...) are accepted and "
+                   "ignored: mounts are read-only, nosuid and nodev.")
 @click.option("--allow-other", is_flag=True,
               help="Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).")
 @click.option("--check-data/--no-check-data", default=True, show_default=True,

@@ -108,7 +108,9 @@ To list a directory, read its children range; to find one name in it, binary-sea
 that range.
 
 An entry's inode number is its index + 1 (the root is 1), except that all names of a
-hard-linked file share the inode number of the first (``first_link + 1``).
+hard-linked file share the inode number of the first (``first_link + 1``), and its
+attributes: a reader shows the first name's mode, owner, mtime and size under every
+name (a writer stores the same under each).
 
 4b. Piece CRCs (sections 15..17, version 1.2)
 ---------------------------------------------
@@ -193,7 +195,9 @@ table; ``verify`` checks every rule at once):
 - a name is non-empty, lies in the names section, is not ``.`` or ``..`` and
   contains no ``/`` and no NUL byte (its length: below);
 - the file type is a directory, a regular file or a symlink;
-- files and symlinks name a record below D whose length equals their size;
+- files and symlinks name a record below D whose length equals their size (checked
+  before a size is handed out, by stat as by a read: a reader that shows a size its
+  reads refuse makes the kernel serve a file shorter or longer than its contents);
 - a symlink's target (its record) is non-empty, has no NUL byte and is at most
   ``MAX_SYMLINK_TARGET`` = 4,095 bytes (Linux's PATH_MAX less its NUL: no kernel
   creates a longer one, and a reader following a longer one would spend time in
@@ -341,7 +345,10 @@ S_IFLNK = stat_module.S_IFLNK
 
 def symlink_length_problem(length: int) -> str | None:
     """What is wrong with a symlink target ``length`` bytes long, or None: the length
-    part of :func:`symlink_target_problem`, for refusing a long target before it is read."""
+    part of :func:`symlink_target_problem`, for refusing a target before it is read
+    (and a symlink's size before it is handed out)."""
+    if length == 0:
+        return "an empty target"
     if length > MAX_SYMLINK_TARGET:
         return f"a target of {length} bytes, expected at most {MAX_SYMLINK_TARGET}"
     return None
@@ -351,11 +358,11 @@ def symlink_target_problem(target: bytes) -> str | None:
     """What makes ``target`` a symlink target the format does not allow (section 5:
     non-empty, no NUL byte, at most MAX_SYMLINK_TARGET bytes), or None: the one
     statement of the rule, for the writer, every reader and verify."""
-    too_long = symlink_length_problem(len(target))
-    if too_long:
-        return too_long
-    if not target or b"\0" in target:
-        return f"the target {target!r}: empty or containing a NUL byte"
+    length_problem = symlink_length_problem(len(target))
+    if length_problem:
+        return length_problem
+    if b"\0" in target:
+        return f"the target {target!r}: containing a NUL byte"
     return None
 
 def name_length_problem(name: bytes) -> str | None:

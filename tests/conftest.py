@@ -304,6 +304,19 @@ def rewrite_section(archive: Path, out: Path, section: str, mutate: Callable[[np
     return write_records(out, records)
 
 
+def column_changed(archive: Path, out: Path, section: str, values: dict[bytes, int]) -> Path:
+    """Copy ``archive`` with table column ``section`` set to ``values[path]`` for each
+    stored path, every CRC recomputed: a hostile archive that passes every checksum."""
+    with packfs.PackedFolder(archive) as opened:
+        entries = {opened.archive.find(path): value for path, value in values.items()}
+
+    def change(column: np.ndarray) -> None:
+        for entry, value in entries.items():
+            column[entry] = value
+
+    return rewrite_section(archive, out, section, change)
+
+
 def as_version_1_1(archive: Path, out: Path) -> Path:
     """A copy of a 1.2 archive as 1.1 wrote it: the same data and table, without the
     piece CRC sections (format section 4b), each section's padding laid out anew."""

@@ -3,6 +3,7 @@ through FUSE), closing under concurrent use, and stat values the kernel refuses.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import io
@@ -25,7 +26,7 @@ from packfs import FormatError, PackedFolder, PackError, PathNotFoundError
 from packfs.format import MAX_SYMLINK_TARGET, SECTION_ALIGNMENT, SECTIONS, header_size
 from packfs.write import pack_archive
 from packfs.fuse import PackfsOperations
-from tests.conftest import mounted, read_records, rewrite_section, write_records
+from tests.conftest import HARDLINK, column_changed, mounted, read_records, rewrite_section, write_records
 
 _CLOSED_MESSAGE = "I/O operation on a closed archive"
 
@@ -75,7 +76,7 @@ def test_tar_members_with_unstorable_targets_are_skipped_with_a_warning(tmp_path
             with open(source, "rb") as stream:
                 pack_archive("-", out, stdin=stream)
     assert "skipped 'long': a symlink with a target of 10000 bytes, expected at most 4095" in caplog.text
-    assert "skipped 'empty': a symlink with the target b'': empty" in caplog.text
+    assert "skipped 'empty': a symlink with an empty target" in caplog.text
     with PackedFolder(out) as folder:
         assert folder.list() == ["file", "fine"] and folder.read("fine") == b"kept" and folder.verify().ok
 
@@ -142,7 +143,10 @@ def test_a_long_target_is_a_format_error_where_it_is_used(long_link: Path, check
             with pytest.raises(FormatError, match=r"symlink with a target of 65539 bytes, expected at most 4095"):
                 use()
         assert len(walked) <= 10  # refused before its components were walked
-        assert folder.read("d/ok") == b"contents" and folder.stat("d/l").size == 65539
+        assert folder.read("d/ok") == b"contents"
+        # Its attributes obey the rule its target breaks: no size of 65,539 handed out.
+        with pytest.raises(FormatError, match=r"entry \d+ is a symlink with a target of 65539 bytes"):
+            folder.stat("d/l")
         report = folder.verify()
         assert report.problems == ("symlink 'd/l' has a target of 65539 bytes, expected at most 4095",)
 
@@ -151,8 +155,8 @@ def test_fuse_readlink_of_a_long_target_is_eio(long_link: Path) -> None:
     with PackedFolder(long_link) as folder:
         ops = PackfsOperations(folder)
         assert _errno(lambda: ops.readlink("/d/l")) == errno.EIO
-        assert stat.S_ISLNK(ops.getattr("/d/l")["st_mode"])  # the link itself still stats
-        assert ops.readlink("/d/ok") == "../f"
+        assert _errno(lambda: ops.getattr("/d/l")) == errno.EIO  # its size breaks the target's rule
+        assert ops.readlink("/d/ok") == "../f" and stat.S_ISLNK(ops.getattr("/d/ok")["st_mode"])
 
 
 def _link_chain(tmp_path: Path, links: int, padding: int) -> Path:
@@ -325,7 +329,8 @@ _EXTREMES = [
 @pytest.fixture
 def extremes(tmp_path: Path) -> Path:
     """Owners and times at the ends of their columns, and (hostile: the writer never
-    makes them) a directory and a file whose size is 2**64 - 1."""
+    makes them) a directory and a file whose size is 2**64 - 1 (the file's then breaks
+    the rule that it is its record's length)."""
     packfs.pack_entries(_EXTREMES, tmp_path / "extremes.ffr")
     with PackedFolder(tmp_path / "extremes.ffr") as folder:
         huge = [folder.archive.find(b"huge"), folder.archive.find(b"huge-file")]
@@ -338,18 +343,20 @@ def test_getattr_clamps_what_the_kernel_cannot_represent(extremes: Path) -> None
         ops = PackfsOperations(folder)
         assert (ops.getattr("/owner")["st_uid"], ops.getattr("/owner")["st_gid"]) == (2**32 - 2, 2**32 - 2)
         assert ops.getattr("/file-owner")["st_gid"] == 2**32 - 2
-        assert ops.getattr("/huge")["st_size"] == ops.getattr("/huge-file")["st_size"] == 2**63 - 1
-        assert ops.getattr("/huge-file")["st_blocks"] == 2**54  # (2**63 - 1 + 511) // 512
+        assert ops.getattr("/huge")["st_size"] == 2**63 - 1
+        assert _errno(lambda: ops.getattr("/huge-file")) == errno.EIO  # never a size its record disagrees with
         assert ops.getattr("/future")["st_mtime"] == 2**63 - 1 and ops.getattr("/past")["st_mtime"] == -(2**63)
         assert _errno(lambda: ops.open("/huge-file", os.O_RDONLY)) == errno.EIO  # its record disagrees
 
 
 @pytest.mark.fuse
-@pytest.mark.parametrize("binding", ["mfusepy", "fusepy"])
+@pytest.mark.parametrize("binding", ["lowlevel", "mfusepy", "fusepy"])
 def test_extreme_attributes_stat_through_a_mount(extremes: Path, tmp_path: Path, binding: str) -> None:
     with mounted(extremes, tmp_path / "mnt", binding=binding) as root:
         assert (root / "huge").lstat().st_size == 2**63 - 1  # was EIO: the kernel refuses > 2**63 - 1
-        assert (root / "huge-file").lstat().st_size == 2**63 - 1
+        with pytest.raises(OSError) as caught:
+            (root / "huge-file").lstat()  # its record is 1 byte long: EIO, never a size of 2**63 - 1
+        assert caught.value.errno == errno.EIO
         assert (root / "owner").lstat().st_uid == 2**32 - 2
         assert (root / "future").lstat().st_mtime_ns == 2**63 - 1
         assert (root / "past").lstat().st_mtime_ns == -(2**63)
@@ -432,3 +439,28 @@ def test_a_mount_lists_a_directory_with_long_names_without_them(long_names: Path
                 os.stat(root / "dir" / name.decode())
             assert caught.value.errno == errno.ENAMETOOLONG
         assert os.statvfs(root).f_namemax == 255
+
+
+# -- attributes that break the rules of the data they describe -----------------------------
+
+
+def test_stat_refuses_a_size_that_is_not_its_records_length(archive: Path, tmp_path: Path) -> None:
+    """Issue 23: stat handed out the size column as stored while reads refused it, so a
+    mount showed a 12-byte file as empty.  Archive.stat, which PackedFolder.stat and the
+    Python daemon's GETATTR use, now holds a size to its record's length (EIO through
+    the daemon), and every name of a hard link has its inode's attributes."""
+    first, second = (name.encode() for name in HARDLINK)
+    broken = {b"with space.txt": 0, b"-leading-dash": 2**62, b"link-to-hello": 4, second: 5}
+    with PackedFolder(column_changed(archive, tmp_path / "bad.ffr", "size", broken)) as folder:
+        ops = PackfsOperations(folder)
+        for path in broken:
+            with pytest.raises(FormatError, match=r"entry \d+'s size differs from the length of its record"):
+                folder.stat(path)
+            assert _errno(lambda: ops.getattr("/" + path.decode())) == errno.EIO
+        assert folder.stat(first).size == 12 and folder.read(first) == b"hello world\n"
+        assert ops.getattr("/" + first.decode())["st_size"] == 12
+        assert sorted(os.fsencode(name) for name in folder.list()) == sorted(folder.archive.listing(0)[1])
+        assert folder.stat("empty.txt").size == 0
+    with PackedFolder(column_changed(archive, tmp_path / "owner.ffr", "uid", {second: 4242})) as folder:
+        shown = [dataclasses.replace(folder.stat(name), path="") for name in HARDLINK]
+        assert shown[0] == shown[1] and shown[1].uid != 4242

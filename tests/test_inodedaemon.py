@@ -17,7 +17,7 @@ import pytest
 import packfs
 from packfs.core import Archive
 from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from tests.conftest import (BLUEPRINT, HARDLINK, SYMLINKS, bytes_read_by_this_thread, damaged_copy,
+from tests.conftest import (BLUEPRINT, HARDLINK, SYMLINKS, bytes_read_by_this_thread, column_changed, damaged_copy,
                             damaged_unpieced_archive, wait_until)
 
 
@@ -136,7 +136,7 @@ def test_a_damaged_file_is_eio_logged_once_and_the_rest_serves(tmp_path: Path, a
         with open(log_path, "wb") as log:
             tree = _compiled()(opened, log.fileno())
             inode = opened.inode(opened.find(b"big/large.bin"))
-            for _ in range(3):  # a failed piece is remembered: asked again, EIO again at once
+            for _ in range(3):  # a check failed is never marked: asked again, EIO again
                 assert errno_of(lambda: tree.read(inode, 2 << 20, 4096)) == errno.EIO
             # Its other pieces (format 1.2) and the other files serve.
             assert len(tree.read(inode, 0, 4096)) == 4096
@@ -148,63 +148,155 @@ def test_a_damaged_file_is_eio_logged_once_and_the_rest_serves(tmp_path: Path, a
         assert len(tree.read(opened.inode(opened.find(b"big/large.bin")), 0, 4096)) == 4096
 
 
-def test_a_damaged_large_file_is_checked_once_then_eio_at_once(tmp_path: Path) -> None:
-    """A record over 1 MiB without piece CRCs (format 1.1) that fails its check is read
-    whole once; every later READ of it answers EIO without reading it again."""
-    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+def test_a_size_that_is_not_its_records_length_is_eio_for_that_entry(tmp_path: Path, archive: Path) -> None:
+    """Issue 23: the size column reached the kernel unchecked, and the kernel never sends
+    a READ at or past st_size, so READ's own check never ran: a 12-byte file whose size
+    said 0 was served as empty, one of 2**62 made open().read() fail with MemoryError.
+    Now LOOKUP and GETATTR answer EIO for the entry (logged once), READDIRPLUS hands its
+    name, type and inode without attributes (the kernel then LOOKUPs it: EIO), and the
+    rest of the directory serves."""
+    broken = {b"with space.txt": 0, b"-leading-dash": 2**62, b"link-to-hello": 4}
+    bad = column_changed(archive, tmp_path / "bad.ffr", "size", broken)
     with Archive(bad, checksums="once") as opened:
         log_path = tmp_path / "bad.log"
         with open(log_path, "wb") as log:
             tree = _compiled()(opened, log.fileno())
-            inode = opened.inode(opened.find(b"big.bin"))
-            before = bytes_read_by_this_thread()
-            assert errno_of(lambda: tree.read(inode, 0, 4096)) == errno.EIO
-            first = bytes_read_by_this_thread() - before
-            assert 16 << 20 <= first < 17 << 20  # the whole record, once
-            for offset in (0, 8 << 20, (16 << 20) - 1):
-                before = bytes_read_by_this_thread()
-                assert errno_of(lambda: tree.read(inode, offset, 4096)) == errno.EIO
-                assert bytes_read_by_this_thread() - before < 4096  # nothing read again
-            assert tree.read(opened.inode(opened.find(b"s000")), 0, 100) == b"small file 0\n"
+            plus = {item[0]: item for item in tree.readdir(1, plus=True)}
+            assert [item[:4] for item in plus.values()] == tree.readdir(1)
+            for name in broken:
+                entry = opened.find(name)
+                assert errno_of(lambda: tree.lookup(1, name)) == errno.EIO
+                assert errno_of(lambda: tree.getattr(entry + 1)) == errno.EIO
+                assert plus[name][1:] == (entry + 1, opened.file_type(entry), plus[name][3], None)
+            assert errno_of(lambda: tree.read(opened.find(b"with space.txt") + 1, 0, 100)) == errno.EIO
+            assert plus[b"hello.txt"][4] == tree.lookup(1, b"hello.txt")
+            assert plus[b"."][4] is None and plus[b".."][4] is None  # as the kernel gets them
+            assert tree.read(tree.lookup(1, b"hello.txt")["st_ino"], 0, 100) == b"hello world\n"
         lines = log_path.read_text().splitlines()
-        assert len(lines) == 1 and "checksum mismatch" in lines[0], lines
+        assert len(lines) == 3 and all("has a size that is not its record's length" in line for line in lines), lines
 
 
-def test_a_check_in_progress_blocks_only_readers_of_its_own_record(tmp_path: Path) -> None:
-    """While a damaged large file is being checked (held there by the test hook), a
-    small file whose record shares its old lock stripe (record r + 256) reads, and so do
-    listings and attributes; a second reader of the large file waits for that one
-    check instead of reading it again, and both get EIO."""
-    bad = damaged_unpieced_archive(tmp_path)
-    with Archive(bad, checksums="once") as opened:
+def test_every_name_of_a_hard_link_reports_its_inodes_attributes(tmp_path: Path, archive: Path) -> None:
+    """Issue 23: the kernel keeps one set of attributes per inode, the last it got, so a
+    hard link whose size column was wrong, once stat'ed, cut the file short under its
+    sound name too (b'hello' for b'hello world\n').  Every name now reports its inode's
+    entry's (first_link's) attributes, each name's own size checked too."""
+    first, second = (name.encode() for name in HARDLINK)
+    with Archive(archive) as opened:
+        assert opened.inode(opened.find(second)) == opened.find(first) + 1  # the first name is the inode's entry
+    # The second name's size is wrong: that name is EIO, the first reads whole.
+    with Archive(column_changed(archive, tmp_path / "second.ffr", "size", {second: 5}), checksums="once") as opened:
         tree = _compiled()(opened)
-        big = opened.find(b"big.bin")
-        record = opened._file_span(big)[0]
-        same_stripe = next(entry for entry in opened.children(0)
-                           if entry != big and opened._file_span(entry)[0] == record + 256)
-        name = opened.name(same_stripe)
-        answers: list[int] = []
+        assert errno_of(lambda: tree.lookup(1, second)) == errno.EIO
+        sound = tree.lookup(1, first)
+        assert sound["st_size"] == 12 and tree.read(sound["st_ino"], 0, 4096) == b"hello world\n"
+        assert tree.getattr(sound["st_ino"]) == sound
+    # The inode's own entry is wrong: every name is EIO.
+    with Archive(column_changed(archive, tmp_path / "first.ffr", "size", {first: 5}), checksums="once") as opened:
+        tree = _compiled()(opened)
+        assert errno_of(lambda: tree.lookup(1, first)) == errno.EIO
+        assert errno_of(lambda: tree.lookup(1, second)) == errno.EIO
+    # Names that disagree in a column no rule covers: every name shows the inode's.
+    with Archive(column_changed(archive, tmp_path / "owner.ffr", "uid", {second: 4242}), checksums="once") as opened:
+        tree = _compiled()(opened)
+        assert tree.lookup(1, first) == tree.lookup(1, second) and tree.lookup(1, second)["st_uid"] != 4242
+        plus = {item[0]: item[4] for item in tree.readdir(1, plus=True)}
+        assert plus[first] == plus[second] == tree.lookup(1, first)
 
-        def read_big() -> None:
-            answers.append(errno_of(lambda: tree.read(opened.inode(big), 0, 4096)))
 
-        tree.hold_checks(True)
-        readers = [threading.Thread(target=read_big) for _ in range(2)]
-        try:
-            readers[0].start()
-            assert wait_until(lambda: tree.checking() == (1, 0))
-            readers[1].start()
-            # The check holds its claim on record r; everything else is served.
-            assert tree.read(opened.inode(same_stripe), 0, 100) == b"small file %d\n" % int(name[1:])
-            assert tree.lookup(1, name)["st_ino"] == opened.inode(same_stripe)
-            assert len(tree.readdir(1)) == 2 + len(opened.children(0))
-            assert tree.getattr(opened.inode(big))["st_size"] == 16 << 20
-            assert tree.checking() == (1, 0) and answers == []
-        finally:
-            tree.hold_checks(False)
-            for reader in readers:
-                reader.join()
-        assert answers == [errno.EIO, errno.EIO] and tree.checking() == (0, 0)
+# Large directories are searched with pread (past 1 MiB of name_end values and names),
+# their first levels kept for the 8 searched last, each name's first 32 bytes with it.
+_LARGE_DIRECTORIES, _CHILDREN = 9, 12_000
+_SAME_START = "n" * 40  # longer than the 32 bytes kept: those names are compared whole
+
+
+def _large_directories(out: Path) -> Path:
+    entries = [packfs.Entry(f"big{d}/{_SAME_START}{i * 2:06d}" + "z" * 54) for d in range(_LARGE_DIRECTORIES)
+               for i in range(_CHILDREN)]
+    entries += [packfs.Entry(f"big{d}/short{i * 2:05d}") for d in range(_LARGE_DIRECTORIES) for i in range(100)]
+    # Shorter than the 32 bytes kept, and where the kept names go on: it comes first.
+    entries += [packfs.Entry(f"big{d}/{_SAME_START[:20]}") for d in range(_LARGE_DIRECTORIES)]
+    entries += [packfs.Entry(f"small/{name}") for name in ("a", "b", "c")]
+    packfs.pack_entries(entries, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def large_directories(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _large_directories(tmp_path_factory.mktemp("large") / "large.ffr")
+
+
+def _probes(directory: int) -> list[bytes]:
+    """Names present and absent: before, between and after them, prefixes of them, and
+    them with a byte more, across the 32 bytes kept."""
+    rng = random.Random(directory)
+    probes = []
+    for i in rng.sample(range(_CHILDREN), 60) + [0, _CHILDREN - 1]:
+        present = f"{_SAME_START}{i * 2:06d}" + "z" * 54
+        probes += [present, f"{_SAME_START}{i * 2 + 1:06d}" + "z" * 54, present[:-1], present + "z",
+                   present[:32], present[:33]]
+    probes += ["", "a", "short00004", "short00005", "short", "zzz", _SAME_START, "n" * 200, "\xff", "n" * 20,
+               "n" * 19, "n" * 21, "n" * 31]
+    return [os.fsencode(probe) for probe in probes]
+
+
+def test_lookups_in_large_directories_find_what_the_archive_finds(large_directories: Path) -> None:
+    """Issue 23: a large directory's search reads with pread, through kept first levels
+    (8 directories' worth: 9 here, searched in turn, take them over from each other),
+    and answers exactly what the core's binary search answers, from many threads too."""
+    with Archive(large_directories, checksums="once") as opened:
+        tree = _compiled()(opened)
+        directories = [opened.find(f"big{d}".encode()) for d in range(_LARGE_DIRECTORIES)]
+        directories.append(opened.find(b"small"))
+        expected = {(directory, probe): opened.lookup_child(directory, probe)
+                    for directory in directories for probe in _probes(directory)}
+        assert sum(found >= 0 for found in expected.values()) > 500
+
+        def answer(directory: int, probe: bytes) -> int:
+            try:
+                return tree.lookup(directory + 1, probe)["st_ino"] - 1
+            except FileNotFoundError:
+                return -1
+
+        for _ in range(2):  # the second pass through kept levels, or taken over again
+            for directory in directories:
+                for probe in _probes(directory):
+                    assert answer(directory, probe) == expected[(directory, probe)], (directory, probe)
+        failures: list[tuple[int, bytes, int]] = []
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            for directory, probe in rng.sample(sorted(expected), 600):
+                got = answer(directory, probe)
+                if got != expected[(directory, probe)]:
+                    failures.append((directory, probe, got))
+
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures[:5]
+
+
+def test_a_broken_name_in_a_large_directory_is_eio(tmp_path: Path, large_directories: Path) -> None:
+    """The search with pread checks each name it reads as the search through the map
+    does (format section 5: inside the names section)."""
+    from tests.conftest import rewrite_section
+
+    with Archive(large_directories) as opened:
+        directory = opened.find(b"big0")
+        middle = opened.children(directory)[len(opened.children(directory)) // 2]
+    bad = rewrite_section(large_directories, tmp_path / "bad.ffr", "name_end",
+                          lambda ends: ends.__setitem__(middle, 2**60))
+    with Archive(bad, checksums="once") as opened:
+        log_path = tmp_path / "bad.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            assert errno_of(lambda: tree.lookup(directory + 1, b"anything")) == errno.EIO
+            assert errno_of(lambda: tree.lookup(directory + 1, b"anything else")) == errno.EIO
+            assert tree.lookup(opened.find(b"small") + 1, b"a")["st_size"] == 0
+        assert "has a name outside the names section" in log_path.read_text()
 
 
 def test_first_reads_of_a_large_file_together_get_the_right_bytes(tmp_path: Path) -> None:
@@ -250,6 +342,99 @@ def test_an_archive_written_over_in_place_answers_eio_from_then_on(tmp_path: Pat
                 assert errno_of(call) == errno.EIO
             assert tree.changed()
         assert "archive changed in place" in log_path.read_text()
+
+
+def test_the_remount_notice_is_written_past_the_log_cap(tmp_path: Path) -> None:
+    """Issue 23: after 10,000 logged problems the one notice that tells an operator what
+    to do ("archive changed in place; remount") was dropped with the rest."""
+    from tests.conftest import rewrite_section
+
+    count = 12_000  # 10,000 distinct problems logged, whatever the log's hash collisions
+    packfs.pack_entries([packfs.Entry(f"f{i:05d}") for i in range(count)], tmp_path / "empty.ffr")
+    target = rewrite_section(tmp_path / "empty.ffr", tmp_path / "target.ffr", "size",
+                             lambda size: size.__setitem__(slice(1, None), 1))  # each 1 byte, its record 0
+    log_path = tmp_path / "full.log"
+    with Archive(target, checksums="once") as opened, open(log_path, "wb") as log:
+        tree = _compiled()(opened, log.fileno())
+        for entry in range(1, count + 1):
+            assert errno_of(lambda: tree.read(entry + 1, 0, 1)) == errno.EIO
+        assert len(log_path.read_text().splitlines()) == 10_000  # the cap
+        with open(target, "r+b") as rewrite:
+            rewrite.write(b"\0" * 64)
+        before = target.stat()
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        for _ in range(3):
+            assert errno_of(lambda: tree.getattr(1)) == errno.EIO
+    lines = log_path.read_text().splitlines()
+    assert len(lines) == 10_001 and "archive changed in place (overwritten or replaced); remount" in lines[-1]
+
+
+def test_mtimes_at_the_ends_of_the_column(tmp_path: Path) -> None:
+    """Issue 23: the Tree's attributes computed tv_sec * 10**9 + tv_nsec, a signed
+    overflow (undefined behaviour, which UBSan reports) for mtimes near INT64_MIN."""
+    stored = {"past": -(2**63), "past-1": -(2**63) + 1, "future": 2**63 - 1, "before-1970": -1, "epoch": 0,
+              "half": -1_500_000_000}
+    packfs.pack_entries([packfs.Entry(name, b"x", mtime_ns=mtime) for name, mtime in stored.items()],
+                        tmp_path / "times.ffr")
+    with Archive(tmp_path / "times.ffr") as opened:
+        tree = _compiled()(opened)
+        for name, mtime in stored.items():
+            attributes = tree.lookup(1, name.encode())
+            assert attributes["st_mtime_ns"] == mtime == opened.stat(opened.find(name.encode())).mtime_ns, name
+            assert tree.getattr(attributes["st_ino"]) == attributes
+        listed = {item[0]: item[4] for item in tree.readdir(1, plus=True)}
+        assert all(listed[name.encode()]["st_mtime_ns"] == mtime for name, mtime in stored.items())
+
+
+_FAILED_TREE = """
+import sys
+from packfs.core import Archive
+from packfs._lowlevel import Tree
+
+with Archive(sys.argv[1]) as opened:
+    source = opened.source
+    tree = Tree.__new__(Tree)
+    try:  # the header's values are sound, the sections are not: __init__ fails half-way
+        tree.__init__(source.mapping, source.fileno(), -1, opened.record_count, opened.data_records,
+                      opened.entry_count, [], True)
+    except ValueError as error:
+        print("init:", error)
+    calls = {"getattr": lambda: tree.getattr(1), "lookup": lambda: tree.lookup(1, b"hello.txt"),
+             "readdir": lambda: tree.readdir(1), "read": lambda: tree.read(2, 0, 10),
+             "readlink": lambda: tree.readlink(2), "getxattr": lambda: tree.getxattr(1, b"user.a"),
+             "listxattr": lambda: tree.listxattr(1), "changed": lambda: tree.changed(),
+             "override": lambda: tree.override(uid=1), "mount": lambda: tree.mount("/nonexistent", "ro"),
+             "run": lambda: tree.run()}
+    for name, call in calls.items():
+        try:
+            call()
+            print(name, "answered")
+        except ValueError as error:
+            print(name, "ValueError:", error)
+    try:
+        tree.__init__(source.mapping, source.fileno(), -1, opened.record_count, opened.data_records,
+                      opened.entry_count, opened.section_spans, True)
+    except TypeError as error:
+        print("again:", error)
+"""
+
+
+def test_a_tree_whose_construction_failed_refuses_every_call(archive: Path) -> None:
+    """Issue 23: a Tree whose __init__ failed after taking the map could still be called,
+    and read its unset columns: a crash.  Every method now raises ValueError."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    _compiled()
+    result = subprocess.run([sys.executable, "-c", _FAILED_TREE, str(archive)], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "init: expected 15 sections" and lines[-1] == "again: a Tree is initialised once"
+    assert all(line.endswith("ValueError: the Tree is not initialised") for line in lines[1:-1]), lines
+    assert len(lines) == 13
 
 
 def test_options_for_the_low_level_api() -> None:
@@ -353,6 +538,65 @@ def test_the_mount_reads_ahead_1_mib(tmp_path: Path) -> None:
         device = os.stat(root).st_dev
         setting = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
         assert wait_until(lambda: setting.read_text().strip() == str(READ_AHEAD_KB), 10), setting.read_text()
+
+
+def test_a_damaged_large_file_is_checked_once_then_eio_at_once(tmp_path: Path) -> None:
+    """A record over 1 MiB without piece CRCs (format 1.1) that fails its check is read
+    whole once; every later READ of it answers EIO without reading it again."""
+    bad = damaged_unpieced_archive(tmp_path, size=16 << 20, small_files=3)
+    with Archive(bad, checksums="once") as opened:
+        log_path = tmp_path / "bad.log"
+        with open(log_path, "wb") as log:
+            tree = _compiled()(opened, log.fileno())
+            inode = opened.inode(opened.find(b"big.bin"))
+            before = bytes_read_by_this_thread()
+            assert errno_of(lambda: tree.read(inode, 0, 4096)) == errno.EIO
+            first = bytes_read_by_this_thread() - before
+            assert 16 << 20 <= first < 17 << 20  # the whole record, once
+            for offset in (0, 8 << 20, (16 << 20) - 1):
+                before = bytes_read_by_this_thread()
+                assert errno_of(lambda: tree.read(inode, offset, 4096)) == errno.EIO
+                assert bytes_read_by_this_thread() - before < 4096  # nothing read again
+            assert tree.read(opened.inode(opened.find(b"s000")), 0, 100) == b"small file 0\n"
+        lines = log_path.read_text().splitlines()
+        assert len(lines) == 1 and "checksum mismatch" in lines[0], lines
+
+
+def test_a_check_in_progress_blocks_only_readers_of_its_own_record(tmp_path: Path) -> None:
+    """While a damaged large file is being checked (held there by the test hook), a
+    small file whose record shares its old lock stripe (record r + 256) reads, and so do
+    listings and attributes; a second reader of the large file waits for that one
+    check instead of reading it again, and both get EIO."""
+    bad = damaged_unpieced_archive(tmp_path)
+    with Archive(bad, checksums="once") as opened:
+        tree = _compiled()(opened)
+        big = opened.find(b"big.bin")
+        record = opened._file_span(big)[0]
+        same_stripe = next(entry for entry in opened.children(0)
+                           if entry != big and opened._file_span(entry)[0] == record + 256)
+        name = opened.name(same_stripe)
+        answers: list[int] = []
+
+        def read_big() -> None:
+            answers.append(errno_of(lambda: tree.read(opened.inode(big), 0, 4096)))
+
+        tree.hold_checks(True)
+        readers = [threading.Thread(target=read_big) for _ in range(2)]
+        try:
+            readers[0].start()
+            assert wait_until(lambda: tree.checking() == (1, 0))
+            readers[1].start()
+            # The check holds its claim on record r; everything else is served.
+            assert tree.read(opened.inode(same_stripe), 0, 100) == b"small file %d\n" % int(name[1:])
+            assert tree.lookup(1, name)["st_ino"] == opened.inode(same_stripe)
+            assert len(tree.readdir(1)) == 2 + len(opened.children(0))
+            assert tree.getattr(opened.inode(big))["st_size"] == 16 << 20
+            assert tree.checking() == (1, 0) and answers == []
+        finally:
+            tree.hold_checks(False)
+            for reader in readers:
+                reader.join()
+        assert answers == [errno.EIO, errno.EIO] and tree.checking() == (0, 0)
 
 
 @pytest.mark.fuse

@@ -21,7 +21,8 @@ import pytest
 
 import packfs
 from packfs.fuse import is_mounted, is_stale, state_file
-from tests.conftest import BLUEPRINT, daemon_pid, damaged_copy, force_unmount, mounted, packfs_cli, require_fuse, wait_until
+from tests.conftest import (BLUEPRINT, HARDLINK, column_changed, daemon_pid, damaged_copy, force_unmount, mounted,
+                            packfs_cli, require_fuse, wait_until)
 
 pytestmark = pytest.mark.fuse
 
@@ -186,6 +187,36 @@ def test_corrupt_file_reads_as_eio_while_others_read(archive: Path, tmp_path: Pa
     assert "checksum mismatch" in log and "Zeta.txt" in log
     with mounted(bad, tmp_path / "mnt2", "--no-check-data", binding=binding) as root:
         assert (root / "Zeta.txt").read_bytes() != BLUEPRINT["Zeta.txt"]
+
+
+def test_a_size_that_is_not_its_records_length_is_eio_through_the_mount(archive: Path, tmp_path: Path) -> None:
+    """Issue 23: a 12-byte file whose size column said 0 was served as empty (cat exited
+    0), one of 2**62 made open().read() raise MemoryError before any READ, and through
+    the compiled daemon a hard link's wrong size, once stat'ed, cut its sound name short
+    (the kernel keeps one set of attributes per inode).  Each is EIO for that entry now;
+    the directory lists whole and the rest reads."""
+    first, second = HARDLINK
+    broken = {b"with space.txt": 0, b"-leading-dash": 2**62, second.encode(): 5}
+    bad = column_changed(archive, tmp_path / "bad.ffr", "size", broken)
+    with mounted(bad, tmp_path / "mnt") as root:
+        listed = subprocess.run(["ls", "-l", str(root)], capture_output=True, text=True,  # READDIRPLUS
+                                errors="surrogateescape")
+        assert listed.returncode != 0 and listed.stderr.count("Input/output error") == 3, listed.stderr
+        assert " 12 " in next(line for line in listed.stdout.splitlines() if line.endswith(" " + first))
+        assert sorted(os.listdir(root)) == sorted(os.listdir(tmp_path / "src"))
+        for name in broken:
+            path = root / os.fsdecode(name)
+            with pytest.raises(OSError) as caught:
+                os.stat(path)
+            assert caught.value.errno == errno.EIO
+            with pytest.raises(OSError) as caught:
+                path.read_bytes()
+            assert caught.value.errno == errno.EIO
+            shown = subprocess.run(["cat", str(path)], capture_output=True)
+            assert shown.returncode == 1 and b"Input/output error" in shown.stderr and not shown.stdout
+        assert os.stat(root / first).st_size == 12  # after its other name's stat: EIO, not 5
+        assert (root / first).read_bytes() == b"hello world\n"
+        assert (root / "empty.txt").read_bytes() == b"" and (root / "Zeta.txt").read_bytes() == BLUEPRINT["Zeta.txt"]
 
 
 def test_up_front_errors(archive: Path, tmp_path: Path) -> None:

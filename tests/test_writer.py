@@ -320,6 +320,10 @@ def test_pack_entries_builds_an_archive_without_a_tree(tmp_path: Path) -> None:
         assert folder.list("train") == ["cat", "dog"]
         stat = folder.stat("train/cat/1.jpg")
         assert (stat.permissions, stat.uid, stat.gid, stat.mtime_ns, stat.nlink) == (0o640, 7, 8, 5, 2)
+        # A hard link is another name of its file: the table stores the file's
+        # attributes under it too (it had the Entry's own defaults: uid 0, mtime 0).
+        stored = {item.name: item[1:] for item in folder.list_attributes(recursive=True)}
+        assert stored[b"alias.jpg"] == stored[b"train/cat/1.jpg"]
         assert folder.stat("train").permissions == 0o755  # created implicitly
 
 

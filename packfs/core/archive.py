@@ -434,9 +434,14 @@ class Archive:
         return self._table.file_type(entry)
 
     def stat(self, entry: int) -> EntryStat:
-        """Entry ``entry``'s attributes as stored, and its inode number."""
-        table = self._table
-        return EntryStat(*table.attributes(entry), table.inode(entry))
+        """Entry ``entry``'s attributes as stored, and its inode number.
+
+        What every front end hands out (a mount's GETATTR, ``PackedFolder.stat``), so
+        they obey the rules of the data they describe: FormatError if a file's or
+        symlink's size is not its record's length, or a symlink's is not 1 to 4,095
+        bytes (a mount answers EIO for that entry).  Every name of a hard-linked file
+        has its first name's attributes (format section 4, ``first_link``)."""
+        return EntryStat(*self._table.stat(entry))
 
     def inode(self, entry: int) -> int:
         """Entry + 1, except that every name of a hard-linked file reports its first

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from .container import Container
 
 from ..errors import ChecksumError, FormatError
-from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32
+from ..format import (S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
+                      symlink_length_problem)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -398,13 +399,31 @@ class PathTable:
         self.file_type(entry)
         return self._mode[entry]
 
-    def attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
-        """(mode, uid, gid, mtime_ns, size, nlink) of ``entry``, its file type checked."""
-        return self.container.checked(self._attributes, entry)
+    def stat(self, entry: int) -> tuple[int, int, int, int, int, int, int]:
+        """(mode, uid, gid, mtime_ns, size, nlink, inode) of ``entry``, held to the rules
+        of the data they describe (format section 5), so that no front end hands out a
+        size its reads would refuse: a file's or symlink's size is its record's length,
+        a symlink's 1 to 4,095 bytes.  A hard-linked file's attributes are its inode's
+        (its first name's) under every name, and each name's own size is checked too:
+        the kernel keeps one set of attributes per inode, the last one it was given."""
+        return self.container.checked(self._stat, entry)
 
-    def _attributes(self, entry: int) -> tuple[int, int, int, int, int, int]:
-        return (self.mode(entry), self._uid[entry], self._gid[entry], self._mtime_ns[entry],
-                self._size[entry], self._nlink[entry])
+    def _stat(self, entry: int) -> tuple[int, int, int, int, int, int, int]:
+        kind = self.file_type(entry)
+        inode = entry + 1
+        if kind != S_IFDIR:
+            self.record(entry)  # the size is the record's length, the rule reads rely on
+            if kind == S_IFLNK:
+                problem = symlink_length_problem(self._size[entry])
+                if problem:
+                    self.fail(f"entry {entry} is a symlink with {problem}")
+            else:
+                inode = self.inode(entry)
+                if inode != entry + 1:
+                    entry = inode - 1
+                    self.record(entry)
+        return (self._mode[entry], self._uid[entry], self._gid[entry], self._mtime_ns[entry],
+                self._size[entry], self._nlink[entry], inode)
 
     def record(self, entry: int) -> int:
         """The data record of file or symlink ``entry``: one that exists and is as long

@@ -133,6 +133,13 @@ _IGNORED_OPTIONS = {
     "defaults", "rw", "auto", "noauto", "user", "nouser", "users", "owner", "group", "nofail",
     "_netdev", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
     "diratime", "nodiratime", "iversion", "noiversion", "mand", "nomand", "loud", "silent",
+    # A packfs mount is always nosuid and nodev (fuse_options): an archive comes from
+    # elsewhere, so its setuid and setgid bits must not run its programs with another
+    # user's power here, and the format holds no device nodes.  suid and dev are dropped
+    # rather than refused because mount(8)'s defaults include them: fuse3's mount.fuse3
+    # adds both to every mount it runs that does not say nosuid and nodev.  (Passed on,
+    # they took nosuid and nodev away, silently, for root.)
+    "suid", "dev",
 }
 
 
@@ -143,13 +150,34 @@ def _ignored(key: str) -> bool:
 # Options packfs sets itself: unmount (and `mount`'s output) recognise packfs mounts by them.
 _RESERVED_OPTIONS = ("fsname", "subtype")
 
+# -o uid= and gid= (decimal) and umask= (octal): what the owner and mode shown may be.
+# (uid_t)-1 means "no owner" to the kernel, so 2**32 - 2 is the largest.
+_LARGEST_ID = 2**32 - 2
+
+
+def _check_number(key: str, value: Any) -> None:
+    """Raise MountError unless -o ``key``=``value`` is a uid, gid or umask the kernel takes."""
+    octal = key == "umask"
+    given = f"{key}={value}" if isinstance(value, str) else key
+    try:
+        number = int(value, 8 if octal else 10) if isinstance(value, str) and value.isdigit() else -1
+    except ValueError:
+        number = -1
+    if octal and not 0 <= number <= 0o7777:
+        raise MountError(f"-o {given}: expected an octal mode from 0 to 7777")
+    if not octal and not 0 <= number <= _LARGEST_ID:
+        raise MountError(f"-o {given}: expected a number from 0 to {_LARGEST_ID}")
+
 
 def check_options(extra: dict[str, Any]) -> None:
-    """Raise MountError for a -o option the user may not set."""
+    """Raise MountError for a -o option the user may not set, or a value no daemon takes."""
     for key in _RESERVED_OPTIONS:
         if key in extra:
             raise MountError(f"-o {key} is set by packfs itself (packfs unmount recognises its "
                              f"mounts by it); leave it out")
+    for key in ("uid", "gid", "umask"):
+        if key in extra:
+            _check_number(key, extra[key])
 
 
 def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding: str) -> dict[str, Any]:
@@ -157,6 +185,8 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
     (the user's -o) without what only mount(8) or packfs itself uses."""
     options: dict[str, Any] = {
         "ro": True,
+        "nosuid": True,  # whatever -o says: see _IGNORED_OPTIONS
+        "nodev": True,
         "fsname": f"{FSNAME_PREFIX}{os.path.abspath(archive)}".replace(",", "_"),
         "subtype": "packfs",
         "default_permissions": True,  # the kernel checks mode bits; no access() round trips

@@ -62,7 +62,9 @@ class Entry:
         only when the entry is written, so millions of entries need no open files).
     kind
         ``"file"``, ``"dir"``, ``"symlink"`` (``target`` is the link text) or
-        ``"hardlink"`` (``target`` is the path of an earlier file entry).
+        ``"hardlink"`` (``target`` is the path of an earlier file entry: another name
+        of that file, with its mode, owner, mtime and extended attributes; its own are
+        ignored, as a file system has one set per file).
     mode
         Permission bits; default 0o644 for files, 0o755 for directories, 0o777 for
         symlinks.
@@ -153,6 +155,7 @@ class _ArchiveBuilder:
             raise PackError(f"duplicate path {label!r}")
         mode = (_DEFAULT_MODE[kind] if entry.mode is None else entry.mode) & 0o7777
         mode |= _TYPE_BITS[kind]
+        uid, gid, mtime_ns = entry.uid, entry.gid, entry.mtime_ns
         if kind == "dir":
             record, size = NO_RECORD, 0
         elif kind == "symlink":
@@ -176,13 +179,16 @@ class _ArchiveBuilder:
                     f"hard link {label!r} points to {os.fsdecode(entry.target)!r}, "
                     f"which is not an earlier file entry"
                 )
-            record, size = self.rows.record[other], self.rows.size[other]
-            mode = self.rows.mode[other]
+            # Every name of a file has its attributes: readers show the first name's
+            # (format section 4, first_link) under all of them.
+            rows = self.rows
+            record, size, mode = rows.record[other], rows.size[other], rows.mode[other]
+            uid, gid, mtime_ns = rows.uid[other], rows.gid[other], rows.mtime_ns[other]
         else:
             record, size = self._write_file(entry, label)
             self.file_bytes += size
         self.counts[kind] += 1
-        self.rows.add(key, mode, entry.uid, entry.gid, entry.mtime_ns, size, record)
+        self.rows.add(key, mode, uid, gid, mtime_ns, size, record)
         if entry.xattrs and kind != "hardlink":  # a hard link has its file's (format 4c)
             self._add_xattrs(key, label, entry.xattrs)
 
