@@ -1363,16 +1363,18 @@ static void ll_opendir(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
 static void answer_read(Tree *t, fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset)
 {
     Parked park = {request, inode, size, offset, NULL};
-    uint8_t *data;
+    uint8_t *data = NULL;
     size_t got, skip;
     int error = offset < 0 ? EINVAL : read_or_park(t, inode, (uint64_t) offset, size, &data, &got, &skip, &park);
     if (error == PARKED)
         return;
     if ((error = finished(t, error)) != 0) {
+        free(data);  /* read, then found changed: the bytes are not answered, nor kept */
         fuse_reply_err(request, error);
         return;
     }
-    fuse_reply_buf(request, (const char *) data + skip, got);
+    /* No bytes (at or past the end, or size 0) come with no buffer: NULL + 0 is undefined. */
+    fuse_reply_buf(request, data != NULL ? (const char *) data + skip : NULL, got);
     free(data);
 }
 
