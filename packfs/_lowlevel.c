@@ -895,7 +895,8 @@ static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t off
         fuse_reply_err(request, error);
         return;
     }
-    fuse_reply_buf(request, (const char *) data + skip, got);
+    /* No bytes (at or past the end, or size 0) come with no buffer: NULL + 0 is undefined. */
+    fuse_reply_buf(request, data != NULL ? (const char *) data + skip : NULL, got);
     free(data);
 }
 
