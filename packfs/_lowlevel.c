@@ -888,10 +888,11 @@ static void ll_opendir(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
 static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
 {
     Tree *t = tree_of(request);
-    uint8_t *data;
+    uint8_t *data = NULL;
     size_t got, skip;
     int error = finished(t, offset < 0 ? EINVAL : tree_read(t, inode, (uint64_t) offset, size, &data, &got, &skip));
     if (error) {
+        free(data);  /* read, then found changed: the bytes are not answered, nor kept */
         fuse_reply_err(request, error);
         return;
     }
