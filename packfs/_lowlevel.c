@@ -1313,11 +1313,15 @@ static int ready(Tree *t)
 
 static PyObject *stat_tuple(const struct stat *st)
 {
+    /* The stored mtime_ns again.  Before 1678 the seconds (rounded down) times 10^9 leave
+     * the int64 range, though the sum does not: the product is taken modulo 2^64. */
+    long long mtime_ns = (long long) ((unsigned long long) st->st_mtim.tv_sec * 1000000000ull
+                                      + (unsigned long long) st->st_mtim.tv_nsec);
     return Py_BuildValue("{s:K,s:I,s:K,s:I,s:I,s:L,s:L,s:L}", "st_ino", (unsigned long long) st->st_ino,
                          "st_mode", (unsigned) st->st_mode, "st_nlink", (unsigned long long) st->st_nlink,
                          "st_uid", (unsigned) st->st_uid, "st_gid", (unsigned) st->st_gid,
                          "st_size", (long long) st->st_size, "st_blocks", (long long) st->st_blocks,
-                         "st_mtime_ns", (long long) st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec);
+                         "st_mtime_ns", mtime_ns);
 }
 
 PyDoc_STRVAR(lookup_doc, "lookup(parent_inode, name: bytes) -> dict of st_* (LOOKUP); OSError with the errno.");
