@@ -2,20 +2,23 @@
  *
  * An input is a whole archive.  Each is opened as packfs.core opens it for the daemon
  * (daemon.h: layout_of, then the Tree type's own constructor), twice: checksums "once"
- * and "never" (an unchecked table is what the per-use checks stand alone against), and
- * walked through the FUSE callbacks (walk_tree: every listing, lookup, getattr, read,
- * readlink, open and attribute request a bounded walk reaches), each reply checked.
+ * and "never" (an unchecked table is what the per-use checks stand alone against; this
+ * pass with -o uid=,gid=,umask=,direct_io too), and walked through the FUSE callbacks
+ * (walk_tree: every listing, lookup, getattr, read, readlink, open and attribute
+ * request a bounded walk reaches, and more), each reply checked, and the first time
+ * through the Tree's Python methods as well; then its file is truncated, and every
+ * request must answer EIO (walk_changed).
  *
  * Most random changes to an archive only break what opening refuses, so the mutator
  * knows the container (format section 1) and the sections (2-4c): it puts values on
  * either side of a limit a table value is checked against (format section 5: a name's
  * end, a child range, a record's pieces, an attribute list, a symlink's length, a data
- * record's end), sets
- * a table item to a value that matters (another entry's, a count, an edge), rewrites one
- * record (its length may change: the container is laid out again, sections kept
- * 64-byte aligned), moves an offset, changes the footer or damages a data byte; then,
- * half the time, recomputes every CRC, so a changed record is read, not refused by
- * its CRC.  A tenth of the time it is libFuzzer's plain byte mutation instead.
+ * record's end), sets a table item to a value that matters (another entry's, a count,
+ * an edge), rewrites one record (its length may change: the container is laid out
+ * again, sections kept 64-byte aligned), moves an offset, changes the footer or
+ * damages a data byte; then, half the time, recomputes every CRC, so a changed record
+ * is read, not refused by its CRC.  One time in twelve it is libFuzzer's plain byte
+ * mutation instead.
  *
  *   make fuzz-c FUZZ_C_SECONDS=3600     # fuzz/campaign.py runs it and prints the counts
  */
