@@ -12,7 +12,7 @@ SYSTEM_PACKAGES := fuse3 libfuse2
 # install goes on without them; packfs falls back to its pure-Python checks and daemon.
 BUILD_PACKAGES := gcc python3-dev libfuse3-dev pkg-config zlib1g-dev
 
-.PHONY: setup system-packages build-packages apt-build-packages man test test-lowest demo bench bench-tools fuzz soak clean install-mount-helper
+.PHONY: setup system-packages build-packages apt-build-packages man test test-lowest demo bench bench-tools fuzz soak clean install-mount-helper fuzz-packages fuzz-c fuzz-c-tsan fuzz-c-coverage
 
 # packfs(1), generated from the CLI's own help (packfs/manpage.py) into the venv, where
 # man(1) finds it while the venv's bin is on PATH (man-db looks beside each PATH entry
@@ -122,8 +122,63 @@ fuzz: setup
 soak: setup
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS)
 
+# The compiled daemon (packfs/_lowlevel.c) fuzzed by libFuzzer under AddressSanitizer and
+# UBSan (fuzz/lowlevel_fuzz.c), and its concurrent read path under ThreadSanitizer
+# (fuzz/lowlevel_tsan.c); both print their counts.  `make fuzz-c` first replays every
+# past finding (tests/fuzz_c/), then fuzzes for FUZZ_C_SECONDS from the seeds (made from
+# the test suite's archives) and the corpus it keeps in fuzz/build/corpus; a finding is
+# saved in fuzz/build/findings and fails the target.  `make fuzz-c-coverage` gives the
+# line coverage of _lowlevel.c over the corpus.  They embed the venv's CPython (the Tree
+# type's constructor checks what the daemon is given) and need clang 14, its sanitizer
+# runtimes and llvm-cov (Debian 12's), installed as root.
+FUZZ_PACKAGES := clang-14 libclang-rt-14-dev llvm-14
+FUZZ_CC ?= clang-14
+FUZZ_BUILD ?= fuzz/build
+FUZZ_C_SECONDS ?= 60
+FUZZ_C_TSAN_SECONDS ?= 60
+FUZZ_C_THREADS ?= 4
+FUZZ_REGRESSIONS := tests/fuzz_c
+FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter
+FUZZ_DEPENDS := fuzz/daemon.h fuzz/build_flags.py packfs/_lowlevel.c packfs/_sigbus.h | $(STAMP) fuzz-packages
+# The venv's Python headers and libpython, libfuse3's flags; fuzz/build_flags.py says what is missing.
+FUZZ_LINK = flags="$$($(PY) fuzz/build_flags.py)" && $(FUZZ_CC) $(FUZZ_CFLAGS)
+
+fuzz-packages:
+	$(call apt_install,$(FUZZ_PACKAGES))
+
+$(FUZZ_BUILD)/lowlevel-fuzz: fuzz/lowlevel_fuzz.c $(FUZZ_DEPENDS)
+	@mkdir -p $(@D)
+	$(FUZZ_LINK) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $< -o $@ $$flags
+
+$(FUZZ_BUILD)/lowlevel-tsan: fuzz/lowlevel_tsan.c $(FUZZ_DEPENDS)
+	@mkdir -p $(@D)
+	$(FUZZ_LINK) -fsanitize=thread $< -o $@ $$flags
+
+$(FUZZ_BUILD)/lowlevel-coverage: fuzz/lowlevel_fuzz.c $(FUZZ_DEPENDS)
+	@mkdir -p $(@D)
+	$(FUZZ_LINK) -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping $< -o $@ $$flags
+
+$(FUZZ_BUILD)/seeds/.made: fuzz/seeds.py tests/fuzz.py tests/hostile.py tests/deep_tables.py | $(STAMP)
+	rm -rf $(@D)
+	$(PY) fuzz/seeds.py $(@D)
+	touch $@
+
+fuzz-c: setup $(FUZZ_BUILD)/lowlevel-fuzz $(FUZZ_BUILD)/seeds/.made
+	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/lowlevel-fuzz --seconds $(FUZZ_C_SECONDS) \
+	  --corpus $(FUZZ_BUILD)/corpus --seeds $(FUZZ_BUILD)/seeds --findings $(FUZZ_BUILD)/findings \
+	  --regressions $(FUZZ_REGRESSIONS)
+
+fuzz-c-tsan: setup $(FUZZ_BUILD)/lowlevel-tsan $(FUZZ_BUILD)/seeds/.made
+	$(PY) fuzz/campaign.py tsan --binary $(FUZZ_BUILD)/lowlevel-tsan --seconds $(FUZZ_C_TSAN_SECONDS) \
+	  --threads $(FUZZ_C_THREADS) --log $(FUZZ_BUILD)/tsan.log $(FUZZ_BUILD)/seeds $(FUZZ_REGRESSIONS) \
+	  $(wildcard $(FUZZ_BUILD)/corpus)
+
+fuzz-c-coverage: setup $(FUZZ_BUILD)/lowlevel-coverage $(FUZZ_BUILD)/seeds/.made
+	$(PY) fuzz/campaign.py coverage --binary $(FUZZ_BUILD)/lowlevel-coverage --source packfs/_lowlevel.c \
+	  --work $(FUZZ_BUILD)/coverage $(FUZZ_BUILD)/seeds $(FUZZ_REGRESSIONS) $(wildcard $(FUZZ_BUILD)/corpus)
+
 clean:
-	rm -rf $(VENV) $(LOWEST_VENV) demo-data .pytest_cache
+	rm -rf $(VENV) $(LOWEST_VENV) demo-data .pytest_cache $(FUZZ_BUILD)
 
 # The alternatives the benchmark compares against: squashfs + squashfuse from Debian,
 # ratarmount from PyPI in a venv of its own (so its dependencies never meet ours).

@@ -754,3 +754,18 @@ def test_reads_answered_eio_after_the_archive_changed_keep_nothing(tmp_path: Pat
             os.close(fd)
     # 64 MiB when each READ's buffer was kept; a few MiB of allocator slack otherwise.
     assert grown < 24, f"the daemon grew {grown:.0f} MiB over 64 reads answered EIO"
+
+
+def test_the_oldest_and_newest_mtimes_come_back_exactly(tmp_path: Path) -> None:
+    """Tree.getattr and Tree.lookup give the stored mtime_ns back for any int64: for times
+    before 1678 the seconds times 10^9 overflowed (undefined behaviour; found by make
+    fuzz-c under UBSan, whose replay of tests/fuzz_c/mtime-before-1678.ffr fails
+    without the fix; a build without UBSan happened to wrap to the right value)."""
+    times = {"oldest": -2**63, "before-1678": -2**63 + 10**9 - 1, "newest": 2**63 - 1, "just-before-1970": -1}
+    path = tmp_path / "times.ffr"
+    packfs.pack_entries([packfs.Entry(name, b"x", mtime_ns=value) for name, value in times.items()], path)
+    with Archive(path, checksums="once") as opened:
+        tree = _compiled()(opened)
+        for name, value in times.items():
+            found = tree.lookup(1, name.encode())
+            assert found["st_mtime_ns"] == tree.getattr(found["st_ino"])["st_mtime_ns"] == value, name

@@ -1,0 +1,134 @@
+"""The seed corpus of the compiled daemon's fuzzer (fuzz/lowlevel_fuzz.c), made from the
+test suite's archives:
+
+    python fuzz/seeds.py DIR      # make fuzz-c does this into fuzz/build/seeds
+
+- the fuzzer's own seed (tests.fuzz.build_seed: every kind of entry, a hard link,
+  extended attributes, a file over 1 MiB with piece CRCs), two files over 1 MiB,
+  and a small one without the large files (most of the fuzzing happens on small
+  inputs: they run fastest);
+- the small one as format 1.2 (no attributes) and 1.1 (no piece CRCs);
+- damaged copies: a small file's record and the large file's second piece, each
+  failing its CRC (the daemon answers EIO there and serves the rest);
+- the hostile archives of tests/hostile.py (records aliasing each other or running
+  over the table), tests/deep_tables.py's shapes (a chain of directories, many
+  long-named ones, a symlink target over 4,095 bytes), a file whose attribute names
+  take more than 64 KiB (packfs.core and the daemon refuse them), a table section changed with
+  every CRC recomputed (tests.fuzz.mutate's "hostile" kind, a few seeds);
+- FFRecord's reference vectors (tests/vectors/ffrecord; the daemon never serves them,
+  the fuzzer's mutations may make something of them) and packed_folder.ffr converted.
+
+Each seed is named for what it is; the same run always makes the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import packfs  # noqa: E402
+from packfs.format import PIECE_SECTIONS, PIECE_SIZE, SECTIONS, XATTR  # noqa: E402
+from tests.conftest import as_version_1_1, damaged_copy, read_records, write_records  # noqa: E402
+from tests.deep_tables import chain_archive, long_target_archive, realigned, wide_long_names_archive  # noqa: E402
+from tests.fuzz import SEED_XATTRS, _records, build_seed, mutate  # noqa: E402
+from tests.hostile import all_hostile  # noqa: E402
+
+VECTORS = REPO / "tests" / "vectors" / "ffrecord"
+
+
+def small_seed(path: Path, xattrs: bool = True) -> Path:
+    """build_seed's tree without its two large files (70 KB and 2 MiB)."""
+    files = {
+        "empty.txt": b"",
+        "hello.txt": b"hello world\n",
+        "a/b/deep.bin": bytes(range(256)) * 2,
+        "a/b/c/tiny": b"x",
+        "names/\u00e9t\u00e9.txt": "\u00fcn\u00efc\u00f6d\u00e9".encode(),
+        "names/bytes-\udcff.bin": b"\x00\x01\x02",
+    }
+    entries = [packfs.Entry(p, c, xattrs=SEED_XATTRS.get(p) if xattrs else None) for p, c in files.items()]
+    entries += [
+        packfs.Entry("a", kind="dir", xattrs=SEED_XATTRS["a"] if xattrs else None),
+        packfs.Entry("empty_dir", kind="dir"),
+        packfs.Entry("link", kind="symlink", target="hello.txt"),
+        packfs.Entry("a/up", kind="symlink", target="../hello.txt"),
+        packfs.Entry("a/absolute", kind="symlink", target="/etc/passwd"),
+        packfs.Entry("a/hard", kind="hardlink", target="hello.txt"),
+    ]
+    packfs.pack_entries(entries, path)
+    return path
+
+
+def long_xattr_list(path: Path, names: int = 260) -> Path:
+    """A file whose attribute names take more than Linux's 65,536 bytes (``names`` of 255
+    bytes; the packer refuses that, format section 4c): its list, xattr_start and the
+    padding records rewritten, every CRC recomputed."""
+    packfs.pack_entries([packfs.Entry("f", b"x", xattrs={"user.a": b"1"})], path)
+    records = read_records(path)
+    data_records = int.from_bytes(records[-1][24:32], "little")
+    attributes = [(b"user." + b"%03d" % i + b"n" * 247, b"v") for i in range(names)]
+    listed = b"".join(XATTR.pack(len(name), len(value)) + name + value for name, value in attributes)
+    first = len(SECTIONS) + len(PIECE_SECTIONS)  # xattr_entry, xattr_start, xattr_data
+    records[data_records + 2 * (first + 1) + 1] = struct.pack("<QQ", 0, len(listed))
+    records[data_records + 2 * (first + 2) + 1] = listed
+    path.unlink()
+    return write_records(path, realigned(records, data_records))
+
+
+def two_large_files(path: Path) -> Path:
+    """Two files just over 1 MiB (two records with piece CRCs: piece_start's inner
+    items matter), and a small one."""
+    contents = random.Random(3).randbytes(2 * PIECE_SIZE + 5100)
+    packfs.pack_entries([packfs.Entry("one.bin", contents[:PIECE_SIZE + 100]),
+                         packfs.Entry("two.bin", contents[PIECE_SIZE + 100:]), packfs.Entry("small", b"s")], path)
+    return path
+
+
+def make_seeds(out: Path) -> list[Path]:
+    """Write the seeds into ``out`` (created); returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        build_seed(out / "seed-full.ffr")
+        two_large_files(out / "two-large-files.ffr")
+        small = small_seed(out / "seed-small.ffr")
+        small_seed(out / "seed-small-1.2.ffr", xattrs=False)
+        as_version_1_1(out / "seed-small-1.2.ffr", out / "seed-small-1.1.ffr")
+        damaged_copy(small, out / "damaged-small-file.ffr", b"hello.txt", at=3)
+        damaged_copy(out / "seed-full.ffr", out / "damaged-second-piece.ffr", b"pieces.bin", at=PIECE_SIZE + 7)
+        for name, path in all_hostile(work, files=6).items():
+            shutil.copyfile(path, out / f"hostile-{name}.ffr")
+        chain_archive(out / "deep-chain.ffr", depth=40, name_length=3)
+        wide_long_names_archive(out / "long-names.ffr", directories=12, name_length=200)
+        long_target_archive(out / "long-target.ffr", b"d/.." * 1100 + b"/d/x")
+        long_xattr_list(out / "long-xattr-list.ffr")
+        original = small.read_bytes()
+        records, data_records = _records(small)
+        for seed in range(6):
+            damaged = mutate(original, records, data_records, random.Random(seed), "hostile")
+            (out / f"hostile-section-{seed}.ffr").write_bytes(damaged)
+        for vector in sorted(VECTORS.glob("*.ffr")):
+            shutil.copyfile(vector, out / f"ffrecord-{vector.name}")
+        packfs.convert(VECTORS / "packed_folder.ffr", out / "converted-packed-folder.ffr")
+    return sorted(out.glob("*.ffr"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    seeds = make_seeds(args.out)
+    print(f"{len(seeds)} seeds in {args.out} ({sum(p.stat().st_size for p in seeds):,} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
