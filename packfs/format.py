@@ -27,7 +27,8 @@ the file size; ``checksum_meta`` not matching (when checking data); offsets that
 -----------------------------------
 With ``D`` data records and ``S`` sections (``S = 15`` in versions 1.0 and 1.1, ``18`` in
 1.2: the 15 of the path table, then the 3 of the piece CRCs, section 4b; ``21`` in 1.3:
-then the 3 of the extended attributes, section 4c)::
+then the 3 of the extended attributes, section 4c; ``23`` in 1.4: then the lookup index
+and the tail, sections 4d and 4e)::
 
     records 0 .. D-1        data: file contents and symlink targets, one record each
     record  D + 2k          padding before section k: zero bytes, so that section k
@@ -49,23 +50,30 @@ are adjacent; readers do not depend on that order.
     offset  size  field
     0       8     magic                b"\\x93PACKFS\\x00"
     8       2     version_major  u16   1
-    10      2     version_minor  u16   2, or 3 (1.1 gave section 11 its meaning;
+    10      2     version_minor  u16   2, 3 or 4 (1.1 gave section 11 its meaning;
                                        1.2 added sections 15-17, section 4b; 1.3
-                                       sections 18-20, section 4c)
+                                       sections 18-20, section 4c; 1.4 sections
+                                       21-22, sections 4d and 4e)
     12      4     flags          u32   0; a reader rejects any bit it does not know
     16      8     entry_count    u64   N, the number of path-table entries (>= 1)
     24      8     data_records   u64   D
     32      4     section_count  u32   S; 15 in versions 1.0 and 1.1, 18 in 1.2,
-                                       21 in 1.3
-    36      28    reserved             zero
+                                       21 in 1.3, 23 in 1.4
+    36      8     tail_size      u64   1.4: the tail's length in bytes (section 4e);
+                                       before: zero
+    44      4     tail_crc       u32   1.4: CRC-32 of the tail's bytes followed by the
+                                       footer's bytes [0, 44) and [48, 64); before: zero
+    48      16    reserved             zero
 
 Version policy: a reader rejects another ``version_major``.  A higher
 ``version_minor`` only adds things an older reader may ignore (sections after the
 known ones, meanings for reserved bytes), so it is accepted.  An archive carries only
 the steps it uses: a writer gives it the lowest minor version whose sections hold what
-it stores (a tree without extended attributes is written as 1.2, byte for byte as
-before 1.3 existed).  What a step an older reader must not ignore would set is a
-``flags`` bit (none is defined yet).
+it stores.  Since 1.4 every archive uses the tail and the lookup index (sections 4d and
+4e), so a writer writes 1.4, with sections 18-20 empty (``X = 0``) when no entry has an
+extended attribute; a writer that leaves the tail out writes 1.2 or 1.3 as before.
+What a step an older reader must not ignore would set is a ``flags`` bit (none is
+defined yet).
 
 4. Path table (sections 0..14)
 ------------------------------
@@ -157,8 +165,79 @@ Attributes belong to a file, not to a name: they are listed under the entry whos
 index is the inode number less 1 (section 4), so the names of a hard-linked file all
 have its first name's attributes, and a writer lists none under its other names.  A
 name is one of the four namespaces above followed by at least one byte, with no NUL;
-an entry's names are distinct.  A writer gives an archive these sections (and version
-1.3) only when some entry has an attribute.  An older reader ignores them.
+an entry's names are distinct.  Before 1.4 a writer gives an archive these sections
+(and version 1.3) only when some entry has an attribute; from 1.4 on they are always
+there, empty (``X = 0``) when no entry has one.  An older reader ignores them.
+
+4d. Lookup index (section 21, version 1.4)
+-----------------------------------------
+Everything a reader needs to stat and read one path, in one place, so that a reader of
+a remote archive fetches one page of it and then the file.  Rows, one per entry, sorted
+by ``(path_hash, entry)`` (section 13's order), back to back; each row is (``INDEX_ROW``)::
+
+    offset  size  field
+    0       4     path_hash    u32  CRC-32 of the entry's full path (section 13)
+    4       4     entry        u32  its index in the table
+    8       4     mode         u32  \
+    12      4     uid          u32   |
+    16      4     gid          u32   | its columns, as in the table (a hard link's
+    20      4     nlink        u32   | name carries the file's, section 4)
+    24      4     inode        u32  /  the inode number it reports (section 4)
+    28      4     crc          u32  its record's CRC (section 1); 0 for a directory
+    32      8     mtime_ns     i64
+    40      8     size         u64
+    48      8     record       u64  its data record; 2**64 - 1 for a directory
+    56      8     offset       u64  its record's file offset; 0 for a directory
+    64      4     path_length  u32
+    68      ...   the full path (section 4), path_length bytes
+
+The rows are grouped into pages of at most ``page_size`` bytes (the tail's, 4e; a
+page holds at least one row, so one longer row is a page of its own), and a page
+boundary never falls between two rows of the same ``path_hash``, so the one page
+that can hold a path is the last whose first hash is at most the path's.  The tail
+lists each page's first hash, CRC and start.
+
+4e. Tail (section 22, version 1.4)
+----------------------------------
+The last section, so its bytes end where the footer begins (the parity record, if
+any, is empty).  It locates every other section and carries the CRCs that let a
+reader check the table, the header's arrays and the lookup index one page at a time,
+so an archive of any size opens from one read of its last bytes (at most
+``TAIL_MAX`` bytes and the footer; a writer raises ``page_size`` until the tail fits).
+Its own CRC is in the footer (section 3, ``tail_crc``).  It is (``TAIL_HEADER``, then
+arrays, all little-endian)::
+
+    offset  size  field
+    0       8     magic        b"PACKTAIL"
+    8       4     page_size    u32  a power of two, at least TABLE_PAGE_MIN = 65,536
+    12      4     spans        u32  K = 22: sections 0 .. 21
+    16      8     n            u64  the container's record count (section 1)
+    24      8     data_end     u64  offset[D]: where the data records end
+    32      8     index_pages  u64  Q, the lookup index's pages
+    40      8     file_size    u64  the archive's size
+    48      16    reserved     zero
+    64      16K   section k's (start u64, length u64), k = 0 .. K - 1
+    ...     4P    page CRCs, u32, region after region:
+                    the header's CRCs of the data records, bytes [12, 12 + 4D);
+                    the header's offsets of the data records and offset[D], bytes
+                    [12 + 4n, 12 + 4n + 8(D + 1));
+                    sections 0 .. 20, each its own region;
+                  page p of a region is its bytes [p * page_size, (p + 1) * page_size),
+                  the last one possibly shorter; an empty region has no pages
+    ...     16Q   the lookup index's pages: (first_hash u32, crc u32, start u64), start
+                  being the page's offset in section 21, ascending from 0
+
+so the tail is exactly ``64 + 16K + 4P + 16Q`` bytes.  The page CRCs cover only what
+the tail does not locate itself: the header entries of the section, parity and footer
+records are not needed by a reader that has the tail (and cannot be covered: the
+header holds the tail's own CRC).
+
+A reader with the tail needs nothing else at open.  It checks the tail against the
+footer's ``tail_crc``, the geometry (``n`` as in the header, ``file_size`` the source's,
+each span inside ``[12 + 12n, file_size)``, 64-byte aligned, the lengths of section 4's
+columns, the CRC count), and then checks each page of a region or of the index the
+first time it uses a value in it.  A reader that ignores the tail (1.3 and older)
+checks the header and every section whole at open, as before.
 
 5. What a reader must reject, and when
 --------------------------------------
@@ -294,6 +373,18 @@ __all__ = [
     "XATTR_NAMESPACES",
     "xattr_name_problem",
     "section_count_for",
+    "INDEX_SECTIONS",
+    "INDEX_SINCE_MINOR",
+    "INDEX_ROW",
+    "TAIL_HEADER",
+    "TAIL_MAGIC",
+    "TAIL_SPAN",
+    "TAIL_SPAN_COUNT",
+    "INDEX_PAGE",
+    "TABLE_PAGE_MIN",
+    "TAIL_MAX",
+    "FOOTER_TAIL",
+    "tail_crc",
     "NO_RECORD",
     "MAX_SYMLINK_TARGET",
     "NAME_MAX",
@@ -317,7 +408,7 @@ __all__ = [
 
 MAGIC = b"\x93PACKFS\x00"
 VERSION_MAJOR = 1
-VERSION_MINOR = 3  # the highest this packfs writes (section 3: only when used)
+VERSION_MINOR = 4  # the highest this packfs writes (section 3: only when used)
 
 # Section 1: checksum_meta u32, n i64.  The arrays that follow are read as numpy views.
 HEADER_PREFIX = struct.Struct("<Iq")
@@ -326,6 +417,9 @@ HEADER_PREFIX = struct.Struct("<Iq")
 # section_count, 28 reserved bytes.
 FOOTER = struct.Struct("<8sHHIQQI28s")
 FOOTER_SIZE = FOOTER.size  # 64
+# Version 1.4's use of the footer's first reserved bytes (at offset 36): tail_size, tail_crc.
+FOOTER_TAIL = struct.Struct("<QI")
+_FOOTER_TAIL_AT = 36
 
 SECTION_ALIGNMENT = 64
 NO_RECORD = 2**64 - 1
@@ -443,8 +537,39 @@ def xattr_name_problem(name: bytes) -> str | None:
     return None
 
 
+# Sections 4d and 4e (version 1.4): the lookup index and the tail, in every 1.4 archive.
+INDEX_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("lookup_index", "u1"),
+    ("tail", "u1"),
+)
+INDEX_SINCE_MINOR = 4
+# path_hash, entry, mode, uid, gid, nlink, inode, crc, mtime_ns, size, record, offset,
+# path_length; then the path.
+INDEX_ROW = struct.Struct("<IIIIIIIIqQQQI")
+TAIL_MAGIC = b"PACKTAIL"
+# magic, page_size, spans, n, data_end, index_pages, file_size, 16 reserved bytes.
+TAIL_HEADER = struct.Struct("<8sIIQQQQ16s")
+TAIL_SPAN = struct.Struct("<QQ")  # a section's start and length
+TAIL_SPAN_COUNT = 22  # sections 0 .. 21: all but the tail
+INDEX_PAGE = struct.Struct("<IIQ")  # first_hash, crc, start
+TABLE_PAGE_MIN = 1 << 16
+# The most a tail may take, so the tail, the footer and the tail's padding are read by
+# one suffix request of 1 MiB.
+TAIL_MAX = (1 << 20) - 2 * FOOTER_SIZE
+
+
+def tail_crc(tail: bytes | memoryview, footer: bytes | memoryview) -> int:
+    """Section 3's ``tail_crc`` of a 1.4 archive: the CRC-32 of its tail, then of its
+    footer's bytes but the ``tail_crc`` field itself."""
+    value = crc32(tail)
+    value = crc32(footer[: _FOOTER_TAIL_AT + 8], value)
+    return crc32(footer[_FOOTER_TAIL_AT + 12 :], value)
+
+
 def section_count_for(minor: int) -> int:
     """The sections an archive of version 1.``minor`` has at least (section 3)."""
+    if minor >= INDEX_SINCE_MINOR:
+        return SECTION_COUNT + len(PIECE_SECTIONS) + len(XATTR_SECTIONS) + len(INDEX_SECTIONS)
     if minor >= XATTRS_SINCE_MINOR:
         return SECTION_COUNT + len(PIECE_SECTIONS) + len(XATTR_SECTIONS)
     if minor >= PIECES_SINCE_MINOR:
@@ -459,7 +584,7 @@ def piece_count(length: int) -> int:
 
 
 class Footer(NamedTuple):
-    """The decoded footer record."""
+    """The decoded footer record (``tail_size`` and ``tail_crc`` are 0 before 1.4)."""
 
     version_major: int
     version_minor: int
@@ -467,6 +592,8 @@ class Footer(NamedTuple):
     entry_count: int
     data_records: int
     section_count: int
+    tail_size: int = 0
+    tail_crc: int = 0
 
 
 # CRC-32 as zlib computes it (crc32(data, value=0)), using zlib-ng's vectorised code.
@@ -485,11 +612,19 @@ def record_count_for(data_records: int, section_count: int = WRITTEN_SECTION_COU
     return count if count % 2 else count + 1
 
 
-def pack_footer(entry_count: int, data_records: int, minor: int = PIECES_SINCE_MINOR) -> bytes:
-    """Encode the footer of a version 1.``minor`` archive (1.2, or 1.3 with attributes)."""
-    return FOOTER.pack(
+def pack_footer(entry_count: int, data_records: int, minor: int = PIECES_SINCE_MINOR,
+                tail: bytes | memoryview | None = None) -> bytes:
+    """Encode the footer of a version 1.``minor`` archive (1.2; 1.3 with attributes; 1.4
+    with ``tail``, the tail section's bytes, whose length and CRC it records)."""
+    if (tail is not None) != (minor >= INDEX_SINCE_MINOR):
+        raise ValueError(f"a version 1.{minor} footer {'needs' if tail is None else 'has no'} tail")
+    footer = bytearray(FOOTER.pack(
         MAGIC, VERSION_MAJOR, minor, 0, entry_count, data_records, section_count_for(minor), bytes(28)
-    )
+    ))
+    if tail is not None:
+        FOOTER_TAIL.pack_into(footer, _FOOTER_TAIL_AT, len(tail), 0)
+        FOOTER_TAIL.pack_into(footer, _FOOTER_TAIL_AT, len(tail), tail_crc(tail, footer))
+    return bytes(footer)
 
 
 def unpack_footer(data: bytes, where: str) -> Footer:
@@ -518,7 +653,13 @@ def unpack_footer(data: bytes, where: str) -> Footer:
         )
     if entries < 1:
         raise FormatError(f"{where}: footer says the path table has {entries} entries, expected >= 1")
-    return Footer(major, minor, flags, entries, data_records, sections)
+    tail_size = tail_crc_value = 0
+    if minor >= INDEX_SINCE_MINOR:
+        tail_size, tail_crc_value = FOOTER_TAIL.unpack_from(data, _FOOTER_TAIL_AT)
+        if tail_size < TAIL_HEADER.size:
+            raise FormatError(f"{where}: footer gives a tail of {tail_size} bytes, expected at least "
+                              f"{TAIL_HEADER.size}")
+    return Footer(major, minor, flags, entries, data_records, sections, tail_size, tail_crc_value)
 
 
 # Other formats a user may hand packfs by mistake, by the bytes that start them, so

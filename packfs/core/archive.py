@@ -137,7 +137,8 @@ class Archive:
             source = os.fsdecode(source)
         # A legacy header (checksum 0) is refused below, once the file was told apart
         # from a record file, which is then named as what it is.
-        self._container = container = Container(source, check_data=check_data, allow_legacy_header=True)
+        self._container = container = Container(source, check_data=check_data, allow_legacy_header=True,
+                                                 use_tail=True)
         self.path: str = container.path
         self.legacy = False  # an FFRecord pack_folder archive (packfs.core.legacy)
         try:
@@ -169,17 +170,40 @@ class Archive:
         self._checks_in_progress: dict[int, threading.Lock] = {}
         self._checks_lock = threading.Lock()
         # The hot paths' direct item access (read_path, read_view): memoryviews of the
-        # header's and the table's columns, each value checked before it is used.
-        table = self._table
-        self._offset_items, self._crc_items = container.offset_items, container.crc_items
-        self._mode_items, self._record_items, self._size_items = (
-            table.items("mode"), table.items("record"), table.items("size"))
-        self._lookup_unchecked = table.lookup_unchecked
+        # header's and the table's columns, each value checked before it is used, set
+        # on first use (__getattr__): with a tail, the sections are checked then.
         # Namedtuple fields cost more to read than attributes.
         self._data_record_count, self._entry_count = self.footer.data_records, self.footer.entry_count
 
+    _HOT_ITEMS = frozenset(("_offset_items", "_crc_items", "_mode_items", "_record_items", "_size_items",
+                            "_lookup_unchecked"))
+
+    def __getattr__(self, name: str) -> object:
+        # Only for attributes not set yet: the hot paths' item views, on first use.
+        if name in Archive._HOT_ITEMS and "_table" in self.__dict__:
+            container, table = self._container, self._table
+            self._offset_items, self._crc_items = container.offset_items, container.crc_items
+            self._mode_items, self._record_items, self._size_items = (
+                table.items("mode"), table.items("record"), table.items("size"))
+            self._lookup_unchecked = table.lookup_unchecked
+            return self.__dict__[name]
+        raise AttributeError(name)
+
     def _open_table(self, check_data: bool) -> None:
         container = self._container
+        if container.tail is not None:
+            # Format 1.4: the tail located everything; nothing more is read now.
+            self.footer = footer = container.footer
+            expected = record_count_for(footer.data_records, footer.section_count)
+            if container.record_count != expected:
+                raise FormatError(
+                    f"{self.path!r}: {container.record_count} records, but the footer's {footer.data_records} "
+                    f"data records and {footer.section_count} sections need {expected}"
+                )
+            self._table = PathTable(container, footer)
+            self._pieces = PieceTable(container, footer)
+            self._xattrs = XattrTable(container, footer)
+            return
         if check_data and container.legacy_header:
             # Nothing in an unchecked header is trusted beyond telling what the file is.
             if recordfile.is_record_file(container):

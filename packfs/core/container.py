@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import ChecksumError, ClosedArchiveError, FormatError, PackfsError
-from ..format import HEADER_PREFIX, SNIFF_BYTES, crc32, foreign_format, header_size
+from ..format import FOOTER_SIZE, HEADER_PREFIX, MAGIC, SNIFF_BYTES, crc32, foreign_format, header_size, unpack_footer
 from ..source import ByteSource, LocalFile
+from .tail import HEADER_CRCS, HEADER_OFFSETS, PageCache, PagedColumn, Tail, has_tail
 
 __all__ = ["Container", "explain_foreign"]
 
@@ -82,13 +83,16 @@ class Container:
     """
 
     def __init__(self, source: Union[str, "os.PathLike[str]", ByteSource], check_data: bool = True,
-                 allow_legacy_header: bool = False) -> None:
+                 allow_legacy_header: bool = False, use_tail: bool = False) -> None:
         self.source: ByteSource = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
         self.path = self.source.name
         self.file_size = self.source.size
         self.guarded = self.source.guarded
         self.check_data = check_data
         self.allow_legacy_header = allow_legacy_header
+        self.use_tail = use_tail
+        self.tail: Tail | None = None
+        self.footer_bytes = b""
         try:
             if self.file_size < HEADER_PREFIX.size:
                 raise FormatError(f"{self.path!r}: truncated: {self.file_size} bytes, a container header "
@@ -107,6 +111,10 @@ class Container:
         # Zero-copy where the source has a map; otherwise the header is read into
         # memory once (a remote source), and records are read with source.read.
         self.zero_copy = source.mapping is not None
+        tail = self._read_tail() if self.use_tail else None
+        if tail is not None:
+            self._open_with_tail(tail)
+            return
         prefix = source.mapping if self.zero_copy else source.read(0, HEADER_PREFIX.size)
         checksum_meta, n = HEADER_PREFIX.unpack_from(prefix, 0)
         if n < 0:
@@ -140,11 +148,75 @@ class Container:
         self.crc_items = self.view[12 : 12 + 4 * n].cast("I")
         self.offset_items = self.view[12 + 4 * n : self.data_start].cast("q")
 
+    def _read_tail(self) -> Tail | None:
+        """The archive's tail (format section 4e), checked, or None where it has none."""
+        size = self.file_size
+        if size < HEADER_PREFIX.size + FOOTER_SIZE:
+            return None
+        footer_bytes = self.source.read(size - FOOTER_SIZE, size)
+        if footer_bytes[:8] != MAGIC:
+            return None
+        footer = unpack_footer(footer_bytes, repr(self.path))
+        if not has_tail(footer):
+            return None
+        if footer.tail_size > size - FOOTER_SIZE - HEADER_PREFIX.size:
+            raise FormatError(f"{self.path!r}: truncated: its footer gives a tail of {footer.tail_size} bytes, "
+                              f"more than the archive holds")
+        tail_start = size - FOOTER_SIZE - footer.tail_size
+        tail = Tail(self.source.read(tail_start, size - FOOTER_SIZE), footer, footer_bytes, size,
+                    repr(self.path), self.check_data)
+        if self.zero_copy:
+            # The header is at hand: it must agree (a remote reader need not fetch it:
+            # the tail's page CRCs check whatever of it is used).
+            checksum_meta, n = HEADER_PREFIX.unpack_from(self.source.mapping, 0)
+            if n != tail.record_count or not checksum_meta:
+                raise FormatError(f"{self.path!r}: its header lists {n} records with checksum "
+                                  f"{checksum_meta:#010x}, its tail {tail.record_count} records")
+        self.footer = footer
+        self.footer_bytes = footer_bytes
+        return tail
+
+    def _open_with_tail(self, tail: Tail) -> None:
+        """Open with the tail: nothing of the header is read or checked now.  The data
+        records' CRCs and offsets are checked against the tail's page CRCs when first
+        used: all at once through the map (:meth:`__getattr__`), or page by page from a
+        source without one (:class:`PagedColumn`)."""
+        self.tail = tail
+        self.record_count = n = tail.record_count
+        self.data_start = header_size(n)
+        self.header_checksum = None  # not read: the tail's page CRCs check the header
+        self.data_records, self.data_end = tail.data_records, tail.data_end
+        if self.zero_copy:
+            self.mapping = self.source.mapping
+            self.view = memoryview(self.mapping)
+            self._unchecked_items = (self.view[12 : 12 + 4 * n].cast("I"),
+                                     self.view[12 + 4 * n : self.data_start].cast("q"))
+            if not self.check_data:
+                self._accept_header_items()
+        else:
+            self.mapping = None
+            self.view = memoryview(b"")  # marks the container open (see closed)
+            self.page_cache = PageCache(max(getattr(self.source, "memory_cap", 256 << 20) // 2, 1 << 20))
+            self.crc_items = PagedColumn(tail, HEADER_CRCS, "I", 4, self.source.read, self.page_cache)
+            self.offset_items = PagedColumn(tail, HEADER_OFFSETS, "q", 8, self.source.read, self.page_cache)
+
+    def _accept_header_items(self) -> None:
+        crc_items, offset_items = self.__dict__.pop("_unchecked_items")
+        if self.check_data:
+            tail = self.tail
+            assert tail is not None
+            self.checked(tail.check_region, HEADER_CRCS, self._mapped)
+            self.checked(tail.check_region, HEADER_OFFSETS, self._mapped)
+        self.crc_items, self.offset_items = crc_items, offset_items
+
+    def _mapped(self, start: int, end: int) -> memoryview:
+        return self.view[start:end]
+
     @property
     def legacy_header(self) -> bool:
         """Whether the header's checksum is 0, FFRecord's legacy marker: the header
         cannot be checked (an old FFRecord file, or one whose writer was aborted)."""
-        return self.header_checksum == 0
+        return self.header_checksum == 0  # None: opened with a tail (format 1.4), never legacy
 
     def legacy_header_error(self) -> FormatError:
         """The error for a legacy header where a checked one is required."""
@@ -154,19 +226,36 @@ class Container:
             f"allow_legacy_header=True reads it with only the per-record checks, as FFRecord does"
         )
 
+    def stored_header_checksum(self) -> int:
+        """The header's ``checksum_meta`` as stored (read now where the open did not)."""
+        if self.header_checksum is not None:
+            return self.header_checksum
+        return HEADER_PREFIX.unpack(self.pread(0, HEADER_PREFIX.size))[0]
+
+    def _whole_header(self) -> bytes | memoryview:
+        """The header's bytes: the map's, or a copy read once (for whole-archive checks
+        of an archive opened page by page)."""
+        if self.mapping is not None:
+            return self.mapping
+        copy = self.__dict__.get("_header_copy")
+        if copy is None:
+            copy = self._header_copy = self.pread(0, self.data_start)
+        return copy
+
     @property
     def crcs(self) -> np.ndarray:
         """Every record's stored CRC, as a numpy view (numpy is imported on first use)."""
         import numpy as np
 
-        return np.frombuffer(self.mapping, dtype="<u4", count=self.record_count, offset=12)
+        return np.frombuffer(self._whole_header(), dtype="<u4", count=self.record_count, offset=12)
 
     @property
     def offsets(self) -> np.ndarray:
         """Every record's start offset, as a numpy view."""
         import numpy as np
 
-        return np.frombuffer(self.mapping, dtype="<i8", count=self.record_count, offset=12 + 4 * self.record_count)
+        return np.frombuffer(self._whole_header(), dtype="<i8", count=self.record_count,
+                             offset=12 + 4 * self.record_count)
 
     def check_offsets(self) -> None:
         """Check every offset at once (format section 1), in bounded memory."""
@@ -208,8 +297,11 @@ class Container:
 
         Raises FormatError if the offset table puts the record outside the data area
         (a data record: past ``data_end``) or ends it before it starts: each use checks
-        the offsets it reads, so opening need not check all of them.
+        the offsets it reads, so opening need not check all of them.  With a tail, the
+        records after the data are located by the tail, not the header.
         """
+        if self.tail is not None and index >= self.data_records:
+            return self._tail_record_span(index)
         offsets = self.offset_items
         start = offsets[index]
         end = offsets[index + 1] if index + 1 < self.record_count else self.file_size
@@ -222,6 +314,23 @@ class Container:
                 f"non-decreasing from the header end)"
             )
         return start, end
+
+    def _tail_record_span(self, index: int) -> tuple[int, int]:
+        tail = self.tail
+        assert tail is not None
+        k, is_section = divmod(index - self.data_records, 2)
+        if k < len(tail.spans):
+            if is_section:
+                return tail.spans[k]
+            return (tail.spans[k - 1][1] if k else self.data_end), tail.spans[k][0]
+        tail_end = self.file_size - FOOTER_SIZE
+        if index == self.record_count - 1:
+            return tail_end, self.file_size
+        if k == len(tail.spans) and not is_section:  # the tail's padding
+            return tail.spans[-1][1], tail_end - self.footer.tail_size
+        if k == len(tail.spans):  # the tail
+            return tail_end - self.footer.tail_size, tail_end
+        return tail_end, tail_end  # the parity record
 
     def record_length(self, index: int) -> int:
         """The length of record ``index`` in bytes, its offsets checked."""
@@ -255,7 +364,9 @@ class Container:
     def record_crc_ok(self, index: int, progress: ProgressCallback | None = None) -> bool:
         """Check record ``index`` (any size) through :meth:`crc_of_span`."""
         start, end = self.record_span(index)
-        return self.crc_of_span(start, end, progress) == self.crc_items[index]
+        # With a tail, the header's entries past the data records are not paged.
+        stored = self.crc_items[index] if self.tail is None or index < self.data_records else int(self.crcs[index])
+        return self.crc_of_span(start, end, progress) == stored
 
     def crc_of_span(self, start: int, end: int, progress: ProgressCallback | None = None) -> int:
         """CRC-32 of bytes [start, end), read from the source into one reused buffer.
@@ -349,6 +460,8 @@ class Container:
 
     def close(self) -> None:
         """Release the header's views and close the source."""
+        for view in self.__dict__.pop("_unchecked_items", ()):
+            view.release()
         for name in ("crc_items", "offset_items", "view"):
             view = self.__dict__.pop(name, None)
             if view is not None:
@@ -364,6 +477,10 @@ class Container:
         return "view" not in self.__dict__
 
     def __getattr__(self, name: str) -> object:
+        # The header's item views of an archive opened with its tail, checked on first use.
+        if name in ("crc_items", "offset_items") and "_unchecked_items" in self.__dict__:
+            self._accept_header_items()
+            return self.__dict__[name]
         # Only for attributes that are missing: after close(), the views.  A closed
         # container is then a ClosedArchiveError, as a closed PackedFolder is, not an
         # AttributeError.

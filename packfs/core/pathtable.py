@@ -11,15 +11,21 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from .container import Container
+from .lookupindex import LookupIndex
+from .tail import PagedColumn, section_region
 
 from ..errors import ChecksumError, FormatError
-from ..format import (S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
+from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
                       symlink_length_problem)
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["PathTable"]
+
+# "_names" and "_mm" (the names' bytes) -> section 12, and so on: what __getattr__ opens.
+_SECTION_OF = {"_" + name: k for k, (name, _) in enumerate(SECTIONS)}
+_SECTION_OF["_mm"] = _SECTION_OF["_names"]
 
 
 _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
@@ -89,23 +95,36 @@ class PathTable:
         # From here every use of a data record checks it ends before the table.
         container.set_data_area(footer.data_records)
         self._in_memory = image is not None
+        self._tail = container.tail if image is None else None
+        self._paged = False  # read page by page from a source without a map (a 1.4 archive's)
         if image is not None:
             mm, self._section_span = image[0], dict(image[1])
         else:
             self._find_sections(container, footer)
             mm = container.mapping
-            if not container.zero_copy:
-                # A source without a map (a remote one): the table is read into memory
-                # once, and its sections' spans are shifted to where they are in that copy.
+            if not container.zero_copy and self._tail is None:
+                # A source without a map (a remote one) and an archive without a tail: the
+                # table is read into memory once, and its sections' spans are shifted to
+                # where they are in that copy.
                 low = self._section_span[SECTIONS[0][0]][0]
                 mm = container.pread(low, self._section_span[SECTIONS[-1][0]][1])
                 self._section_span = {name: (start - low, end - low)
                                       for name, (start, end) in self._section_span.items()}
                 self._in_memory = True
         self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
+        self._views = []
+        self._names_start, names_end = self._section_span["names"]
+        self._names_size = names_end - self._names_start
+        if self._tail is not None:
+            # Format 1.4: each section is checked (and, remotely, read) when first used;
+            # __getattr__ makes its view then, and checks the root's rules it holds.
+            self._paged = not container.zero_copy
+            if self._paged:
+                self._names_start = 0
+                self._index = LookupIndex(self._tail, container.source.read, container.page_cache, repr(self.path))
+            return
         # Item access through memoryviews is several times faster than numpy scalars.
         view = memoryview(mm)
-        self._views = []
         for name, dtype in SECTIONS:
             start, end = self._section_span[name]
             item_view = view[start:end].cast(_ITEM_CODE[dtype])
@@ -113,13 +132,51 @@ class PathTable:
             setattr(self, "_" + name, item_view)
         view.release()
         self._mm = mm
-        self._names_start, names_end = self._section_span["names"]
-        self._names_size = names_end - self._names_start
-        if self._mode[0] & S_IFMT != S_IFDIR or self._parent[0] != 0 or self._name_end[0] != 0:
-            self.fail("entry 0 must be the root directory with parent 0 and an empty name")
-        last_end = self._name_end[self.entry_count - 1]
-        if last_end != self._names_size:
-            self.fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
+        self._check_root("_mode")
+        self._check_root("_name_end")
+
+    def _check_root(self, attribute: str) -> None:
+        """The rules of format section 5 about the root and the names section's length
+        that section ``attribute`` holds (checked at open, or where it is first used)."""
+        if attribute in ("_mode", "_parent"):
+            if self._mode[0] & S_IFMT != S_IFDIR or self._parent[0] != 0:
+                self.fail("entry 0 must be the root directory with parent 0 and an empty name")
+        elif attribute == "_name_end":
+            if self._name_end[0] != 0:
+                self.fail("entry 0 must be the root directory with parent 0 and an empty name")
+            last_end = self._name_end[self.entry_count - 1]
+            if last_end != self._names_size:
+                self.fail(f"names end at {last_end} but the names section has {self._names_size} bytes")
+
+    def __getattr__(self, attribute: str) -> object:
+        # Only for attributes not set yet: a 1.4 table's sections, on first use.
+        tail = self.__dict__.get("_tail")
+        if tail is None or not attribute.startswith("_") or attribute not in _SECTION_OF:
+            raise AttributeError(attribute)
+        section = _SECTION_OF[attribute]
+        name, dtype = SECTIONS[section]
+        container = self.container
+        region = section_region(section)
+        if self._paged:
+            # The root's rules are checked when the pages holding them arrive.
+            checks_root = attribute in ("_mode", "_parent", "_name_end")
+            last_page = (self.entry_count - 1) * _ITEM_SIZE[dtype] // tail.page_size
+            view = PagedColumn(tail, region, _ITEM_CODE[dtype], _ITEM_SIZE[dtype], container.source.read,
+                               container.page_cache,
+                               on_fetch=(lambda page: page in (0, last_page) and self._check_root(attribute))
+                               if checks_root else None)
+        else:
+            if container.check_data:
+                container.checked(tail.check_region, region, lambda start, end: container.view[start:end])
+            start, end = self._section_span[name]
+            view = container.view[start:end].cast(_ITEM_CODE[dtype])
+        self._views.append(view)
+        self.__dict__["_" + name] = view
+        if name == "names":
+            self.__dict__["_mm"] = view if self._paged else container.mapping
+        if "_" + name in ("_mode", "_parent", "_name_end") and not self._paged:
+            self._check_root("_" + name)
+        return self.__dict__[attribute]
 
     def _find_sections(self, container: Container, footer: Footer) -> None:
         for k, (name, dtype) in enumerate(SECTIONS):
@@ -136,14 +193,14 @@ class PathTable:
                     f"{self.path!r}: section {name!r} is {end - start} bytes, expected "
                     f"{expected} for {self.entry_count} entries"
                 )
-            if container.check_data:
+            if container.check_data and container.tail is None:  # with a tail: when first used
                 for checked, what in ((record - 1, f"the padding before path table section {name!r}"),
                                       (record, f"path table section {name!r}")):
                     if not container.record_crc_ok(checked):
                         raise ChecksumError(f"{self.path!r}: {what} (record {checked}): checksum mismatch")
             self._section_span[name] = (start, end)
         parity = footer.data_records + 2 * footer.section_count
-        if container.check_data and parity < container.record_count - 1 and not container.record_crc_ok(parity):
+        if container.check_data and container.tail is None and parity < container.record_count - 1 and not container.record_crc_ok(parity):
             raise ChecksumError(f"{self.path!r}: the parity record (record {parity}): checksum mismatch")
 
     @property
@@ -151,7 +208,7 @@ class PathTable:
         """(start, end) of each column (format section 4's order) in the archive's own
         bytes; None where the table is not read in place (a legacy archive's, built at
         open, or one read into memory from a source without a map)."""
-        if self._in_memory:
+        if self._in_memory or self._paged:
             return None
         return tuple(self._section_span[name] for name, _ in SECTIONS)
 
@@ -161,6 +218,11 @@ class PathTable:
         if self._arrays is None:
             import numpy as np
 
+            views = {name: getattr(self, "_" + name) for name, _ in SECTIONS}  # checks each, with a tail
+            if self._paged:
+                self._arrays = {name: np.frombuffer(memoryview(views[name][:]).cast("B"), dtype)
+                                for name, dtype in SECTIONS}
+                return self._arrays
             self._arrays = {
                 name: np.frombuffer(self._mm, dtype, (end - start) // _ITEM_SIZE[dtype], start)
                 for name, dtype in SECTIONS
@@ -204,7 +266,7 @@ class PathTable:
         page cache): mapped pages count in RSS, so a full scan (validation, or a daemon
         serving ``find``) would otherwise leave RSS at the table's size.  Later accesses
         fault back in only what they touch."""
-        if self._in_memory:
+        if self._in_memory or self._paged:
             return
         self.container.release(*self._table_span)
         self.container.release(0, self.container.data_start)
@@ -226,6 +288,8 @@ class PathTable:
         one pass over its bytes."""
         if not key:
             return 0
+        if self._paged:
+            return self._find_in_index(key)
         self._note_use(1)
         hashes = self._path_hash
         digest = crc32(key)
@@ -264,6 +328,25 @@ class PathTable:
                     return entry
             j += 1
         return -1
+
+    def _find_in_index(self, key: bytes) -> int:
+        """A remote 1.4 table's lookup: one page of the lookup index (format 4d), whose
+        row also tells the columns and the header what a stat or a read of the entry
+        needs, so neither fetches a page of its own."""
+        row = self._index.find(key)
+        if row is None:
+            return -1
+        entry = row.entry
+        for name in ("mode", "uid", "gid", "mtime_ns", "size", "record", "nlink"):
+            getattr(self, "_" + name).hint(entry, getattr(row, name))
+        linked = row.mode & S_IFMT == S_IFREG and row.nlink > 1
+        self._first_link.hint(entry, row.inode - 1 if linked else 0)
+        if row.record != NO_RECORD:
+            container = self.container
+            container.crc_items.hint(row.record, row.crc)
+            container.offset_items.hint(row.record, row.offset)
+            container.offset_items.hint(row.record + 1, row.offset + row.size)
+        return entry
 
     def _path_is(self, entry: int, key: bytes) -> bool:
         """Whether directory ``entry``'s full path is ``key``: names compared from the end

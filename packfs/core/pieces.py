@@ -15,6 +15,7 @@ from typing import NoReturn
 from ..errors import FormatError
 from ..format import PIECE_SECTIONS, PIECE_SIZE, PIECES_SINCE_MINOR, SECTION_COUNT, Footer, piece_count
 from .container import Container
+from .tail import PagedColumn
 from .sections import open_sections
 
 __all__ = ["PieceTable", "NO_PIECES"]
@@ -43,10 +44,14 @@ class PieceTable:
         count = len(self._records)
         if count > footer.data_records:
             self.fail(f"{count} records with pieces, more than the {footer.data_records} data records")
-        if len(self._starts) != count + 1 or self._starts[0] != 0:
+        # Read page by page (a remote 1.4 archive): only the geometry now, so the open
+        # fetches nothing; first_piece keeps every use in bounds, and verify checks the rest.
+        paged = isinstance(self._starts, PagedColumn)
+        if len(self._starts) != count + 1 or (not paged and self._starts[0] != 0):
             self.fail(f"section 'piece_start' has {len(self._starts)} items starting with "
-                      f"{self._starts[0] if len(self._starts) else None}, expected {count + 1} starting with 0")
-        total = self._starts[count]
+                      f"{self._starts[0] if len(self._starts) and not paged else None}, expected {count + 1} "
+                      f"starting with 0")
+        total = len(self._crcs) if paged else self._starts[count]
         if len(self._crcs) != total:
             self.fail(f"section 'piece_crc' has {len(self._crcs)} CRCs, piece_start says {total}")
         data_bytes = container.data_end - container.data_start

@@ -2,7 +2,9 @@
 
 Each is a record behind its padding record, 64-byte aligned, an array of one item
 type; opening checks that geometry and, when checking data, the two records' CRCs
-(format section 5's open rules), and does no per-item work.
+(format section 5's open rules), and does no per-item work.  With a tail (format 1.4)
+a section is checked through its page CRCs instead, or, from a source without a map,
+read and checked page by page as it is used.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Callable, NoReturn
 from ..errors import ChecksumError
 from ..format import SECTION_ALIGNMENT, Footer
 from .container import Container
+from .tail import PagedColumn, section_region
 
 __all__ = ["open_sections"]
 
@@ -34,7 +37,18 @@ def open_sections(container: Container, footer: Footer, first: int, sections: tu
         code, size = _ITEM[dtype]
         if (end - start) % size:
             fail(f"section {name!r} is {end - start} bytes, not a whole number of {size}-byte items")
-        if container.check_data:
+        tail = container.tail
+        if tail is not None and not container.zero_copy:
+            # Format 1.4 from a source without a map: read and checked page by page.
+            views.append(PagedColumn(tail, section_region(first + k), code, size, container.source.read,
+                                     container.page_cache))
+            spans.append((start, end))
+            continue
+        if tail is not None and container.check_data:
+            # Format 1.4: these sections are small; checked through the tail's pages.
+            container.checked(tail.check_region, section_region(first + k),
+                              lambda start, end: container.view[start:end])
+        elif container.check_data:
             for checked, what in ((record - 1, f"the padding before section {name!r}"),
                                   (record, f"section {name!r}")):
                 if not container.record_crc_ok(checked):

@@ -14,6 +14,7 @@ from .container import Container
 from .pathtable import PathTable
 from .pieces import PieceTable
 from .tablecheck import long_names
+from .tailcheck import tail_problems
 from .xattrs import XattrTable
 
 __all__ = ["VerifyReport", "verify_archive"]
@@ -51,7 +52,7 @@ def verify_archive(
     if container.legacy_header:
         problems.append("header: its checksum is 0, FFRecord's legacy marker (an old FFRecord file, or one "
                         "whose writer was aborted), so the header cannot be checked")
-    elif container.crc_of_span(4, container.data_start) != container.header_checksum:
+    elif container.crc_of_span(4, container.data_start) != container.stored_header_checksum():
         problems.append("header checksum mismatch")
     try:
         container.check_offsets()
@@ -85,6 +86,8 @@ def verify_archive(
                 problems.extend(pieces.problems(container))
             if xattrs is not None:
                 problems.extend(xattrs.problems(table.entry_count, table.inode))
+            if container.tail is not None:
+                problems.extend(tail_problems(container, table, container.tail))
             for entry in long_names(table):
                 problems.append(f"{os.fsdecode(table.full_path(entry))!r} has "
                                 f"{name_length_problem(table.name(entry))} (NAME_MAX)")

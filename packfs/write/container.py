@@ -216,6 +216,17 @@ class ContainerWriter:
         self._pieces = False
         return self._piece_records, self._piece_starts, self._piece_crcs
 
+    def data_record_spans(self, data_records: int) -> tuple[array, array]:
+        """The CRCs and file offsets of records 0 .. ``data_records`` - 1, all written
+        (what format 1.4's lookup index and tail record of them)."""
+        if data_records > len(self._offsets):
+            raise ValueError(f"{data_records} data records asked for, {len(self._offsets)} written")
+        return self._crcs[:data_records], self._offsets[:data_records]
+
+    def record_offset(self, record: int) -> int:
+        """Where record ``record``, already written, starts in the file."""
+        return self._offsets[record]
+
     def write_record(self, data: bytes | memoryview) -> int:
         """Append a whole record; return its index."""
         self.begin_record()

@@ -17,9 +17,9 @@ from typing import (BinaryIO, Callable, Iterable, Iterator, Literal, Mapping, No
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError, PackSourceError
-from ..format import (NO_RECORD, PIECES_SINCE_MINOR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT,
-                      SECTIONS, XATTR_SECTIONS, XATTRS_SINCE_MINOR, crc32, pack_footer, record_count_for,
-                      section_count_for, symlink_target_problem)
+from ..format import (INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
+                      XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
+                      symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
 from .exclude import ExcludePatterns
 from .scan import Scanned, open_beneath, scan_tree
@@ -193,9 +193,6 @@ class _ArchiveBuilder:
             self._add_xattrs(key, label, entry.xattrs)
 
     def _add_xattrs(self, key: bytes, label: str, attributes: Mapping[Union[str, bytes], bytes]) -> None:
-        if not self.with_xattrs:
-            raise PackError(f"{label!r} has extended attributes, but pack_entries was not told to expect "
-                            f"them: pass xattrs=True (needed when entries are an iterator with a count)")
         from ..core.xattrs import encode_xattrs
 
         try:
@@ -294,6 +291,14 @@ class _ArchiveBuilder:
             )
         return self.writer.end_record(), size
 
+    def _write_section(self, data: bytes | memoryview) -> tuple[int, int]:
+        """Write one section behind its padding record (format section 2); its span."""
+        writer = self.writer
+        writer.write_record(bytes(-writer.position % SECTION_ALIGNMENT))
+        start = writer.position
+        writer.write_record(data)
+        return start, writer.position
+
     def finish(self) -> int:
         """Add implicit directories, write the table and footer; return the entry count."""
         rows = self.rows
@@ -309,23 +314,35 @@ class _ArchiveBuilder:
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
+        from ..core.indexbuild import build_lookup_index, build_tail
         from ..core.tablebuild import build_tables
 
         tables = build_tables(rows)
-        sections = [tables[name] for name, _ in SECTIONS] + list(writer.piece_table())  # sections 4 and 4b
-        minor = PIECES_SINCE_MINOR
-        if self.with_xattrs:  # section 4c: only in archives that have attributes (format 3)
-            empty = {"xattr_entry": array("I"), "xattr_start": array("Q", [0]), "xattr_data": b""}
-            sections += [tables.get(name, empty[name]) for name, _ in XATTR_SECTIONS]
-            minor = XATTRS_SINCE_MINOR
+        empty = {"xattr_entry": array("I"), "xattr_start": array("Q", [0]), "xattr_data": b""}
+        # Sections 4, 4b and 4c (4c empty without attributes: every 1.4 archive has it).
+        sections = ([tables[name] for name, _ in SECTIONS] + list(writer.piece_table())
+                    + [tables.get(name, empty[name]) for name, _ in XATTR_SECTIONS])
+        spans: list[tuple[int, int]] = []
+        regions: list[memoryview] = []
         for section in sections:
-            padding = -writer.position % SECTION_ALIGNMENT
-            writer.write_record(bytes(padding))
-            writer.write_record(memoryview(section).cast("B"))
+            data = memoryview(section).cast("B")
+            spans.append(self._write_section(data))
+            regions.append(data)
+        # Sections 4d and 4e: the lookup index, then the tail that locates everything.
+        crcs, offsets = writer.data_record_spans(self.data_slots)
+        data_end = writer.record_offset(self.data_slots)  # offset[D]: the padding before section 0
+        index = build_lookup_index(tables, crcs, offsets, self.data_slots)
+        spans.append(self._write_section(memoryview(index.data)))
+        header_regions = [memoryview(crcs).cast("B"), memoryview(offsets + array("q", [data_end])).cast("B")]
+        tail_start = writer.position + (-writer.position % SECTION_ALIGNMENT)
+        tail = build_tail(record_count=writer.record_count, data_end=data_end, tail_start=tail_start,
+                          spans=[(start, end - start) for start, end in spans], regions=header_regions + regions,
+                          index=index)
+        self._write_section(tail)
         if writer.records_written + 1 < writer.record_count:
             writer.write_record(b"")  # the parity record (format section 2)
         entry_count = len(tables["parent"])
-        writer.write_record(pack_footer(entry_count, self.data_slots, minor))
+        writer.write_record(pack_footer(entry_count, self.data_slots, INDEX_SINCE_MINOR, tail))
         return entry_count
 
 
@@ -362,9 +379,8 @@ def pack_entries(
         is spooled (a caller reading a stream can report its input), then ``start`` is
         called with the spooled file count and bytes before they are written.
     xattrs
-        Whether entries may carry extended attributes (they decide the archive's
-        layout before the first is written).  Default: whether any does, for a
-        sequence or an iterator without ``count``; False for an iterator with one.
+        Ignored (kept for callers of older versions): since format 1.4 every archive
+        has room for extended attributes.
 
     Returns
     -------
@@ -393,7 +409,7 @@ def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: i
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
     or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3)."""
-    sections = section_count_for(XATTRS_SINCE_MINOR if xattrs else PIECES_SINCE_MINOR)
+    sections = section_count_for(INDEX_SINCE_MINOR)
     with ContainerWriter(out, record_count_for(data_slots, sections), force=force, pieces=True) as writer:
         builder = _ArchiveBuilder(writer, data_slots, progress, xattrs)
         try:

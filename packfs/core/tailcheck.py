@@ -1,0 +1,94 @@
+"""``verify``'s checks of format 1.4's tail and lookup index (format sections 4d, 4e):
+every page CRC, the tail's spans against the header, and every index row against the
+table, so that a reader that trusts a row or a page trusts what the table says."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..format import INDEX_ROW, NO_RECORD, S_IFMT, S_IFREG, crc32
+from .container import Container
+from .pathtable import PathTable
+from .tail import Tail
+
+__all__ = ["tail_problems"]
+
+_MAX_REPORTED = 10
+
+
+def tail_problems(container: Container, table: PathTable, tail: Tail) -> list[str]:
+    """Every rule of sections 4d and 4e that verify checks; [] if all hold."""
+    problems: list[str] = []
+    offsets = container.offsets
+    data_records = tail.data_records
+    for k, (start, end) in enumerate(tail.spans):
+        record = data_records + 2 * k + 1
+        stated = (int(offsets[record]), int(offsets[record + 1]))
+        if stated != (start, end):
+            problems.append(f"tail: section {k} at [{start}, {end}), the header says {list(stated)}")
+    if int(offsets[data_records]) != tail.data_end:
+        problems.append(f"tail: the data ends at {tail.data_end}, the header says {int(offsets[data_records])}")
+    for region in range(len(tail.regions)):
+        for page in range(tail.page_count(region)):
+            start, end = tail.page_span(region, page)
+            if crc32(container.pread(start, end)) != tail.page_crc(region, page):
+                problems.append(f"tail: {tail.region_name(region)}: page {page} (bytes [{start}, {end})) fails "
+                                f"its checksum")
+    problems.extend(_index_problems(container, table, tail))
+    return problems
+
+
+def _index_problems(container: Container, table: PathTable, tail: Tail) -> list[str]:
+    problems: list[str] = []
+    columns = table.arrays
+    count = table.entry_count
+    seen = np.zeros(count, bool)
+    crcs, offsets = container.crcs, container.offsets
+    previous_hash = -1
+    rows = 0
+    for page in range(tail.index_page_count):
+        located = tail.index_page(page)
+        data = container.pread(located.start, located.end)
+        if crc32(data) != located.crc:
+            problems.append(f"lookup index: page {page} fails its checksum")
+            continue
+        position = 0
+        first = True
+        while position < len(data) and len(problems) < _MAX_REPORTED:
+            if len(data) - position < INDEX_ROW.size:
+                problems.append(f"lookup index: page {page} ends inside a row")
+                break
+            (path_hash, entry, mode, uid, gid, nlink, inode, crc, mtime_ns, size, record, offset,
+             path_length) = INDEX_ROW.unpack_from(data, position)
+            path = data[position + INDEX_ROW.size : position + INDEX_ROW.size + path_length]
+            position += INDEX_ROW.size + path_length
+            rows += 1
+            if first and path_hash != located.first_hash:
+                problems.append(f"lookup index: page {page} starts with hash {path_hash:#010x}, the tail says "
+                                f"{located.first_hash:#010x}")
+            if first and path_hash == previous_hash:
+                problems.append(f"lookup index: hash {path_hash:#010x} is split between pages {page - 1} and {page}")
+            if path_hash < previous_hash:
+                problems.append(f"lookup index: rows are not sorted by hash on page {page}")
+            previous_hash, first = path_hash, False
+            if len(path) != path_length or entry >= count or seen[entry]:
+                problems.append(f"lookup index: page {page}: a row of entry {entry} is cut, beyond the table "
+                                f"or repeated")
+                continue
+            seen[entry] = True
+            expected_path = table.full_path(entry)
+            linked = (int(columns["mode"][entry]) & S_IFMT == S_IFREG and int(columns["nlink"][entry]) > 1
+                      and int(columns["first_link"][entry]))
+            expected = (crc32(expected_path), int(columns["mode"][entry]), int(columns["uid"][entry]),
+                        int(columns["gid"][entry]), int(columns["nlink"][entry]),
+                        (int(columns["first_link"][entry]) if linked else entry) + 1, int(columns["mtime_ns"][entry]),
+                        int(columns["size"][entry]), int(columns["record"][entry]))
+            if (path_hash, mode, uid, gid, nlink, inode, mtime_ns, size, record) != expected or path != expected_path:
+                problems.append(f"lookup index: the row of {expected_path!r} does not match the table")
+                continue
+            if record != NO_RECORD:
+                if record >= tail.data_records or (crc, offset) != (int(crcs[record]), int(offsets[record])):
+                    problems.append(f"lookup index: the row of {expected_path!r} does not match its record")
+    if rows != count or not seen.all():
+        problems.append(f"lookup index: {rows} rows for {count} entries")
+    return problems[:_MAX_REPORTED]
