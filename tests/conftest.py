@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import importlib
 import os
 import stat as stat_module
@@ -14,7 +15,10 @@ import pytest
 
 import packfs
 from packfs import RecordReader, RecordWriter
-from packfs.format import PIECE_SECTIONS, SECTION_ALIGNMENT, SECTION_COUNT, SECTIONS, header_size, record_count_for
+from packfs.core.indexbuild import LookupIndex, build_lookup_index, build_tail, page_crcs
+from packfs.format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, MAGIC, PIECE_SECTIONS, SECTION_ALIGNMENT,
+                           SECTION_COUNT, SECTIONS, TAIL_HEADER, XATTR_SECTIONS, TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, crc32,
+                           header_size, record_count_for, tail_crc)
 
 # Files written by FFRecord's own code (see its README there); copied in, never edited.
 VECTORS = Path(__file__).resolve().parent / "vectors" / "ffrecord"
@@ -282,9 +286,80 @@ def read_records(archive: Path) -> list[bytes]:
         return reader[:]
 
 
-def write_records(out: Path, records: list[bytes]) -> Path:
-    """A container of ``records`` with every CRC computed: how tests build hostile
-    archives that pass every checksum."""
+def resealed(records: list[bytes]) -> list[bytes]:
+    """``records`` of an archive, with a 1.4 archive's lookup index, tail and footer
+    recomputed from its table and data (format sections 3, 4d and 4e), as the writer
+    lays them out: what ``write_records`` does so a hostile archive passes every
+    checksum and its index agrees with its (hostile) table.  Archives before 1.4 are
+    returned as given."""
+    footer = records[-1]
+    if len(footer) != FOOTER_SIZE or footer[:8] != MAGIC or struct.unpack_from("<H", footer, 10)[0] < INDEX_SINCE_MINOR:
+        return records
+    data_records = struct.unpack_from("<Q", footer, 24)[0]
+    n = len(records)
+    tail_record = data_records + 2 * TAIL_SPAN_COUNT + 1
+    records = list(records)
+    if tail_record >= n - 1:
+        # A footer that does not describe these records: the tail as it is, under the
+        # footer's new CRC, so the archive is refused for what its footer says.
+        tail_record = n - 2 if records[n - 2] else n - 3
+        return records[:-1] + [_footer_for(footer, records[tail_record])]
+
+    def positions() -> list[int]:
+        at = [header_size(n)]
+        for record in records:
+            at.append(at[-1] + len(record))
+        return at
+
+    def section(k: int) -> int:
+        return data_records + 2 * k + 1
+
+    at = positions()
+    crcs = array.array("I", (crc32(record) for record in records[:data_records]))
+    offsets = array.array("q", at[:data_records])
+    try:
+        tables = {name: np.frombuffer(records[section(k)], dtype) for k, (name, dtype) in enumerate(SECTIONS)}
+        index = build_lookup_index(tables, crcs, offsets, data_records)
+    except (IndexError, ValueError):  # a table too hostile to index: keep the index it has
+        index = LookupIndex(records[section(TAIL_SPAN_COUNT - 1)], np.zeros(0, np.int64), np.zeros(0, np.int64))
+    else:
+        records[section(TAIL_SPAN_COUNT - 1)] = index.data
+    for k in (TAIL_SPAN_COUNT - 1, TAIL_SPAN_COUNT):  # re-pad the index and the tail
+        records[section(k) - 1] = b""
+        records[section(k) - 1] = bytes(-positions()[section(k) - 1] % SECTION_ALIGNMENT)
+    at = positions()
+    spans = [(at[section(k)], len(records[section(k)])) for k in range(TAIL_SPAN_COUNT)]
+    regions = [crcs.tobytes(), array.array("q", at[: data_records + 1]).tobytes()]
+    regions += [records[section(k)] for k in range(TAIL_SPAN_COUNT - 1)]
+    if len(index.row_ends):
+        tail = build_tail(record_count=n, data_end=at[data_records], tail_start=at[tail_record], spans=spans,
+                          regions=regions, index=index)
+    else:  # the old index's pages, under CRCs of its bytes as they are now
+        old_tail = records[tail_record]
+        tail = bytearray(old_tail)
+        position = TAIL_HEADER.size + TAIL_SPAN.size * TAIL_SPAN_COUNT
+        page_size = struct.unpack_from("<I", old_tail, 8)[0]
+        for region in regions:
+            crcs_of_pages = page_crcs(region, page_size).tobytes()
+            tail[position : position + len(crcs_of_pages)] = crcs_of_pages
+            position += len(crcs_of_pages)
+        tail = bytes(tail)
+    records[tail_record] = tail
+    return records[:-1] + [_footer_for(footer, tail)]
+
+
+def _footer_for(footer: bytes, tail: bytes) -> bytes:
+    new_footer = bytearray(footer)
+    struct.pack_into("<QI", new_footer, 36, len(tail), 0)
+    struct.pack_into("<QI", new_footer, 36, len(tail), tail_crc(tail, new_footer))
+    return bytes(new_footer)
+
+
+def write_records(out: Path, records: list[bytes], reseal: bool = True) -> Path:
+    """A container of ``records`` with every CRC computed (a 1.4 archive's tail too,
+    unless not ``reseal``): how tests build hostile archives that pass every checksum."""
+    if reseal:
+        records = resealed(records)
     with RecordWriter(out, len(records)) as writer:
         for record in records:
             writer.write_one(record)
@@ -295,7 +370,7 @@ def rewrite_section(archive: Path, out: Path, section: str, mutate: Callable[[np
     """Copy ``archive`` with one section (of the table or the piece CRCs) changed in
     place, all CRCs recomputed."""
     _, _, data_records = archive_layout(archive)
-    sections = SECTIONS + PIECE_SECTIONS
+    sections = SECTIONS + PIECE_SECTIONS + XATTR_SECTIONS
     index = data_records + 2 * [name for name, _ in sections].index(section) + 1
     records = read_records(archive)
     array = np.frombuffer(records[index], dict(sections)[section]).copy()

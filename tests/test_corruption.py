@@ -10,7 +10,7 @@ import pytest
 import packfs
 from packfs import ChecksumError, FormatError, PackedFolder, RecordFileError
 from packfs.format import SECTIONS
-from tests.conftest import BLUEPRINT, archive_layout, read_records, rewrite_section, write_records
+from tests.conftest import BLUEPRINT, archive_layout, as_version_1_1, read_records, rewrite_section, write_records
 
 
 def _flip(path: Path, offset: int, out: Path) -> Path:
@@ -20,27 +20,82 @@ def _flip(path: Path, offset: int, out: Path) -> Path:
     return out
 
 
+@pytest.fixture
+def archive_1_1(archive: Path, tmp_path: Path) -> Path:
+    """The blueprint's archive as 1.1 wrote it: no tail, so the header and the table are
+    checked whole at open."""
+    return as_version_1_1(archive, tmp_path / "v11.ffr")
+
+
+def _use_all_of(folder: PackedFolder) -> None:
+    """Every kind of access: walk, stat and read every entry (every section is used)."""
+    for path, contents in BLUEPRINT.items():
+        folder.stat(path)
+        if contents is not None:
+            assert folder.read(path) == contents
+    list(folder.walk(""))
+
+
 @pytest.mark.parametrize("offset", [0, 3, 4, 12, 40])
-def test_header_damage_fails_at_open(archive: Path, tmp_path: Path, offset: int) -> None:
-    bad = _flip(archive, offset, tmp_path / "bad.ffr")
+def test_header_damage_fails_at_open_without_a_tail(archive_1_1: Path, tmp_path: Path, offset: int) -> None:
+    bad = _flip(archive_1_1, offset, tmp_path / "bad.ffr")
     with pytest.raises(FormatError):  # ChecksumError, or the count no longer fits
         PackedFolder(bad)
 
 
-def test_header_crc_damage_is_a_checksum_error(archive: Path, tmp_path: Path) -> None:
-    n, offsets, _ = archive_layout(archive)
-    bad = _flip(archive, 12 + 4 * n + 3, tmp_path / "bad.ffr")  # inside offsets[0]
+@pytest.mark.parametrize("offset", [4, 12, 40])
+def test_header_damage_in_a_1_4_archive_fails_where_used_and_in_verify(archive: Path, tmp_path: Path,
+                                                                        offset: int) -> None:
+    # The tail's page CRCs cover the header's entries of the data records; the record
+    # count must agree with the tail's (format section 4e).
+    bad = _flip(archive, offset, tmp_path / "bad.ffr")
+    if offset == 4:
+        with pytest.raises(FormatError, match="records"):
+            PackedFolder(bad)
+        return
+    with PackedFolder(bad) as folder:  # O(1): nothing of the header is checked yet
+        with pytest.raises(ChecksumError, match="the header's record CRCs is damaged"):
+            _use_all_of(folder)
+        assert not folder.verify().ok
+
+
+def test_a_damaged_header_checksum_is_found_by_verify(archive: Path, tmp_path: Path) -> None:
+    # A 1.4 reader never needs checksum_meta (FFRecord's readers do): verify reports it.
+    bad = _flip(archive, 0, tmp_path / "bad.ffr")
+    with PackedFolder(bad) as folder:
+        _use_all_of(folder)
+        assert "header checksum mismatch" in folder.verify().problems
+
+
+def test_header_crc_damage_is_a_checksum_error(archive: Path, archive_1_1: Path, tmp_path: Path) -> None:
+    n, offsets, _ = archive_layout(archive_1_1)
+    bad = _flip(archive_1_1, 12 + 4 * n + 3, tmp_path / "bad.ffr")  # inside offsets[0]
     with pytest.raises(ChecksumError, match="header checksum mismatch"):
+        PackedFolder(bad)
+    n, offsets, _ = archive_layout(archive)
+    bad = _flip(archive, 12 + 4 * n + 3, tmp_path / "bad14.ffr")
+    with PackedFolder(bad) as folder, pytest.raises(ChecksumError, match="the header's record offsets is damaged"):
+        _use_all_of(folder)
+
+
+@pytest.mark.parametrize("section", range(len(SECTIONS)))
+def test_table_damage_fails_at_open_without_a_tail(archive_1_1: Path, tmp_path: Path, section: int) -> None:
+    n, offsets, data_records = archive_layout(archive_1_1)
+    record = data_records + 2 * section + 1
+    bad = _flip(archive_1_1, offsets[record], tmp_path / "bad.ffr")
+    with pytest.raises(ChecksumError, match=f"section '{SECTIONS[section][0]}'"):
         PackedFolder(bad)
 
 
 @pytest.mark.parametrize("section", range(len(SECTIONS)))
-def test_table_damage_fails_at_open(archive: Path, tmp_path: Path, section: int) -> None:
+def test_table_damage_in_a_1_4_archive_fails_where_used(archive: Path, tmp_path: Path, section: int) -> None:
     n, offsets, data_records = archive_layout(archive)
     record = data_records + 2 * section + 1
     bad = _flip(archive, offsets[record], tmp_path / "bad.ffr")
-    with pytest.raises(ChecksumError, match=f"section '{SECTIONS[section][0]}'"):
-        PackedFolder(bad)
+    with PackedFolder(bad) as folder:  # opening checks no table bytes (format 1.4)
+        with pytest.raises(ChecksumError, match=f"section '{SECTIONS[section][0]}' is damaged"):
+            _use_all_of(folder)
+        assert not folder.verify().ok
 
 
 def test_footer_damage_fails_at_open(archive: Path, tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_footer_rejects(mutate, message: str) -> None:
 
 
 def test_higher_minor_version_is_accepted() -> None:
-    data = pack_footer(3, 2, minor=3)
+    data = pack_footer(3, 2, minor=4, tail=bytes(64))
     data = data[:10] + (7).to_bytes(2, "little") + data[12:]
     assert unpack_footer(data, "x").version_minor == 7
 
@@ -67,3 +67,8 @@ def test_each_minor_version_needs_the_sections_of_the_steps_before_it() -> None:
     with pytest.raises(FormatError, match="lists 18 sections, version 1.3 needs 21"):
         unpack_footer(claims_3, "x")
     assert unpack_footer(pack_footer(3, 2, minor=3), "x").section_count == 21
+    # 1.4 adds the lookup index and the tail (format sections 4d, 4e), located by the footer.
+    footer = unpack_footer(pack_footer(3, 2, minor=4, tail=bytes(100)), "x")
+    assert (footer.section_count, footer.tail_size) == (23, 100)
+    with pytest.raises(ValueError, match="needs tail"):
+        pack_footer(3, 2, minor=4)

@@ -52,7 +52,7 @@ def _piece_columns(archive: Path) -> tuple[list[int], list[int], list[int]]:
 def test_pack_writes_a_crc_per_mib_of_each_record_over_a_mib(large: Path, contents: dict[str, bytes]) -> None:
     records, starts, crcs = _piece_columns(large)
     with Archive(large) as archive:
-        assert archive.version == "1.2"
+        assert archive.version == "1.4"
         pieced = {name: archive._file_span(archive.find(name.encode()))[0]
                   for name in SIZES if SIZES[name] > PIECE_SIZE}
     assert records == sorted(pieced.values())  # hard links share the record: listed once
@@ -228,10 +228,10 @@ def test_convert_upgrades_a_1_1_archive_keeping_links_and_adding_pieces(large: P
     old = as_version_1_1(large, tmp_path / "old.ffr")
     packfs.convert(old, tmp_path / "new.ffr")
     with Archive(tmp_path / "new.ffr") as new, Archive(large) as original:
-        assert new.version == "1.2" and new.verify().ok and new.piece_spans is not None
+        assert new.version == "1.4" and new.verify().ok and new.piece_spans is not None
         assert new.stat(new.find(b"big_link.bin")).inode == new.stat(new.find(b"big.bin")).inode
         for name, data in contents.items():
             entry = new.find(name.encode())
             assert new.read(entry) == data and new.stat(entry) == original.stat(original.find(name.encode()))
-    with pytest.raises(packfs.PackError, match="already a packfs archive of format 1.2"):
+    with pytest.raises(packfs.PackError, match="already a packfs archive of format 1.4"):
         packfs.convert(large, tmp_path / "again.ffr")

@@ -261,7 +261,7 @@ def test_hash_collisions_are_resolved(tmp_path: Path) -> None:
 
 def test_info(folder: PackedFolder) -> None:
     info = folder.info()
-    assert info["format_version"] == "1.2"
+    assert info["format_version"] == "1.4"
     assert info["files"] == folder.num_files()
     assert info["symlinks"] == 5
     assert info["dirs"] == 8  # root, a, a/b, a/b/c, a/empty_nested, big, données, empty_dir

@@ -21,7 +21,7 @@ import packfs
 from packfs import PackError, PackedFolder
 from packfs.core import Archive
 from packfs.errors import FormatError
-from packfs.format import FOOTER, XATTR, XATTR_SECTIONS
+from packfs.format import FOOTER, PIECE_SECTIONS, SECTION_COUNT, XATTR, XATTR_SECTIONS
 from packfs.write.pack import Entry, pack_entries, pack_folder
 from tests.conftest import mounted, packfs_cli, read_records, require_python_as_nobody, write_records
 
@@ -63,15 +63,17 @@ def labelled(tmp_path: Path) -> Path:
     return root
 
 
+_FIRST_XATTR_SECTION = SECTION_COUNT + len(PIECE_SECTIONS)  # format section 4c: sections 18-20
+
+
 def _footer(archive: Path) -> tuple[int, int]:
     _, _, minor, _, _, _, sections, _ = FOOTER.unpack(read_records(archive)[-1])
     return minor, sections
 
 
-def test_a_tree_without_attributes_packs_to_the_bytes_of_format_1_2(tmp_path: Path) -> None:
-    # These entries packed by the commit before 1.3 existed (892465d) hash to this:
-    # archives without attributes must not change at all (docs/format.md).  (The hard
-    # link has its file's mtime: since issue 23 a hard link's own is not stored.)
+def test_a_tree_without_attributes_packs_to_1_4_with_empty_attribute_sections(tmp_path: Path) -> None:
+    # Since 1.4 every archive has the tail and the lookup index (format section 3), and
+    # with them sections 18-20, empty here; the same entries always pack to these bytes.
     entries = [Entry("d", kind="dir", mode=0o750, uid=7, gid=8, mtime_ns=1_600_000_000_123_456_789),
                Entry("d/a.txt", b"alpha\n", mtime_ns=1_600_000_001_000_000_000),
                Entry("d/big.bin", bytes(range(256)) * 5000, mode=0o600, mtime_ns=5),
@@ -81,19 +83,19 @@ def test_a_tree_without_attributes_packs_to_the_bytes_of_format_1_2(tmp_path: Pa
     out = tmp_path / "plain.ffr"
     pack_entries(entries, out)
     assert hashlib.sha256(out.read_bytes()).hexdigest() == (
-        "2c2552f0540b108a44043478c1bc0241de3ab5ef859669dbae3a51d80334c983")
-    assert _footer(out) == (2, 18)
+        "e9f00b260d9ab4d8981857f985c5e7565689faae025dce56d2bfee68dc6d12e4")
+    assert _footer(out) == (4, 23)
     with Archive(out) as archive:
-        assert archive.version == "1.2" and archive.xattr_entries == 0 and archive.xattr_spans is None
+        assert archive.version == "1.4" and archive.xattr_entries == 0
         assert all(archive.xattrs(entry) == [] for entry in range(archive.entry_count))
 
 
 def test_pack_folder_keeps_every_attribute_the_os_lists(labelled: Path, tmp_path: Path) -> None:
     out = tmp_path / "labelled.ffr"
     pack_folder(labelled, out)
-    assert _footer(out) == (3, 21)
+    assert _footer(out) == (4, 23)
     with PackedFolder(out) as folder:
-        assert folder.archive.version == "1.3"
+        assert folder.archive.version == "1.4"
         for path in ("", "sub", "sub/a.txt", "plain.txt", "sub/deeper", "sub/deeper/linked", "alias", "to-a"):
             assert folder.xattrs(path, follow_symlinks=False) == _on_disk(labelled / path), path
         # os.listxattr follows a symlink unless told not to; so does PackedFolder.
@@ -113,14 +115,14 @@ def test_a_hard_linked_file_lists_its_attributes_once_under_its_inode_entry(labe
         assert archive.inode(alias) == archive.inode(linked) == alias + 1
     records = read_records(out)
     _, _, _, _, _, data_records, sections, _ = FOOTER.unpack(records[-1])
-    entries = np.frombuffer(records[data_records + 2 * (sections - 3) + 1], "<u4")
+    entries = np.frombuffer(records[data_records + 2 * _FIRST_XATTR_SECTION + 1], "<u4")
     assert alias in entries.tolist() and linked not in entries.tolist()
 
 
 def test_no_xattrs_leaves_them_out(labelled: Path, tmp_path: Path) -> None:
     result = packfs_cli("pack", "--no-xattrs", labelled, tmp_path / "bare.ffr")
     assert result.returncode == 0, result.stderr
-    assert _footer(tmp_path / "bare.ffr") == (2, 18)
+    assert _footer(tmp_path / "bare.ffr") == (4, 23)
     with PackedFolder(tmp_path / "bare.ffr") as folder:
         assert folder.xattrs("sub/a.txt") == {}
 
@@ -130,11 +132,8 @@ def test_pack_entries_takes_attributes_and_refuses_what_the_format_cannot_hold(t
     pack_entries(entries, tmp_path / "e.ffr")
     with PackedFolder(tmp_path / "e.ffr") as folder:
         assert folder.xattrs("f") == {"user.a": b"1", "user.b": b"2"} and folder.xattrs("g") == {}
-    # An iterator with a count: the layout is fixed before the first entry arrives.
-    with pytest.raises(PackError, match="xattrs=True"):
-        pack_entries(iter(entries), tmp_path / "i.ffr", count=2)
-    assert not (tmp_path / "i.ffr").exists() and os.listdir(tmp_path) == ["e.ffr"]
-    pack_entries(iter(entries), tmp_path / "i.ffr", count=2, xattrs=True)
+    # An iterator with a count (every 1.4 archive has room for attributes).
+    pack_entries(iter(entries), tmp_path / "i.ffr", count=2)
     with PackedFolder(tmp_path / "i.ffr") as folder:
         assert folder.xattrs("f") == {"user.a": b"1", "user.b": b"2"}
     for bad, match in (({"color": b"x"}, "expected user., security."), ({"user.": b"x"}, "expected user."),
@@ -166,7 +165,7 @@ def test_a_tar_keeps_the_attributes_of_its_pax_headers(tmp_path: Path) -> None:
             assert folder.xattrs("b.bin") == {"security.selinux": b"system_u:object_r:x"}
             assert folder.xattrs("c.bin") == {"user.raw": binary}
     assert packfs_cli("pack", "--no-xattrs", tar_path, tmp_path / "none.ffr").returncode == 0
-    assert _footer(tmp_path / "none.ffr") == (2, 18)
+    assert _footer(tmp_path / "none.ffr") == (4, 23)
 
 
 def _gzipped(tar_path: Path) -> Path:
@@ -190,7 +189,7 @@ def _xattr_archive(tmp_path: Path) -> Path:
 def _rewrite_data(archive: Path, out: Path, mutate) -> Path:
     records = read_records(archive)
     _, _, _, _, _, data_records, sections, _ = FOOTER.unpack(records[-1])
-    index = data_records + 2 * (sections - 1) + 1
+    index = data_records + 2 * (_FIRST_XATTR_SECTION + 2) + 1
     data = bytearray(records[index])
     mutate(data)
     records[index] = bytes(data)
@@ -254,7 +253,7 @@ def _rewrite_xattr_section(archive: Path, out: Path, section: str, mutate) -> Pa
     records = read_records(archive)
     _, _, _, _, _, data_records, sections, _ = FOOTER.unpack(records[-1])
     names = [name for name, _ in XATTR_SECTIONS]
-    index = data_records + 2 * (sections - 3 + names.index(section)) + 1
+    index = data_records + 2 * (_FIRST_XATTR_SECTION + names.index(section)) + 1
     array = np.frombuffer(records[index], dict(XATTR_SECTIONS)[section]).copy()
     mutate(array)
     records[index] = array.tobytes()

@@ -203,6 +203,7 @@ class Archive:
             self._table = PathTable(container, footer)
             self._pieces = PieceTable(container, footer)
             self._xattrs = XattrTable(container, footer)
+            self._table.release_pages()  # what the open faulted in (see below)
             return
         if check_data and container.legacy_header:
             # Nothing in an unchecked header is trusted beyond telling what the file is.

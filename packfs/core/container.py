@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import threading
 from typing import TYPE_CHECKING, Callable, TypeVar, Union
 
 if TYPE_CHECKING:
@@ -169,9 +170,10 @@ class Container:
             # The header is at hand: it must agree (a remote reader need not fetch it:
             # the tail's page CRCs check whatever of it is used).
             checksum_meta, n = HEADER_PREFIX.unpack_from(self.source.mapping, 0)
-            if n != tail.record_count or not checksum_meta:
-                raise FormatError(f"{self.path!r}: its header lists {n} records with checksum "
-                                  f"{checksum_meta:#010x}, its tail {tail.record_count} records")
+            if n != tail.record_count:
+                raise FormatError(f"{self.path!r}: its header lists {n} records, its tail {tail.record_count}")
+            if not checksum_meta and self.check_data:
+                raise self.legacy_header_error()
         self.footer = footer
         self.footer_bytes = footer_bytes
         return tail
@@ -189,6 +191,7 @@ class Container:
         if self.zero_copy:
             self.mapping = self.source.mapping
             self.view = memoryview(self.mapping)
+            self._header_lock = threading.Lock()
             self._unchecked_items = (self.view[12 : 12 + 4 * n].cast("I"),
                                      self.view[12 + 4 * n : self.data_start].cast("q"))
             if not self.check_data:
@@ -201,13 +204,19 @@ class Container:
             self.offset_items = PagedColumn(tail, HEADER_OFFSETS, "q", 8, self.source.read, self.page_cache)
 
     def _accept_header_items(self) -> None:
-        crc_items, offset_items = self.__dict__.pop("_unchecked_items")
-        if self.check_data:
-            tail = self.tail
-            assert tail is not None
-            self.checked(tail.check_region, HEADER_CRCS, self._mapped)
-            self.checked(tail.check_region, HEADER_OFFSETS, self._mapped)
-        self.crc_items, self.offset_items = crc_items, offset_items
+        with self._header_lock:  # threads that meet the views unchecked wait for one check
+            if "crc_items" in self.__dict__:
+                return
+            items = self.__dict__.get("_unchecked_items")
+            if items is None:
+                raise ClosedArchiveError(f"{self.path!r}: I/O operation on a closed archive")
+            if self.check_data:  # a damaged page fails this use and every later one
+                tail = self.tail
+                assert tail is not None
+                self.checked(tail.check_region, HEADER_CRCS, self._mapped)
+                self.checked(tail.check_region, HEADER_OFFSETS, self._mapped)
+            self.crc_items, self.offset_items = items
+            self.__dict__.pop("_unchecked_items", None)
 
     def _mapped(self, start: int, end: int) -> memoryview:
         return self.view[start:end]

@@ -101,7 +101,10 @@ class Tail:
             raise FormatError(f"{where}: {file_size} bytes, but its tail says the archive is {stated_size} "
                               f"(truncated or extended)")
         data_records, entries = footer.data_records, footer.entry_count
-        if record_count < data_records or header_size(record_count) > file_size:
+        if record_count < data_records:
+            raise FormatError(f"{where}: the tail's {record_count} records cannot hold the footer's {data_records} "
+                              f"data records")
+        if header_size(record_count) > file_size:
             raise FormatError(f"{where}: the tail's record count {record_count} does not fit the archive")
         start_of_data = header_size(record_count)
         if not start_of_data <= data_end <= file_size:

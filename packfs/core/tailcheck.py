@@ -4,8 +4,6 @@ table, so that a reader that trusts a row or a page trusts what the table says."
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..format import INDEX_ROW, NO_RECORD, S_IFMT, S_IFREG, crc32
 from .container import Container
 from .pathtable import PathTable
@@ -39,6 +37,8 @@ def tail_problems(container: Container, table: PathTable, tail: Tail) -> list[st
 
 
 def _index_problems(container: Container, table: PathTable, tail: Tail) -> list[str]:
+    import numpy as np  # only verify needs it: a read must not import it
+
     problems: list[str] = []
     columns = table.arrays
     count = table.entry_count
