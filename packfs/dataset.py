@@ -27,7 +27,7 @@ import fnmatch
 import operator
 import os
 import re
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -225,14 +225,16 @@ class PackedFiles(Sequence):
     Parameters
     ----------
     archive
-        The archive's path, or an open :class:`PackedFolder` to select from (whose own
-        ``check_data`` then applies).
+        The archive's path or URL, or an open :class:`PackedFolder` to select from
+        (whose own ``check_data`` then applies).  Each worker process opens its own.
     pattern
         Which files (see :class:`Glob`), listed in sorted order of their paths.
     check_data
         Check each file's CRC as it is read.
     entries
         The selection itself, as entry indices (instead of ``pattern``).
+    storage_options
+        For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
 
     Raises
     ------
@@ -241,13 +243,15 @@ class PackedFiles(Sequence):
     """
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*", check_data: bool = True,
-                 entries: Sequence[int] | np.ndarray | None = None, links: dict[int, str] | None = None) -> None:
+                 entries: Sequence[int] | np.ndarray | None = None, links: dict[int, str] | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self._storage_options = storage_options  # a worker re-opens a URL with them
         if isinstance(archive, PackedFolder):
             self._folder: PackedFolder | None = archive
             self.archive, check_data = archive.path, archive.check_data
         else:
             self.archive = os.fsdecode(archive)
-            self._folder = PackedFolder(self.archive, check_data=check_data)
+            self._folder = PackedFolder(self.archive, check_data=check_data, storage_options=storage_options)
         self._pid = os.getpid()
         self._closed = False
         self.pattern = pattern
@@ -272,7 +276,7 @@ class PackedFiles(Sequence):
         if self._folder is None or self._pid != os.getpid():
             # A forked worker drops its copy of the parent's folder rather than sharing
             # its file offset.
-            folder = PackedFolder(self.archive, check_data=self.check_data)
+            folder = PackedFolder(self.archive, check_data=self.check_data, storage_options=self._storage_options)
             identity = _identity(folder)
             if identity != self._identity:
                 folder.close()

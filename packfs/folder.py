@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat as stat_module
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple, Sequence, overload
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, overload
 
 from .core import CLOSED, Archive, PackedFile, PathArg, VerifyReport, lookup_key
 from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
@@ -68,11 +68,15 @@ class PackedFolder:
     Parameters
     ----------
     path
-        The archive file.
+        The archive file, or its ``s3://`` or ``http(s)://`` URL (read with ranged
+        requests, every byte checked: ``pip install "packfs[remote]"``).
     check_data
-        Check CRCs: of the header and the path table at open, and of a file's
-        contents each time it is read (the Archive's ``"always"`` policy; ``False``
-        is ``"never"``).
+        Check CRCs: of the header and the path table (at open before format 1.4, where
+        first used from 1.4 on), and of a file's contents each time it is read (the
+        Archive's ``"always"`` policy; ``False`` is ``"never"``).
+    storage_options
+        For a URL: credentials, endpoint and client options, as s3fs and fsspec take
+        them (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``, ``anon``).
 
     Raises
     ------
@@ -89,10 +93,12 @@ class PackedFolder:
         entry numbers, listings and reads for code that keeps its own index.
     """
 
-    def __init__(self, path: PathArg, check_data: bool = True) -> None:
+    def __init__(self, path: PathArg, check_data: bool = True,
+                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
         self.path = os.fsdecode(path)
         self.check_data = check_data
-        self.archive = Archive(self.path, checksums="always" if check_data else "never")
+        self.archive = Archive(self.path, checksums="always" if check_data else "never",
+                               storage_options=storage_options)
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
         self.footer = self.archive.footer
         self._file_count = -1

@@ -258,6 +258,18 @@ attribute section (4c) not 64-byte aligned or not a whole number of its items,
 ``xattr_start[X]`` not the length of ``xattr_data``.
 When checking data, also a CRC mismatch in the header or a table section: one pass
 over their bytes (about 100 bytes per entry) at CRC speed, not a walk of the table.
+From 1.4 (an archive with a tail): at open, a ``tail_size`` below 64 or beyond the
+file, a tail whose CRC (``tail_crc``) does not match, a tail without its magic, a page
+size that is not a power of two of at least 65,536, another span count than 22,
+another ``file_size`` than the file's, ``n`` other than the header's or fewer than
+``D`` records, ``data_end`` outside ``[12 + 12n, file_size]``, a span not 64-byte
+aligned, before the previous one's end or past the tail's start, a tail length other
+than its geometry's, index page starts not ascending from 0, or no index page for a
+table with entries; nothing else is read at open.  Where used: a page (of a region, or
+of the lookup index) whose CRC does not match, and in an index row an entry or inode
+beyond the table, a record that is not a data record, or a row cut by its page's end.
+A reader that reads the table page by page checks the root's rules (above) when the
+pages holding them arrive.
 
 Where a value is used, the rule that makes that use safe (opening never walks the
 table; ``verify`` checks every rule at once):
@@ -325,7 +337,11 @@ serves files one at a time needs neither: each read is its record's bytes, check
 against that record's CRC, and equal bytes read twice are the same contents.
 
 By ``verify``, the rules that make lookups and listings agree but that no single
-access relies on: each entry's parent is a directory whose child range holds it (the
+access relies on (from 1.4 also: the tail's spans and ``data_end`` are the header's
+offsets; every page CRC matches; the index has one row per entry, sorted by hash, no
+hash split between pages, each page's first hash as the tail says, and each row
+equal to the table's columns, the entry's full path and its record's header CRC
+and offset): each entry's parent is a directory whose child range holds it (the
 converse is checked where used, above); the
 child counts add up to ``N - 1``; ``piece_record`` is strictly ascending, below ``D``,
 lists exactly the records longer than ``PIECE_SIZE``, each with its piece count, and

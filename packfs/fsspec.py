@@ -71,14 +71,17 @@ class PackfsFileSystem(AbstractFileSystem):
     ValueError
         No archive is named (the message lists the URL forms).
     RemoteArchiveError
-        The archive is chained from a remote file system (``::s3://...``).
+        The archive is chained from a remote file system packfs does not read (it reads
+        ``::s3://...`` and ``::http(s)://...``, with ``target_options`` as their
+        ``storage_options``).
     """
     protocol = "packfs"
     root_marker = ""
 
     def __init__(self, fo: str | os.PathLike[str] = "", check_data: bool = True,
                  archive_in_url: str | None = None, target_protocol: str | None = None, **kwargs: Any) -> None:
-        kwargs.pop("target_options", None)  # a chained target's, which a local path needs none of
+        # A chained remote target's options (credentials, endpoint) are the archive's.
+        target_options = kwargs.pop("target_options", None)
         super().__init__(**kwargs)
         if target_protocol not in (None, "file", "local"):
             # Chained from another file system (packfs://x::s3://bucket/a.ffr): its URL,
@@ -92,7 +95,8 @@ class PackfsFileSystem(AbstractFileSystem):
         # In a URL's path the archive comes first, and every path of this file system
         # starts with it, so that glob and walk give back URLs that open.
         self.prefix = archive_in_url.strip("/") if archive_in_url else ""
-        self.folder = PackedFolder(fo or archive_in_url, check_data=check_data)  # type: ignore[arg-type]
+        self.folder = PackedFolder(fo or archive_in_url, check_data=check_data,  # type: ignore[arg-type]
+                                   storage_options=target_options or None)
 
     @classmethod
     def _strip_protocol(cls, path: str) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import os
 from bisect import bisect_right
-from typing import Callable, Iterable, Sequence, Union, overload
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union, overload
 
 from .core import Container, VerifyReport
 from .core import recordfile
 from .errors import ClosedArchiveError, PackError
+from .source import is_url
 from .write import ContainerWriter
 
 __all__ = ["RecordWriter", "RecordReader", "record_file_info", "verify_record_file"]
@@ -80,6 +81,8 @@ class RecordWriter:
 def _expand(paths: PathArg | Sequence[PathArg]) -> list[str]:
     if isinstance(paths, (str, os.PathLike)):
         text = os.fspath(paths)
+        if is_url(text):  # a URL is one file (its "?" is a query, not a glob)
+            return [text]
         if os.path.isdir(text):
             return sorted(glob.glob(os.path.join(glob.escape(text), "*.ffr")))
         if glob.has_magic(text) and not os.path.exists(text):
@@ -94,13 +97,16 @@ class RecordReader:
     Parameters
     ----------
     paths
-        A file, a list of files, a glob, or a directory (all its ``*.ffr``, sorted).
+        A file, a list of files, a glob, or a directory (all its ``*.ffr``, sorted); a
+        file may be an ``s3://`` or ``http(s)://`` URL.
     check_data
         Check the header CRC at open and each record's CRC when read.  Every
         offset is checked at open either way.
     allow_legacy_header
         Accept FFRecord's "legacy" files, whose header CRC is 0 (also what an aborted
         FFRecord writer leaves): their header goes unchecked, their records do not.
+    storage_options
+        For URLs: credentials, endpoint and client options (:mod:`packfs.source.remote`).
 
     Raises
     ------
@@ -109,7 +115,7 @@ class RecordReader:
     """
 
     def __init__(self, paths: PathArg | Sequence[PathArg], check_data: bool = True,
-                 allow_legacy_header: bool = False) -> None:
+                 allow_legacy_header: bool = False, storage_options: Mapping[str, Any] | None = None) -> None:
         self.paths = _expand(paths)
         if not self.paths:
             raise ValueError(f"no record files match {paths!r}")
@@ -118,7 +124,8 @@ class RecordReader:
         try:
             for path in self.paths:
                 self._containers.append(Container(path, check_data=check_data,
-                                                  allow_legacy_header=allow_legacy_header))
+                                                  allow_legacy_header=allow_legacy_header,
+                                                  storage_options=storage_options))
                 # A record sequence is read by index, often all of it: check every
                 # offset once here (a fast pass), as FFRecord's FileReader should.
                 self._containers[-1].check_offsets()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class PackedDataset(Dataset):
     Parameters
     ----------
     archive
-        The archive's path, or an open :class:`~packfs.PackedFolder` (whose own
+        The archive's path or URL, or an open :class:`~packfs.PackedFolder` (whose own
         ``check_data`` then applies).
     pattern
         A glob over paths in the archive: ``*`` within a name, ``**`` across
@@ -60,6 +60,8 @@ class PackedDataset(Dataset):
         Applied to each file's bytes.
     check_data
         Check each file's CRC as it is read.
+    storage_options
+        For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
 
     Raises
     ------
@@ -68,8 +70,9 @@ class PackedDataset(Dataset):
     """
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*",
-                 transform: Callable[[bytes], Any] | None = None, check_data: bool = True) -> None:
-        self.files = PackedFiles(archive, pattern, check_data)
+                 transform: Callable[[bytes], Any] | None = None, check_data: bool = True,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.files = PackedFiles(archive, pattern, check_data, storage_options=storage_options)
         self.transform = transform
 
     @property
@@ -151,7 +154,7 @@ class PackedImageFolder(PackedDataset):
     Parameters
     ----------
     archive
-        The archive's path (or an open :class:`~packfs.PackedFolder`).
+        The archive's path or URL (or an open :class:`~packfs.PackedFolder`).
     root
         The directory in the archive holding one sub-directory per class.
     transform, target_transform
@@ -166,6 +169,8 @@ class PackedImageFolder(PackedDataset):
         Allow classes with no sample instead of raising.
     check_data
         Check each file's CRC as it is read.
+    storage_options
+        For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
 
     Raises
     ------
@@ -179,14 +184,16 @@ class PackedImageFolder(PackedDataset):
                  loader: str | Callable[[bytes], Any] = "pil",
                  extensions: tuple[str, ...] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
-                 allow_empty: bool = False, check_data: bool = True) -> None:
+                 allow_empty: bool = False, check_data: bool = True,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         if extensions is not None and is_valid_file is not None:
             raise ValueError("give extensions or is_valid_file, not both")
         if isinstance(loader, str):
             if loader not in _LOADERS:
                 raise ValueError(f"loader must be 'pil', 'cv2' or a function of the bytes, not {loader!r}")
             loader = _LOADERS[loader]
-        folder = archive if isinstance(archive, PackedFolder) else PackedFolder(archive, check_data)
+        folder = (archive if isinstance(archive, PackedFolder)
+                  else PackedFolder(archive, check_data, storage_options=storage_options))
         self.root = root.strip("/")
         self.classes, self.class_to_idx = self.find_classes(folder, self.root)
         by_extension = is_valid_file is None
@@ -217,7 +224,8 @@ class PackedImageFolder(PackedDataset):
                 + (f" (extensions: {', '.join(suffixes)})" if by_extension else "")
             )
         self.files = PackedFiles(folder, f"{self.root}/*/**" if self.root else "*/**", check_data,
-                                 entries=np.array(entries, dtype=np.int64), links=links)
+                                 entries=np.array(entries, dtype=np.int64), links=links,
+                                 storage_options=storage_options)
         self._targets = np.array(targets, dtype=np.int32)  # 4 bytes a sample in every pickle
         self._targets.setflags(write=False)
         self.transform = transform

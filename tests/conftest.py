@@ -286,7 +286,7 @@ def read_records(archive: Path) -> list[bytes]:
         return reader[:]
 
 
-def resealed(records: list[bytes]) -> list[bytes]:
+def resealed(records: list[bytes], rebuild_index: bool = True) -> list[bytes]:
     """``records`` of an archive, with a 1.4 archive's lookup index, tail and footer
     recomputed from its table and data (format sections 3, 4d and 4e), as the writer
     lays them out: what ``write_records`` does so a hostile archive passes every
@@ -318,6 +318,8 @@ def resealed(records: list[bytes]) -> list[bytes]:
     crcs = array.array("I", (crc32(record) for record in records[:data_records]))
     offsets = array.array("q", at[:data_records])
     try:
+        if not rebuild_index:
+            raise ValueError("keep the index as it is")
         tables = {name: np.frombuffer(records[section(k)], dtype) for k, (name, dtype) in enumerate(SECTIONS)}
         index = build_lookup_index(tables, crcs, offsets, data_records)
     except (IndexError, ValueError):  # a table too hostile to index: keep the index it has
@@ -343,6 +345,14 @@ def resealed(records: list[bytes]) -> list[bytes]:
             crcs_of_pages = page_crcs(region, page_size).tobytes()
             tail[position : position + len(crcs_of_pages)] = crcs_of_pages
             position += len(crcs_of_pages)
+        index_data = records[section(TAIL_SPAN_COUNT - 1)]
+        page_count = struct.unpack_from("<Q", old_tail, 32)[0]
+        starts = [INDEX_PAGE.unpack_from(old_tail, position + INDEX_PAGE.size * j)[2] for j in range(page_count)]
+        starts.append(len(index_data))
+        for j in range(page_count):
+            first_hash, _, start = INDEX_PAGE.unpack_from(old_tail, position + INDEX_PAGE.size * j)
+            INDEX_PAGE.pack_into(tail, position + INDEX_PAGE.size * j, first_hash,
+                                 crc32(index_data[starts[j] : starts[j + 1]]), start)
         tail = bytes(tail)
     records[tail_record] = tail
     return records[:-1] + [_footer_for(footer, tail)]
@@ -355,11 +365,12 @@ def _footer_for(footer: bytes, tail: bytes) -> bytes:
     return bytes(new_footer)
 
 
-def write_records(out: Path, records: list[bytes], reseal: bool = True) -> Path:
+def write_records(out: Path, records: list[bytes], reseal: bool = True, rebuild_index: bool = True) -> Path:
     """A container of ``records`` with every CRC computed (a 1.4 archive's tail too,
-    unless not ``reseal``): how tests build hostile archives that pass every checksum."""
+    unless not ``reseal``; its lookup index rebuilt from the table unless not
+    ``rebuild_index``): how tests build hostile archives that pass every checksum."""
     if reseal:
-        records = resealed(records)
+        records = resealed(records, rebuild_index)
     with RecordWriter(out, len(records)) as writer:
         for record in records:
             writer.write_one(record)

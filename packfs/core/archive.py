@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -109,13 +109,19 @@ class Archive:
     Parameters
     ----------
     source
-        The archive: a path, or any :class:`packfs.source.ByteSource`, which the
-        archive then owns: it is released when the archive and every file or view
-        from it are gone (a source frees itself when collected; see close()).
+        The archive: a path, an ``s3://`` or ``http(s)://`` URL, or any
+        :class:`packfs.source.ByteSource`, which the archive then owns: it is released
+        when the archive and every file or view from it are gone (a source frees
+        itself when collected; see close()).  A URL is opened with one request (a 1.4
+        archive's tail; older archives read their header and table whole), and then
+        each lookup reads one page of the lookup index and each file one range, every
+        byte checked against its CRC.
     checksums
         ``"always"``, ``"once"`` or ``"never"``: when the CRCs of contents are checked
         (see the module's documentation).  All but ``"never"`` check the header's and
-        the table's CRCs at open.
+        the table's CRCs: at open before format 1.4, where first used from 1.4 on.
+    storage_options
+        For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
 
     Raises
     ------
@@ -128,7 +134,8 @@ class Archive:
         A CRC of the header or the path table does not match.
     """
 
-    def __init__(self, source: Union[PathArg, ByteSource], checksums: str = "always") -> None:
+    def __init__(self, source: Union[PathArg, ByteSource], checksums: str = "always",
+                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
         if checksums not in CHECKSUM_POLICIES:
             raise ValueError(f"checksums must be one of {CHECKSUM_POLICIES}, got {checksums!r}")
         self.checksums = checksums
@@ -138,7 +145,7 @@ class Archive:
         # A legacy header (checksum 0) is refused below, once the file was told apart
         # from a record file, which is then named as what it is.
         self._container = container = Container(source, check_data=check_data, allow_legacy_header=True,
-                                                 use_tail=True)
+                                                 use_tail=True, storage_options=storage_options)
         self.path: str = container.path
         self.legacy = False  # an FFRecord pack_folder archive (packfs.core.legacy)
         try:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import shlex
 import threading
-from typing import TYPE_CHECKING, Callable, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar, Union
 
 if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import ChecksumError, ClosedArchiveError, FormatError, PackfsError
 from ..format import FOOTER_SIZE, HEADER_PREFIX, MAGIC, SNIFF_BYTES, crc32, foreign_format, header_size, unpack_footer
-from ..source import ByteSource, LocalFile
+from ..source import ByteSource, open_source
 from .tail import HEADER_CRCS, HEADER_OFFSETS, PageCache, PagedColumn, Tail, has_tail
 
 __all__ = ["Container", "explain_foreign"]
@@ -60,12 +60,19 @@ class Container:
     Parameters
     ----------
     source
-        The container: a path (opened as a :class:`packfs.source.LocalFile`) or any
-        :class:`packfs.source.ByteSource`, which the container then owns.
+        The container: a path (opened as a :class:`packfs.source.LocalFile`), an
+        ``s3://`` or ``http(s)://`` URL (a :class:`packfs.source.remote.RemoteFile`), or
+        any :class:`packfs.source.ByteSource`, which the container then owns.
     check_data
         Check the header CRC at open (record CRCs are checked by the callers).
     allow_legacy_header
         Accept a header checksum of 0 (FFRecord's legacy files).
+    use_tail
+        Open a packfs archive of format 1.4 or later from its tail (format section 4e):
+        nothing of the header is read or checked until it is used.
+    storage_options
+        For a URL: credentials, endpoint and client options (see
+        :mod:`packfs.source.remote`).
 
     Raises
     ------
@@ -84,8 +91,10 @@ class Container:
     """
 
     def __init__(self, source: Union[str, "os.PathLike[str]", ByteSource], check_data: bool = True,
-                 allow_legacy_header: bool = False, use_tail: bool = False) -> None:
-        self.source: ByteSource = LocalFile(source) if isinstance(source, (str, os.PathLike)) else source
+                 allow_legacy_header: bool = False, use_tail: bool = False,
+                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+        self.source: ByteSource = (open_source(source, storage_options) if isinstance(source, (str, os.PathLike))
+                                   else source)
         self.path = self.source.name
         self.file_size = self.source.size
         self.guarded = self.source.guarded

@@ -15,7 +15,7 @@ import numpy as np
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_ROW, NO_RECORD, S_IFDIR, S_IFMT, S_IFREG, TABLE_PAGE_MIN, TAIL_HEADER, TAIL_MAGIC,
                       TAIL_MAX, TAIL_SPAN, TAIL_SPAN_COUNT, crc32)
 
-__all__ = ["LookupIndex", "build_lookup_index", "build_tail", "page_crcs"]
+__all__ = ["LookupIndex", "build_lookup_index", "build_tail", "page_crcs", "tail_page_size"]
 
 
 class LookupIndex:
@@ -99,6 +99,19 @@ def page_crcs(data: bytes | memoryview, page_size: int) -> array:
     return array("I", (crc32(view[start : start + page_size]) for start in range(0, len(view), page_size)))
 
 
+def tail_page_size(region_lengths: Sequence[int], index: LookupIndex) -> int:
+    """The smallest page size (a power of two from TABLE_PAGE_MIN) whose page CRCs of
+    regions ``region_lengths`` long and pages of ``index`` fit a tail of TAIL_MAX."""
+    page_size = TABLE_PAGE_MIN
+    while True:
+        crc_count = sum(-(-length // page_size) for length in region_lengths)
+        size = (TAIL_HEADER.size + TAIL_SPAN.size * TAIL_SPAN_COUNT + 4 * crc_count
+                + INDEX_PAGE.size * len(index.pages(page_size)))
+        if size <= TAIL_MAX:
+            return page_size
+        page_size *= 2
+
+
 def build_tail(*, record_count: int, data_end: int, tail_start: int, spans: Sequence[tuple[int, int]],
                regions: Sequence[bytes | memoryview], index: LookupIndex) -> bytes:
     """Section 22, to be written at ``tail_start`` (the footer follows it at once):
@@ -108,14 +121,10 @@ def build_tail(*, record_count: int, data_end: int, tail_start: int, spans: Sequ
     if len(spans) != TAIL_SPAN_COUNT:
         raise ValueError(f"a tail locates {TAIL_SPAN_COUNT} sections, got {len(spans)}")
     lengths = [memoryview(region).nbytes for region in regions]
-    page_size = TABLE_PAGE_MIN
-    while True:
-        crc_count = sum(-(-length // page_size) for length in lengths)
-        pages = index.pages(page_size)
-        size = TAIL_HEADER.size + TAIL_SPAN.size * len(spans) + 4 * crc_count + INDEX_PAGE.size * len(pages)
-        if size <= TAIL_MAX:
-            break
-        page_size *= 2
+    page_size = tail_page_size(lengths, index)
+    crc_count = sum(-(-length // page_size) for length in lengths)
+    pages = index.pages(page_size)
+    size = TAIL_HEADER.size + TAIL_SPAN.size * len(spans) + 4 * crc_count + INDEX_PAGE.size * len(pages)
     file_size = tail_start + size + FOOTER_SIZE
     parts = [TAIL_HEADER.pack(TAIL_MAGIC, page_size, len(spans), record_count, data_end, len(pages), file_size,
                               bytes(16))]

@@ -23,7 +23,7 @@ from ..core import Container
 from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotAFileError, PackError,
                       PathNotFoundError)
 from ..format import crc32
-from ..source import url_error
+from ..source import is_url, url_error
 from ..records import RecordReader, RecordWriter
 
 __all__ = ["FileReader", "FileWriter", "checkFsAlign", "ffr_paths", "writable_ffr_name"]
@@ -76,6 +76,10 @@ def ffr_paths(fname: PathArg | Sequence[PathArg]) -> list[str]:
     else:
         raise TypeError(f"fname must be str, os.PathLike, list or tuple, not {type(fname).__name__}")
     for path in paths:
+        if is_url(path):  # read with ranged requests (packfs.source.remote)
+            if not path.split("?")[0].endswith(".ffr"):
+                raise FormatError(f"{path!r} does not end with .ffr (FFRecord's FileReader reads only .ffr files)")
+            continue
         if not os.path.exists(path):
             raise url_error(path) or PathNotFoundError(f"{path!r} does not exist")
         if not os.path.isfile(path):

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from ..core import Archive
 from ..errors import MountError
+from ..source import is_url
 from .libfuse import CapturedStderr, options_error
 
 __all__ = ["LOWLEVEL", "unavailable", "compiled_libfuse_version", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
@@ -60,6 +61,9 @@ def unavailable(archive: Archive | None = None) -> str | None:
     if archive.footer.version_minor < 1:
         return f"the archive is format {archive.version} (packfs convert writes the current version, with inode numbers stored)"
     source = archive.source
+    if is_url(source.name):
+        return ("the archive is a URL: the Python daemon reads it with ranged requests (the compiled one reads "
+                "local files in place)")
     if archive.section_spans is None or not hasattr(source, "guard_slot"):
         return "the archive is not a local file read in place"
     if source.guard_slot < 0:

@@ -17,11 +17,36 @@ one (zero-copy), and otherwise through ``read``.
 
 from __future__ import annotations
 
-from typing import Hashable, Protocol, Union
+import os
+from typing import Any, Hashable, Mapping, Optional, Protocol, Union
 
 from .local import GUARDED, LocalFile, release_pages, url_error
 
-__all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages", "url_error"]
+__all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages", "url_error", "is_url", "open_source",
+           "REMOTE_SCHEMES"]
+
+REMOTE_SCHEMES = ("s3", "http", "https")
+
+
+def is_url(name: object) -> bool:
+    """Whether ``name`` is a URL packfs reads remotely (``s3://``, ``http(s)://``)."""
+    if not isinstance(name, str):
+        return False
+    scheme, separator, _ = name.partition("://")
+    return bool(separator) and scheme.lower() in REMOTE_SCHEMES
+
+
+def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None,
+                **remote_options: Any) -> "ByteSource":
+    """The byte source for ``name``: a :class:`LocalFile` for a path, a
+    :class:`packfs.source.remote.RemoteFile` for an ``s3://`` or ``http(s)://`` URL
+    (``storage_options``: credentials and endpoint, as s3fs takes them; the client
+    library is imported only then)."""
+    if is_url(name):
+        from .remote import RemoteFile
+
+        return RemoteFile(str(name), storage_options=storage_options, **remote_options)
+    return LocalFile(name)
 
 
 class ByteSource(Protocol):
