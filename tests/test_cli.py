@@ -108,7 +108,7 @@ def test_ls(run, archive: Path) -> None:
 
 def test_info(run, archive: Path) -> None:
     text = run("info", archive).stdout
-    assert "format version  1.2" in text and "files" in text and "MiB" in text
+    assert "format version  1.4" in text and "files" in text and "MiB" in text
     data = json.loads(run("info", "--json", archive).stdout)
     assert data["files"] == 11 and data["symlinks"] == 5 and data["format_version"] == "1.2"
     assert data["largest_files"][:2] == [{"path": "big/large.bin", "size": 3 * (1 << 20) + 17},

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import MountError
+from ..source import is_url
 from .common import CACHE_SECONDS, DEFAULT_BINDING
 from .inodedaemon import LOWLEVEL, unavailable
 from .libfuse import load_binding
@@ -187,7 +188,8 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
         "ro": True,
         "nosuid": True,  # whatever -o says: see _IGNORED_OPTIONS
         "nodev": True,
-        "fsname": f"{FSNAME_PREFIX}{os.path.abspath(archive)}".replace(",", "_"),
+        # A URL as it is (the source's name: no credentials, no query string).
+        "fsname": f"{FSNAME_PREFIX}{archive if is_url(archive) else os.path.abspath(archive)}".replace(",", "_"),
         "subtype": "packfs",
         "default_permissions": True,  # the kernel checks mode bits; no access() round trips
         "use_ino": True,
