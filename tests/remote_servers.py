@@ -80,7 +80,7 @@ pid {root}/nginx.pid;
 events {{ worker_connections 1024; }}
 http {{
     access_log off;
-    log_format counted '$status\\t$request_method\\t$uri\\t$http_range\\t$http_if_match\\t$bytes_sent';
+    log_format counted escape=none '$status\\t$request_method\\t$uri\\t$http_range\\t$http_if_match\\t$bytes_sent';
     client_body_temp_path {root}/tmp/body;
     proxy_temp_path {root}/tmp/proxy;
     fastcgi_temp_path {root}/tmp/fastcgi;

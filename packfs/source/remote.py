@@ -153,7 +153,7 @@ class RemoteFile:
                 self._stats["requests"] += 1
             result = self._obstore.get(self._store, self._path)
             meta, data = result.meta, result.bytes()
-        except self._obstore.exceptions.BaseError as error:
+        except (self._obstore.exceptions.BaseError, OSError) as error:
             raise self._translate(error, 0.0) from None
         if len(data) != size or int(meta["size"]) != size:
             raise RemoteProtocolError(f"{self.name!r}: the server sent {len(data)} bytes of an object of {size}: "
@@ -271,7 +271,7 @@ class RemoteFile:
                 self._check_meta(meta)
             first, stop = result.range
             data = result.bytes()
-        except self._obstore.exceptions.BaseError as error:
+        except (self._obstore.exceptions.BaseError, OSError) as error:  # obstore raises FileNotFoundError for 404
             raise self._translate(error, time.monotonic() - began) from None
         with self._lock:
             self._stats["bytes_fetched"] += len(data)
@@ -302,7 +302,7 @@ class RemoteFile:
         where = f"{self.name!r}"
         if isinstance(error, exceptions.PreconditionError) or status == 412:
             self._note_change("the server answered 412 Precondition Failed to If-Match")
-        if isinstance(error, exceptions.NotFoundError) or status == 404:
+        if isinstance(error, (exceptions.NotFoundError, FileNotFoundError)) or status == 404:
             if not self._opening:
                 self._note_change("it is gone (404 Not Found)")
             return RemoteNotFoundError(f"{where}: no such object (404 Not Found), expected an archive")
@@ -446,6 +446,6 @@ def _open_store(url: str, name: str, storage_options: Optional[dict], timeout: f
             client["default_headers"] = headers
         client["allow_http"] = scheme == "http"
         root = f"{scheme}://{parts.hostname if ':' not in (parts.hostname or '') else f'[{parts.hostname}]'}" \
-               f"{f':{parts.port}' if parts.port else ''}{directory}/"
+               f"{f':{parts.port}' if parts.port else ''}{directory}"
         return HTTPStore.from_url(root, client_options=client, retry_config=no_retries), unquote(base)
     raise RemoteArchiveError(f"{name!r}: {scheme}:// is not a scheme packfs reads: expected s3://, http:// or https://")
