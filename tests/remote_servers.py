@@ -60,6 +60,15 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def wait_for_log(read, at_least: int, seconds: float = 10) -> list:
+    deadline = time.monotonic() + seconds
+    found = read()
+    while len(found) < at_least and time.monotonic() < deadline:
+        time.sleep(0.01)
+        found = read()
+    return found
+
+
 @dataclass
 class LoggedRequest:
     """One request as a server logged it."""
@@ -121,7 +130,12 @@ class Nginx:
         temporary.write_bytes(contents)
         os.replace(temporary, self.data / name)
 
-    def requests(self) -> List[LoggedRequest]:
+    def requests(self, at_least: int = 0) -> List[LoggedRequest]:
+        """The requests logged so far; waiting (up to 10 s) for ``at_least`` of them:
+        a server logs a request after its answer went out."""
+        return wait_for_log(self._logged, at_least)
+
+    def _logged(self) -> List[LoggedRequest]:
         log = self.root / "access.log"
         found = []
         for line in log.read_text().splitlines() if log.exists() else []:
@@ -131,7 +145,14 @@ class Nginx:
         return found
 
     def clear_log(self) -> None:
-        (self.root / "access.log").write_bytes(b"")  # nginx appends (O_APPEND): truncation is safe
+        """Forget the requests logged so far, once the log stopped growing for 50 ms
+        (the line of a request just answered may still be on its way)."""
+        log = self.root / "access.log"
+        size = -1
+        while log.exists() and size != log.stat().st_size:
+            size = log.stat().st_size
+            time.sleep(0.05)
+        log.write_bytes(b"")  # nginx appends (O_APPEND): truncation is safe
 
     def __enter__(self) -> "Nginx":
         if NGINX is None:
@@ -161,6 +182,7 @@ class Nginx:
 
 # werkzeug's request line: 127.0.0.1 - - [date] "GET /bucket/key HTTP/1.1" 206 -
 _MOTO_LINE = re.compile(r'"([A-Z]+) (\S+) HTTP/[0-9.]+" (\d{3})')
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class MotoServer:
@@ -186,10 +208,16 @@ class MotoServer:
         """Forget every bucket and object."""
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10)
 
-    def requests(self) -> List[LoggedRequest]:
+    def requests(self, at_least: int = 0) -> List[LoggedRequest]:
+        """The requests logged so far (moto's own, /moto-api, left out); waiting (up
+        to 10 s) for ``at_least`` of them, as :meth:`Nginx.requests` does."""
+        return wait_for_log(self._logged, at_least)
+
+    def _logged(self) -> List[LoggedRequest]:
         log = self.root / "moto.log"
+        text = _COLOURS.sub("", log.read_text(errors="replace"))  # werkzeug colours some lines
         return [LoggedRequest(int(m.group(3)), m.group(1), m.group(2))
-                for m in map(_MOTO_LINE.search, log.read_text(errors="replace").splitlines()) if m
+                for m in map(_MOTO_LINE.search, text.splitlines()) if m
                 and not m.group(2).startswith("/moto-api")]
 
     def __enter__(self) -> "MotoServer":

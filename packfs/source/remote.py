@@ -38,8 +38,8 @@ __all__ = ["RemoteFile", "public_url", "REMOTE_SCHEMES"]
 REMOTE_SCHEMES = ("s3", "http", "https")
 # Requests one RemoteFile keeps in flight for read_ranges.  bench/remote_clients.py, at
 # RTT 20 ms: random 64-256 KiB GETs are bound by latency, so requests/s rise in step
-# with the number in flight (46, 359, 1424, 2679 at 1, 8, 32, 64) while obstore's CPU per
-# request falls (378, 169, 136, 129 us); 64 takes most of that and keeps the
+# with the number in flight (47, 377, 1482, 2610 at 1, 8, 32, 64) while obstore's CPU
+# per request stays low (297, 158, 130, 157 us); 64 takes most of that and keeps the
 # connections one reader opens to a server modest.
 IN_FLIGHT = 64
 # Parts of one large span in flight at once: 8 x 8 MiB parts bound what is held.
