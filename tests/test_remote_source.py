@@ -389,3 +389,57 @@ def test_read_ranges_with_spans_larger_than_a_part(nginx: Nginx) -> None:
     source = open_source(nginx.url("blob.bin"), part_bytes=256 << 10, in_flight=2, suffix_bytes=1024)
     spans = [(k * 1000, k * 1000 + 10) for k in range(50)] + [(0, SIZE), (SIZE // 2, SIZE), (5, 6), (SIZE - 3, SIZE)]
     assert source.read_ranges(spans) == [BLOB[a:b] for a, b in spans]
+
+
+def test_spans_outside_the_object_are_refused_unsent(nginx: Nginx) -> None:
+    source = open_source(nginx.url("blob.bin"), suffix_bytes=1024)
+    assert source.read(10, 10) == b"" and source.read_ranges([]) == [] and source.read_ranges([(5, 5)]) == [b""]
+    before = source.stats()["requests"]
+    for start, end in [(SIZE - 5, SIZE + 1), (-1, 5), (10, 5)]:
+        with pytest.raises(packfs.FormatError, match="expected a span inside it"):
+            source.read(start, end)
+    with pytest.raises(packfs.FormatError):
+        source.read_ranges([(0, 1), (SIZE, SIZE + 1)])
+    assert source.stats()["requests"] == before
+
+
+def test_a_versioned_bucket_pins_the_version_opened(s3_env: MotoServer) -> None:
+    """On a bucket that keeps versions, the identity is the version: a new version put
+    after the open does not disturb a reader, which goes on reading its own."""
+    client = s3_env.client()
+    client.create_bucket(Bucket="versioned")
+    client.put_bucket_versioning(Bucket="versioned", VersioningConfiguration={"Status": "Enabled"})
+    version = client.put_object(Bucket="versioned", Key="blob.bin", Body=BLOB)["VersionId"]
+    source = open_source("s3://versioned/blob.bin", suffix_bytes=1024)
+    assert source.identity == ("s3://versioned/blob.bin", version, SIZE)
+    client.put_object(Bucket="versioned", Key="blob.bin", Body=BLOB[::-1])
+    before = settled_count(s3_env)
+    assert source.read(0, 100_000) == BLOB[:100_000]
+    source.check_unchanged()
+    [request] = s3_env.requests(at_least=before + 1)[before:]
+    assert request.status == 206 and f"versionId={version}" in request.path
+
+
+def test_random_faults_never_give_wrong_bytes(proxy, nginx: Nginx) -> None:
+    """Reads of random spans, each with a random fault (or none) on its first try:
+    every read returns exactly the object's bytes or raises; none hangs."""
+    import random
+
+    rng = random.Random(1)
+    source = through(proxy, nginx, retries=1, timeout=0.25)
+    outcomes = {"ok": 0, "refused": 0}
+    for _ in range(150):
+        start = rng.randrange(0, SIZE - 1)
+        end = min(SIZE, start + rng.randint(1, 600_000))
+        fault = rng.choice([None, "503", "kill", "truncate", "wrong_range", "longer", "ignore_range", "stall"])
+        proxy.fault(fault, count=rng.choice([1, 2]))
+        try:
+            data = source.read(start, end)
+        except (RemoteIOError, RemoteProtocolError, RemoteTimeoutError):
+            outcomes["refused"] += 1
+        else:
+            assert data == BLOB[start:end], (fault, start, end)
+            outcomes["ok"] += 1
+        proxy.fault(None)
+    source.check_unchanged()
+    assert outcomes["ok"] and outcomes["refused"], outcomes

@@ -171,8 +171,11 @@ class RemoteFile:
         """Bytes [start, end): from the suffix fetched at open when they lie in it, else
         one ranged GET, or parallel parts of ``part_bytes`` for a larger span."""
         self._check_open()
-        if start >= self.suffix_start and end <= self.size:
+        self._check_span(start, end)
+        if start >= self.suffix_start:
             return self.suffix[start - self.suffix_start:end - self.suffix_start]
+        if end <= start:
+            return b""
         if end - start <= self.part_bytes:
             return self._get(start, end)
         buffer = bytearray(end - start)
@@ -183,8 +186,11 @@ class RemoteFile:
         """Fill ``buffer`` with the bytes from ``start`` on (parts in parallel, as :meth:`read`)."""
         self._check_open()
         end = start + len(buffer)
-        if start >= self.suffix_start and end <= self.size:
+        self._check_span(start, end)
+        if start >= self.suffix_start:
             buffer[:] = self.suffix[start - self.suffix_start:end - self.suffix_start]
+            return
+        if end <= start:
             return
         parts = [(at, min(at + self.part_bytes, end)) for at in range(start, end, self.part_bytes)]
         target = buffer.cast("B") if buffer.format != "B" else buffer
@@ -198,6 +204,8 @@ class RemoteFile:
         """The bytes of each (start, end) span, in the order given: spans closer than
         ``coalesce_gap`` share one GET, up to ``in_flight`` GETs at once."""
         self._check_open()
+        for start, end in spans:
+            self._check_span(start, end)
         order = sorted(range(len(spans)), key=lambda k: spans[k])
         groups: List[List[int]] = []  # runs of span indexes fetched by one GET
         bounds: List[List[int]] = []  # each run's [first, last) byte
@@ -233,9 +241,17 @@ class RemoteFile:
                 results[k] = bytes(buffer[spans[k][0] - first:spans[k][1] - first])
         return results
 
+    def _check_span(self, start: int, end: int) -> None:
+        # The object's size is fixed at open: bytes past it are not there to fetch (a
+        # server would answer with fewer, which is no reason to try again).
+        if not 0 <= start <= end or end > self.size:
+            raise FormatError(f"{self.name!r}: bytes {start}-{end} asked of an object of {self.size} bytes: "
+                              f"expected a span inside it")
+
     def _run(self, task, items: list, limit: int) -> None:
-        if len(items) == 1:
-            task(items[0])
+        if len(items) <= 1:
+            for item in items:
+                task(item)
             return
         pool = self._executor()
         semaphore = threading.BoundedSemaphore(limit)
