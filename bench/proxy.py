@@ -4,7 +4,8 @@ It listens on 127.0.0.1 and forwards to a target port.  Each request is delayed 
 half the round-trip time before it reaches the server, and each response by half
 before it reaches the client, so one request costs one RTT ``rtt`` (a new connection
 one more, its handshake); ``bandwidth`` (bytes/s, per connection) paces response
-bodies.  It counts connections, requests and response bytes.
+bodies.  It counts connections, requests and response bytes, and keeps each request's
+head (``heads``) for tests that check what a client sent.
 
 It is HTTP-aware (request heads; responses framed by Content-Length or chunked) so
 that it can inject the faults the remote-source tests need, each for the next
@@ -54,6 +55,7 @@ class Proxy:
         self.requests = 0
         self.response_bytes = 0
         self.faults_injected = 0
+        self.heads: list = []  # every request's head (bytes), as the client sent it
         self._fault: Optional[str] = None
         self._fault_count = 0
         self._fault_filter: Callable[[bytes], bool] = lambda head: True
@@ -125,6 +127,7 @@ class Proxy:
                     return
                 with self._lock:
                     self.requests += 1
+                    self.heads.append(head)
                 fault = self._take_fault(head)
                 time.sleep(self.rtt / 2)
                 if fault == "503":

@@ -443,3 +443,19 @@ def test_random_faults_never_give_wrong_bytes(proxy, nginx: Nginx) -> None:
         proxy.fault(None)
     source.check_unchanged()
     assert outcomes["ok"] and outcomes["refused"], outcomes
+
+
+def test_s3_requests_are_signed_with_the_key_pair_found_whole(s3_env: MotoServer, monkeypatch) -> None:
+    """Credentials from storage_options are used whole: a session token in the
+    environment (another identity's) is not sent beside them; one given with them is."""
+    from bench.proxy import Proxy
+
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "environment-token")
+    with Proxy(s3_env.port) as proxy:
+        endpoint = f"http://127.0.0.1:{proxy.port}"
+        open_source("s3://bucket/blob.bin", storage_options={"key": "other-key", "secret": "s", "endpoint_url": endpoint})
+        open_source("s3://bucket/blob.bin", storage_options={"key": "third-key", "secret": "s", "token": "given-token",
+                                                             "endpoint_url": endpoint})
+        first, second = (head.decode().lower() for head in proxy.heads)
+    assert "credential=other-key/" in first and "x-amz-security-token" not in first
+    assert "credential=third-key/" in second and "x-amz-security-token: given-token" in second

@@ -453,14 +453,22 @@ def _open_store(url: str, name: str, storage_options: Optional[dict], timeout: f
         if not parts.netloc or not parts.path.strip("/"):
             raise RemoteArchiveError(f"{name!r}: expected s3://BUCKET/KEY")
         settings = s3_settings(storage_options, url=name)
-        config = {key: settings[key] for key in ("access_key_id", "secret_access_key", "session_token", "region",
-                                                  "endpoint") if settings.get(key)}
+        config = {key: settings[key] for key in ("region", "endpoint") if settings.get(key)}
+        provider = None
         if settings.get("anon"):
             config["skip_signature"] = True
+        else:
+            # The key pair found, whole: S3Store would otherwise fill what it was not
+            # given from the environment (a session token beside another pair's key).
+            credential = {"access_key_id": settings["access_key_id"], "secret_access_key": settings["secret_access_key"],
+                          "token": settings.get("session_token") or None, "expires_at": None}
+
+            def provider() -> dict:
+                return credential
         if str(settings.get("endpoint") or "").startswith("http://"):
             client["allow_http"] = True
-        return S3Store(parts.netloc, config=config, client_options=client, retry_config=no_retries), \
-            unquote(parts.path.lstrip("/"))
+        return S3Store(parts.netloc, config=config, client_options=client, retry_config=no_retries,
+                       credential_provider=provider), unquote(parts.path.lstrip("/"))
     if scheme in ("http", "https"):
         if storage_options:
             raise RemoteArchiveError(f"{name!r}: storage_options are for s3:// URLs; an http(s) URL takes none")
