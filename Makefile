@@ -5,7 +5,9 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-SYSTEM_PACKAGES := fuse3 libfuse2
+# nginx: the HTTP server the remote-source tests start on loopback (tests/remote_servers.py
+# runs its own, as the user, on a free port; the system's service is not used).
+SYSTEM_PACKAGES := fuse3 libfuse2 nginx
 # What pip needs to build packfs's C extensions: _sigbus, which keeps readers alive when
 # an archive is overwritten in place, and _lowlevel, the compiled mount daemon (libfuse3's
 # headers, found by pkg-config, and zlib's).  Optional: without them (and not root) the
@@ -104,8 +106,8 @@ test-lowest: system-packages build-packages
 $(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h packfs/_lowlevel.c
 	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(LOWEST_VENV)/bin/python -m pip install -q -e ".[fsspec,demo]" \
-	  "pytest>=7" "pandas>=1.5" "pillow>=9"
+	PYTHONWARNINGS="ignore:Editable installation" $(LOWEST_VENV)/bin/python -m pip install -q -e ".[fsspec,demo,remote]" \
+	  "pytest>=7" "pandas>=1.5" "pillow>=9" "moto[server]>=5" "boto3>=1.26"
 	touch $(LOWEST_STAMP)
 
 demo: setup

@@ -23,6 +23,12 @@ __all__ = [
     "PathNotFoundError",
     "ArchiveIOError",
     "RemoteArchiveError",
+    "RemoteNotFoundError",
+    "RemoteAccessError",
+    "RemoteCredentialsError",
+    "RemoteTimeoutError",
+    "RemoteProtocolError",
+    "RemoteIOError",
     "NotAFileError",
     "NotADirectoryPathError",
     "NotASymlinkError",
@@ -81,8 +87,42 @@ class ArchiveIOError(PackfsError, OSError):
 
 
 class RemoteArchiveError(PackfsError, ValueError):
-    """Raised when an archive (or what to pack) is named by a URL (``https://``,
-    ``s3://``, ...) that is no local path: packfs reads local files only, so far."""
+    """Raised when an archive named by a URL cannot be read: a scheme packfs does not
+    read (packfs reads ``s3://``, ``http://`` and ``https://``), a URL given where only a
+    local path will do (what to pack), or, through its subclasses, a server's refusal
+    or failure.  No message carries a credential or a URL's query string."""
+
+
+class RemoteNotFoundError(RemoteArchiveError, FileNotFoundError):
+    """Raised when the server says the object at a URL does not exist (HTTP 404, S3
+    NoSuchKey or NoSuchBucket)."""
+
+
+class RemoteAccessError(RemoteArchiveError, PermissionError):
+    """Raised when the server refuses access to the object at a URL (HTTP 401 or 403,
+    S3 AccessDenied, credentials it does not accept)."""
+
+
+class RemoteCredentialsError(RemoteAccessError):
+    """Raised when an ``s3://`` URL is opened and no credentials are found: none in the
+    ``storage_options``, the AWS environment variables or the shared files
+    (``~/.aws/credentials``, ``~/.aws/config``), and no ``anon=True`` for a public bucket."""
+
+
+class RemoteTimeoutError(RemoteArchiveError, TimeoutError):
+    """Raised when a server did not answer, or did not finish an answer, within the
+    timeout, on every try."""
+
+
+class RemoteProtocolError(RemoteArchiveError):
+    """Raised when a server's answer is not the one asked for, on every try: the whole
+    object for a range request (a server that ignores ``Range``), another
+    ``Content-Range`` than asked, a body shorter or longer than the range."""
+
+
+class RemoteIOError(RemoteArchiveError, OSError):
+    """Raised when a server kept failing (5xx, 429 or 503 SlowDown, connections reset
+    or killed) until the retries ran out."""
 
 
 class NotAFileError(PackfsError, IsADirectoryError):

@@ -25,8 +25,18 @@ def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
         PackedFolder(tmp_path / "missing.ffr")
 
 
-URLS = ["https://example.com/data.ffr", "http://example.com/data.ffr", "s3://bucket/data.ffr",
-        "gs://bucket/data.ffr", "hf://datasets/x/data.ffr"]
+URLS = ["https://example.com/data.ffr", "http://example.com/data.ffr", "s3://bucket/data.ffr"]
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/data.ffr", "hf://datasets/x/data.ffr"])
+def test_a_url_of_another_scheme_names_those_packfs_reads(url: str) -> None:
+    from packfs.core import Archive
+
+    for open_archive in (PackedFolder, Archive, packfs.RecordReader, packfs.record_file_info):
+        with pytest.raises(packfs.RemoteArchiveError, match="URLs are not supported: packfs reads archives at "
+                                                            "s3://, http:// and https:// URLs and local paths") as raised:
+            open_archive(url)
+        assert not isinstance(raised.value, FileNotFoundError) and repr(url) in str(raised.value)
 
 
 @pytest.mark.parametrize("url", URLS)

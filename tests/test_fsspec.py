@@ -117,5 +117,5 @@ def test_a_url_without_an_archive_names_the_forms(tmp_path: Path, monkeypatch: p
 
 
 def test_a_remote_archive_chained_is_not_supported_yet() -> None:
-    with pytest.raises(packfs.RemoteArchiveError, match="'memory:///a.ffr': remote archives"):
+    with pytest.raises(packfs.RemoteArchiveError, match="'memory:///a.ffr': memory:// URLs are not supported"):
         fsspec.open("packfs://labels.csv::memory://a.ffr").open()

@@ -2,12 +2,12 @@
 
 The format code (:mod:`packfs.core`) never opens a file, calls ``lseek`` or asks
 whether a file changed: it asks its byte source.  A source is anything with the
-interface of :class:`ByteSource`; :class:`LocalFile` (a descriptor and a memory map)
-is the one packfs has today.  The next ones fit the same interface:
+interface of :class:`ByteSource`: :class:`LocalFile` (a descriptor and a memory map)
+and :class:`RemoteFile` (``packfs.source.remote``: ranged GETs over HTTP or S3;
+``identity`` is (URL, ETag or version, size), every GET carries If-Match, ``mapping``
+is None); :func:`open_source` picks one for a path or URL.  The next one fits the same
+interface:
 
-- a remote source (HTTP or S3 range requests): ``read`` is one ranged GET,
-  ``identity`` is (URL, ETag, size), ``check_unchanged`` compares the ETag each
-  response carries, and ``mapping`` is None;
 - a block cache wrapping any source: ``read`` is served from fixed-size blocks kept
   in a bounded cache, and every other member is the wrapped source's.
 
@@ -18,35 +18,44 @@ one (zero-copy), and otherwise through ``read``.
 from __future__ import annotations
 
 import os
-from typing import Any, Hashable, Mapping, Optional, Protocol, Union
+from typing import Hashable, Optional, Protocol, Union
 
-from .local import GUARDED, LocalFile, release_pages, url_error
+from ..errors import RemoteArchiveError
+from .local import GUARDED, LocalFile, is_url, release_pages, url_error
 
-__all__ = ["ByteSource", "LocalFile", "GUARDED", "release_pages", "url_error", "is_url", "open_source",
-           "REMOTE_SCHEMES"]
+__all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url", "open_source"]
 
-REMOTE_SCHEMES = ("s3", "http", "https")
-
-
-def is_url(name: object) -> bool:
-    """Whether ``name`` is a URL packfs reads remotely (``s3://``, ``http(s)://``)."""
-    if not isinstance(name, str):
-        return False
-    scheme, separator, _ = name.partition("://")
-    return bool(separator) and scheme.lower() in REMOTE_SCHEMES
+# The schemes RemoteFile reads (packfs.source.remote.REMOTE_SCHEMES, which imports
+# nothing it does not need; repeated here so that a local open imports nothing remote).
+_REMOTE_SCHEMES = ("s3", "http", "https")
 
 
-def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None,
-                **remote_options: Any) -> "ByteSource":
-    """The byte source for ``name``: a :class:`LocalFile` for a path, a
-    :class:`packfs.source.remote.RemoteFile` for an ``s3://`` or ``http(s)://`` URL
-    (``storage_options``: credentials and endpoint, as s3fs takes them; the client
-    library is imported only then)."""
-    if is_url(name):
+def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[dict] = None,
+                **remote_options: object) -> "ByteSource":
+    """The byte source for ``name``: a RemoteFile for an ``s3://``, ``http://`` or
+    ``https://`` URL (``storage_options`` and ``remote_options`` go to it), else a
+    LocalFile.  Another scheme (``gs://``, ``file://``, ...) that is no local path is a
+    RemoteArchiveError naming what packfs reads."""
+    if isinstance(name, str) and is_url(name) and not os.path.exists(name):
+        scheme = name.split(":", 1)[0].lower()
+        if scheme in _REMOTE_SCHEMES:
+            from .remote import RemoteFile
+
+            return RemoteFile(name, storage_options=storage_options, **remote_options)  # type: ignore[arg-type]
+        raise url_error(name) or RemoteArchiveError(f"{name!r}: not a URL packfs reads")
+    if storage_options:
+        raise RemoteArchiveError(f"{os.fspath(name)!r}: storage_options are for s3:// URLs, not local paths")
+    return LocalFile(name)
+
+
+def __getattr__(name: str) -> object:
+    # RemoteFile on first use: importing packfs.source (every local open) imports
+    # neither packfs.source.remote nor its client library.
+    if name == "RemoteFile":
         from .remote import RemoteFile
 
-        return RemoteFile(str(name), storage_options=storage_options, **remote_options)
-    return LocalFile(name)
+        return RemoteFile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ByteSource(Protocol):

@@ -29,20 +29,31 @@ from urllib.parse import unquote, urlsplit
 from ..errors import (ArchiveChangedError, ArchiveIOError, ClosedArchiveError, FormatError, NotAFileError,
                       PathNotFoundError, RemoteArchiveError)
 
-__all__ = ["LocalFile", "GUARDED", "release_pages", "url_error"]
+__all__ = ["LocalFile", "GUARDED", "release_pages", "url_error", "is_url"]
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def is_url(name: str) -> bool:
+    """Whether ``name`` has the shape of a URL (``scheme://...``), and no local path of
+    that shape exists (its directory does not)."""
+    return bool(_URL.match(name)) and not os.path.isdir(os.path.dirname(name))
+
+
 def url_error(name: str) -> RemoteArchiveError | None:
     """The error for ``name``, a path that does not exist, when it is a URL
-    (``scheme://...``): one packfs cannot read yet, not a missing file.  None for
-    anything else, a local path of that shape included (its directory exists)."""
-    if not _URL.match(name) or os.path.isdir(os.path.dirname(name)):
+    (``scheme://...``) that a local open was given: a URL, not a missing file.  None
+    for anything else, a local path of that shape included (its directory exists)."""
+    if not is_url(name):
         return None
     parts = urlsplit(name)
-    if parts.scheme.lower() == "file" and parts.netloc in ("", "localhost"):
+    scheme = parts.scheme.lower()
+    if scheme == "file" and parts.netloc in ("", "localhost"):
         return RemoteArchiveError(f"{name!r} is a file:// URL: give the path itself, {unquote(parts.path)!r}")
+    if scheme not in ("s3", "http", "https"):
+        return RemoteArchiveError(f"{name!r}: {scheme}:// URLs are not supported: packfs reads archives at s3://, "
+                                  f"http:// and https:// URLs and local paths")
+    # A URL packfs reads, given where only a local file will do.
     return RemoteArchiveError(
         f"{name!r}: remote archives (URLs) are not supported yet: give the path of a local file "
         f"(download it first, or mount the bucket or server with a FUSE file system such as s3fs or rclone mount)"
