@@ -37,7 +37,7 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 def is_url(name: str) -> bool:
     """Whether ``name`` has the shape of a URL (``scheme://...``), and no local path of
     that shape exists (its directory does not)."""
-    return bool(_URL.match(name)) and not os.path.isdir(os.path.dirname(name))
+    return isinstance(name, str) and bool(_URL.match(name)) and not os.path.isdir(os.path.dirname(name))
 
 
 def url_error(name: str) -> RemoteArchiveError | None:

@@ -113,6 +113,10 @@ class RemoteFile:
         self._pool: Optional[ThreadPoolExecutor] = None
         self._obstore = _import_obstore()
         self._store, self._path = _open_store(url, self.name, storage_options, timeout)
+        # A forked child (a mount's daemon, DataLoader workers) gets its own client, lock
+        # and threads: the parent's client runtime and pool threads do not survive fork.
+        self._pid = os.getpid()
+        self._reopen = (url, storage_options, timeout)
         self._options: Dict[str, object] = {}
         self._opening = True
         try:
@@ -270,6 +274,8 @@ class RemoteFile:
             future.result()
 
     def _executor(self) -> ThreadPoolExecutor:
+        if self._pid != os.getpid():
+            self._after_fork()
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="packfs-remote")
@@ -294,7 +300,18 @@ class RemoteFile:
                 time.sleep(random.uniform(0.5, 1.0) * min(20.0, self._backoff * 2 ** attempt))
         raise AssertionError("unreachable")
 
+    def _after_fork(self) -> None:
+        """In a child process: a client, a lock and a pool of its own (the identity,
+        and so If-Match, stay the parent's)."""
+        url, storage_options, timeout = self._reopen
+        self._lock = threading.Lock()
+        self._pool = None
+        self._store, self._path = _open_store(url, self.name, storage_options, timeout)
+        self._pid = os.getpid()
+
     def _fetch_once(self, byte_range: object, options: Optional[Dict[str, object]]) -> Tuple[bytes, dict, int]:
+        if self._pid != os.getpid():
+            self._after_fork()
         with self._lock:
             self._stats["requests"] += 1
         began = time.monotonic()

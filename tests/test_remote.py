@@ -1,0 +1,165 @@
+"""Archives at a URL, end to end: every reader and CLI command over nginx (HTTP) and
+moto_server (S3) on loopback, request counts from the servers' own logs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import packfs
+from packfs import ArchiveChangedError, PackedFolder
+from tests.conftest import (BLUEPRINT, HARDLINK, as_version_1_1, assert_same_tree, mounted, packfs_cli,
+                            require_extra, require_fuse, wait_until)
+from tests.remote_servers import S3_KEY, S3_REGION, S3_SECRET
+from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (fixtures: real servers, stopped at the end)
+
+FILES = {path: contents for path, contents in BLUEPRINT.items() if contents is not None}
+
+
+@pytest.fixture
+def served(nginx, archive: Path) -> str:  # noqa: F811
+    nginx.put("tree.ffr", archive.read_bytes())
+    nginx.clear_log()
+    return nginx.url("tree.ffr")
+
+
+@pytest.fixture
+def in_bucket(moto, s3_env, archive: Path) -> str:  # noqa: F811
+    moto.client().put_object(Bucket="bucket", Key="tree.ffr", Body=archive.read_bytes())
+    return "s3://bucket/tree.ffr"
+
+
+def _gets(nginx, at_least: int = 0) -> list:  # noqa: F811
+    return [request for request in nginx.requests(at_least) if request.method == "GET"]
+
+
+def test_one_request_opens_and_one_more_finds_and_reads_a_file(nginx, served: str) -> None:  # noqa: F811
+    with PackedFolder(served) as folder:
+        opened = _gets(nginx, 1)
+        assert len(opened) == 1 and opened[0].range.startswith("bytes=-")  # a suffix request, no HEAD
+        nginx.clear_log()
+        assert folder.stat("hello.txt").size == len(FILES["hello.txt"])
+        assert folder.read("hello.txt") == FILES["hello.txt"]
+        requests = _gets(nginx, 2)
+        assert len(requests) == 2  # the index page, then the file's bytes
+        assert all(request.if_match for request in requests)  # every ranged GET names the ETag
+        for path, contents in FILES.items():
+            assert folder.read(path) == contents
+        assert folder.verify().ok
+
+
+def test_an_archive_in_s3_reads_as_a_local_one(moto, in_bucket: str, archive: Path) -> None:  # noqa: F811
+    with PackedFolder(in_bucket) as remote, PackedFolder(archive) as local:
+        for path, contents in FILES.items():
+            assert remote.read(path) == contents
+            assert remote.stat(path) == local.stat(path)
+        assert list(remote.walk("")) == list(local.walk(""))
+        assert remote.stat(HARDLINK[0]).inode == remote.stat(HARDLINK[1]).inode
+    # storage_options instead of the environment
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.pop(name)
+    options = {"key": S3_KEY, "secret": S3_SECRET, "region": S3_REGION, "endpoint_url": moto.endpoint}
+    with PackedFolder(in_bucket, storage_options=options) as remote:
+        assert remote.read("hello.txt") == FILES["hello.txt"]
+
+
+def test_an_object_replaced_under_a_reader_is_archive_changed(nginx, served: str, tree: Path,  # noqa: F811
+                                                              tmp_path: Path) -> None:
+    with PackedFolder(served) as folder:
+        assert folder.read("hello.txt") == FILES["hello.txt"]
+        (tree / "hello.txt").write_bytes(b"other contents")
+        packfs.pack_folder(tree, tmp_path / "new.ffr")
+        nginx.put("tree.ffr", (tmp_path / "new.ffr").read_bytes())
+        with pytest.raises(ArchiveChangedError):
+            for path in FILES:  # some page or file not fetched yet: never a mix of the two
+                folder.read(path)
+    with PackedFolder(served) as folder:  # opened again: the new archive
+        assert folder.read("hello.txt") == b"other contents"
+
+
+def test_an_archive_without_a_tail_reads_remotely_with_more_requests(nginx, archive: Path,  # noqa: F811
+                                                                     tmp_path: Path) -> None:
+    nginx.put("old.ffr", as_version_1_1(archive, tmp_path / "old.ffr").read_bytes())
+    nginx.clear_log()
+    with PackedFolder(nginx.url("old.ffr")) as folder:
+        assert folder.archive.version == "1.1"
+        for path, contents in FILES.items():
+            assert folder.read(path) == contents
+        assert folder.verify().ok
+
+
+def test_every_reading_api_takes_a_url(nginx, served: str, tmp_path: Path) -> None:  # noqa: F811
+    from packfs.ffrecord import FileReader
+    from packfs.ffrecord import PackedFolder as FFRecordFolder
+
+    with packfs.RecordReader(served) as reader:
+        assert reader.read_one(0) in FILES.values() or reader.read_one(0) == b""
+    reader = FileReader(served)
+    assert reader.n == packfs.core.Archive(served).record_count
+    reader.close()
+    with FFRecordFolder(served) as folder:
+        assert folder.read_one("hello.txt") == FILES["hello.txt"]
+    require_extra("fsspec", "fsspec")
+    import fsspec
+
+    with fsspec.open(f"packfs://hello.txt::{served}", "rb") as file:
+        assert file.read() == FILES["hello.txt"]
+
+
+def test_a_dataloader_reads_a_url_in_worker_processes(nginx, served: str) -> None:  # noqa: F811
+    require_extra("torch", "torch")
+    import torch
+
+    from packfs.torch import PackedDataset
+
+    dataset = PackedDataset(served, "**/*.txt")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    got = sorted(bytes(item) for item in loader)
+    assert got == sorted(FILES[path] for path in FILES if path.endswith(".txt"))
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_cli_commands_take_a_url(where: str, request, tmp_path: Path, archive: Path) -> None:
+    url = request.getfixturevalue("served" if where == "http" else "in_bucket")
+    env = dict(os.environ)
+    listing = packfs_cli("ls", url, "a")
+    assert listing.returncode == 0, listing.stderr
+    assert "b" in listing.stdout.split()
+    assert packfs_cli("find", url).stdout.split() == packfs_cli("find", archive).stdout.split()
+    assert packfs_cli("cat", url, "hello.txt").stdout == FILES["hello.txt"].decode()
+    info = packfs_cli("info", url)
+    assert info.returncode == 0 and "format version  1.4" in info.stdout
+    assert S3_SECRET not in info.stdout + info.stderr and env.get("AWS_SECRET_ACCESS_KEY", "-") not in info.stdout
+    assert packfs_cli("verify", url).returncode == 0
+    unpacked = packfs_cli("unpack", url, tmp_path / "out")
+    assert unpacked.returncode == 0, unpacked.stderr
+    local = packfs_cli("unpack", archive, tmp_path / "local")
+    assert local.returncode == 0
+    assert_same_tree(tmp_path / "local", tmp_path / "out")
+    assert packfs_cli("convert", url, tmp_path / "copy.ffr").returncode == 1  # already native: says so
+
+
+def test_cli_errors_name_what_is_wrong(nginx, moto, s3_env) -> None:  # noqa: F811
+    missing = packfs_cli("ls", nginx.url("nothing.ffr"))
+    assert missing.returncode == 1 and missing.stderr.startswith("Error: ") and "not found" in missing.stderr.lower()
+    assert "Traceback" not in missing.stderr
+    denied = packfs_cli("ls", nginx.url("tree.ffr", location="denied"))
+    assert denied.returncode == 1 and "403" in denied.stderr or "denied" in denied.stderr.lower()
+
+
+@pytest.mark.fuse
+def test_mount_a_url(nginx, served: str, tmp_path: Path, tree: Path) -> None:  # noqa: F811
+    require_fuse()
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    with mounted(served, mountpoint):  # type: ignore[arg-type]
+        for path, contents in FILES.items():
+            assert (mountpoint / path).read_bytes() == contents
+        assert sorted(os.listdir(mountpoint / "a")) == sorted(os.listdir(tree / "a"))
+        assert os.stat(mountpoint / HARDLINK[0]).st_ino == os.stat(mountpoint / HARDLINK[1]).st_ino
