@@ -4,8 +4,6 @@ table, so that a reader that trusts a row or a page trusts what the table says."
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..format import INDEX_ROW, NO_RECORD, S_IFMT, S_IFREG, crc32
 from .container import Container
 from .pathtable import PathTable
@@ -42,6 +40,8 @@ def _index_problems(container: Container, table: PathTable, tail: Tail) -> list[
     problems: list[str] = []
     columns = table.arrays
     count = table.entry_count
+    import numpy as np  # here, not at import: a mount, which never verifies, does not load numpy
+
     seen = np.zeros(count, bool)
     crcs, offsets = container.crcs, container.offsets
     previous_hash = -1
