@@ -137,7 +137,8 @@ def test_a_listing_over_a_damaged_page_is_eio(tmp_path: Path, many: Path) -> Non
         tree = _tree_for()(opened)
         parent = opened.parent(victim)
         assert _errno(lambda: tree.readdir(parent + 1, plus=True)) == errno.EIO
-        assert _errno(lambda: tree.readdir(parent + 1)) == errno.EIO  # its entries' attributes are checked too
+        # A plain listing (names, types, inodes) does not need the attributes: it lists.
+        assert len(tree.readdir(parent + 1)) == len(opened.children(parent)) + 2
         # A directory whose children all lie elsewhere lists.
         others = [d for d in range(1, DIRECTORIES + 1) if d != parent]
         listed = 0
