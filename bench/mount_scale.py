@@ -328,6 +328,40 @@ def part_entries(args: argparse.Namespace, report: dict) -> None:
     part["systems"] = rows
 
 
+# -- part 3: mount time alone, archives side by side ---------------------------------
+
+
+def part_mount(args: argparse.Namespace, report: dict) -> None:
+    """Time from starting ``packfs mount -f`` (pinned with taskset to ``--cpu``) to the
+    mountpoint being mounted, warm (the archive in the page cache, as a remount finds
+    it), checks on, for the part-2 archive and each ``--also`` archive (for example one
+    packed by an older packfs), in turns so that drift hits them alike."""
+    n = args.entries
+    archives = {"this packfs's archive": args.work / f"entries-{n}.ffr"}
+    for path in args.also:
+        archives[f"{path.name}"] = path
+    for path in archives.values():
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist: run --parts entries first, or pack it")
+    times: dict[str, list[float]] = {name: [] for name in archives}
+    versions = {}
+    for name, path in archives.items():
+        with packfs.core.Archive(path) as opened:
+            versions[name] = opened.version
+        path.read_bytes() if path.stat().st_size < (4 << 30) else None  # warm: in the page cache
+    for _ in range(args.repeat):
+        for name, path in archives.items():
+            mountpoint = args.work / "m-mount-time"
+            daemon = Daemon(name, ["taskset", "-c", str(args.cpu), PYTHON, "-m", "packfs", "mount", "-f",
+                                   "--binding", "lowlevel", str(path), str(mountpoint)], mountpoint,
+                            args.work / "daemon-mount-time.log")
+            with daemon:
+                times[name].append(daemon.mount_s)
+    report["mount"] = {"entries": n, "cpu": args.cpu, "repeat": args.repeat,
+                       "rows": {name: {"version": versions[name], "median_s": median(values), "runs_s": values}
+                                for name, values in times.items()}}
+
+
 # -- the report --------------------------------------------------------------------
 
 
@@ -338,6 +372,18 @@ def fmt(value: float | None, digits: int = 3) -> str:
 def render(report: dict) -> str:
     lines = [f"Run {report['date']} on {report['machine']}; CPU placement: {report['cpus']}.",
              f"Command: `{report['command']}`", ""]
+    timing = report.get("mount")
+    if timing:
+        lines += [f"### `packfs mount` of {timing['entries']:,} entries, warm, checks on",
+                  "",
+                  f"From starting `taskset -c {timing['cpu']} python -m packfs mount -f --binding lowlevel` to "
+                  f"the mountpoint being mounted; median of {timing['repeat']} runs, archives in turns.",
+                  "",
+                  "| archive | format | median s | runs s |", "|---|---|---|---|"]
+        for name, row in timing["rows"].items():
+            lines.append(f"| {name} | {row['version']} | {fmt(row['median_s'])} | "
+                         f"{', '.join(fmt(v) for v in row['runs_s'])} |")
+        lines.append("")
     ls = report.get("ls")
     if ls:
         lines += [f"### First `ls -l` of one directory of {ls['files']:,} files",
@@ -399,7 +445,11 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=300_000, help="files in the one directory of part 1")
     parser.add_argument("--entries", type=int, default=10_000_000, help="entries in the archive of part 2")
     parser.add_argument("--repeat", type=int, default=3, help="runs of part 1 (medians are reported)")
-    parser.add_argument("--parts", default="ls,entries", help="which parts to run: ls, entries or both")
+    parser.add_argument("--parts", default="ls,entries",
+                        help="which parts to run: ls, entries, mount (comma-separated)")
+    parser.add_argument("--also", type=Path, action="append", default=[],
+                        help="part mount: another archive to time beside part 2's (repeatable)")
+    parser.add_argument("--cpu", type=int, default=1, help="part mount: the CPU the daemon is pinned to")
     parser.add_argument("--reuse-archives", action="store_true",
                         help="keep part 1's archives when newer than its tree (no pack times then)")
     parser.add_argument("--bindings", default="lowlevel,mfusepy", help="packfs bindings for part 2")
@@ -427,6 +477,8 @@ def main() -> int:
         part_ls(args, report)
     if "entries" in parts:
         part_entries(args, report)
+    if "mount" in parts:
+        part_mount(args, report)
     report["wall_s"] = time.perf_counter() - wall
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mount_scale.json").write_text(json.dumps(report, indent=2))

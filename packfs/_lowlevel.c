@@ -113,6 +113,18 @@
 #define SEARCH_TOP_PREFIX 32
 /* What the log keeps: each distinct (entry, rule) once, at most this many lines. */
 #define MAX_LOG_LINES 10000
+/* Format 1.4's tail (section 4e) has a CRC per page of these regions: the header's
+ * CRCs of the data records, their offsets with offset[D], then sections 0 .. 20. */
+#define HEADER_CRCS 0
+#define HEADER_OFFSETS 1
+#define SECTION_REGION(k) (2 + (k))
+#define PAGED_REGIONS 23
+#define PIECE_REGION(k) SECTION_REGION(15 + (k))
+#define XATTR_REGION(k) SECTION_REGION(18 + (k))
+/* The first check of a table page asks the kernel to read this much of its region from
+ * there on (asynchronously), so that a walk on a cold page cache reads the table in
+ * few large reads instead of a fault's 128 KiB at a time. */
+#define PREFETCH_BYTES ((uint64_t) 2 << 20)
 
 enum {
     PARENT, MODE, UID, GID, MTIME_NS, SIZE, RECORD, CHILD_START, CHILD_COUNT, NAME_END, NLINK,
@@ -188,6 +200,19 @@ typedef struct {
     SearchTop *search_tops;        /* SEARCH_TOPS of them */
     pthread_mutex_t search_lock;
     uint64_t search_clock;
+    /* Format 1.4 with checks on: each page of the paged regions is checked against the
+     * tail's CRC before any value in it is used (pages_ok); page_shift 0: no page checks
+     * (an older archive, whose header and table Python checked whole at open). */
+    unsigned page_shift;
+    uint64_t region_start[PAGED_REGIONS], region_end[PAGED_REGIONS];
+    uint64_t region_first[PAGED_REGIONS];  /* its first page's index in page_crc */
+    uint64_t region_window[PAGED_REGIONS]; /* its first PREFETCH_BYTES window's bit */
+    uint32_t *page_crc;
+    uint64_t pages;
+    uint8_t *page_checked;         /* a bit per page: it matched */
+    uint8_t *page_failed;          /* a bit per page: it did not (EIO from then on, at once) */
+    uint8_t *page_prefetched;      /* a bit per PREFETCH_BYTES of a region: asked for */
+    int xattrs_damaged;            /* section 4c's bounds were on a damaged page: EIO */
 } Tree;
 
 /* -- logging (to log_fd: stderr, the daemon's log file, by default) ---------------------- */
@@ -238,9 +263,17 @@ static void log_notice(Tree *t, const char *format, ...)
     pthread_mutex_unlock(&t->log_lock);
 }
 
-/* A broken rule of the table: EIO, logged once per entry and rule. */
+/* Set when the operation running on this thread used a value from a page that failed
+ * its check (pages_ok): the value read as 0, and the operation's answer is EIO whatever
+ * it made of it (finished), as a truncated map's zeros are.  Reset by finished. */
+static __thread int page_failure;
+
+/* A broken rule of the table: EIO, logged once per entry and rule (unless it came from
+ * a damaged page's zeros: that page was logged). */
 static int broken(Tree *t, uint64_t entry, int rule, const char *what)
 {
+    if (page_failure)
+        return EIO;
     log_line(t, entry * 64 + (uint64_t) rule, "'%s': invalid path table: entry %llu %s", t->name,
              (unsigned long long) entry, what);
     return EIO;
@@ -262,13 +295,121 @@ static inline uint64_t u64_at(const uint8_t *p)
     return v;
 }
 
-#define COLUMN32(t, k, e) u32_at((t)->column[k] + 4 * (e))
-#define COLUMN64(t, k, e) u64_at((t)->column[k] + 8 * (e))
+static inline int bit_of(const uint8_t *bits, uint64_t i)
+{
+    return __atomic_load_n(&bits[i >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (i & 7));
+}
+
+static inline void set_bit(uint8_t *bits, uint64_t i)
+{
+    __atomic_fetch_or(&bits[i >> 3], (uint8_t) (1u << (i & 7)), __ATOMIC_RELEASE);
+}
+
+static int tree_changed(Tree *t);
+static int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at);
+
+static const char *region_name(unsigned region)
+{
+    static const char *names[PAGED_REGIONS] = {
+        "the header's record CRCs", "the header's record offsets", "section 'parent'", "section 'mode'",
+        "section 'uid'", "section 'gid'", "section 'mtime_ns'", "section 'size'", "section 'record'",
+        "section 'child_start'", "section 'child_count'", "section 'name_end'", "section 'nlink'",
+        "section 'first_link'", "section 'names'", "section 'path_hash'", "section 'path_entry'",
+        "section 'piece_record'", "section 'piece_start'", "section 'piece_crc'", "section 'xattr_entry'",
+        "section 'xattr_start'", "section 'xattr_data'"};
+    return names[region];
+}
+
+/* Check page ``page`` of region ``region`` against the tail's CRC (the first use of a
+ * value in it; pages_ok): 0, or EIO (logged once, remembered) and page_failure set.
+ * Threads may check the same page together: both find the same answer. */
+static int check_page(Tree *t, unsigned region, uint64_t page)
+{
+    uint64_t index = t->region_first[region] + page, size = (uint64_t) 1 << t->page_shift;
+    if (!bit_of(t->page_failed, index)) {
+        uint64_t start = t->region_start[region] + (page << t->page_shift);
+        uint64_t end = t->region_end[region] - start < size ? t->region_end[region] : start + size;
+        uint64_t window = (start - t->region_start[region]) / PREFETCH_BYTES;
+        uint64_t window_bit = t->region_window[region] + window;
+        if (!bit_of(t->page_prefetched, window_bit)) {
+            /* the rest of this window and the next: read ahead while this page is checked */
+            set_bit(t->page_prefetched, window_bit);
+            uint64_t until = t->region_start[region] + (window + 2) * PREFETCH_BYTES;
+            posix_fadvise(t->fd, (off_t) start, (off_t) ((until < t->region_end[region] ? until
+                                                                 : t->region_end[region]) - start),
+                          POSIX_FADV_WILLNEED);
+        }
+        /* Read with pread, not through the map: a check maps nothing (a lookup's search
+         * by pread must not grow the daemon's RSS by the pages it checks). */
+        uint8_t *buffer = malloc(end - start);
+        if (buffer == NULL) {
+            page_failure = 1;
+            return ENOMEM;
+        }
+        int error = read_exactly(t, buffer, end - start, start);
+        uLong crc = error ? 0 : crc32(0L, buffer, (uInt) (end - start));
+        free(buffer);
+        if (error) {
+            page_failure = 1;
+            return error;
+        }
+        if ((uint32_t) crc == t->page_crc[index]) {
+            set_bit(t->page_checked, index);
+            return 0;
+        }
+        if (!tree_changed(t)) {
+            log_line(t, ((uint64_t) 1 << 60) + index, "'%s': %s is damaged: checksum mismatch in bytes [%llu, %llu) "
+                     "(stored %#010x, computed %#010x): what uses them answers EIO", t->name, region_name(region),
+                     (unsigned long long) start, (unsigned long long) end, t->page_crc[index], (unsigned) crc);
+            set_bit(t->page_failed, index);
+        }
+    }
+    page_failure = 1;
+    return EIO;
+}
+
+/* The one rule for every header and table value read (format 1.4, checks on): 0 when
+ * every page of region ``region`` that its bytes [from, to) (file offsets) touch has
+ * been checked against the tail's CRC (checking those not checked yet), else EIO and
+ * page_failure set.  Callers pass spans inside the region (their bounds checks come
+ * first); one outside is EIO too. */
+static inline int pages_ok(Tree *t, unsigned region, uint64_t from, uint64_t to)
+{
+    if (t->page_shift == 0 || from >= to)
+        return 0;
+    if (from < t->region_start[region] || to > t->region_end[region]) {
+        page_failure = 1;
+        return EIO;
+    }
+    uint64_t first = (from - t->region_start[region]) >> t->page_shift;
+    uint64_t last = (to - 1 - t->region_start[region]) >> t->page_shift;
+    for (uint64_t page = first; page <= last; page++) {
+        if (!bit_of(t->page_checked, t->region_first[region] + page) && check_page(t, region, page) != 0)
+            return EIO;
+    }
+    return 0;
+}
+
+/* A u32 or u64 of region ``region`` at ``p`` in the map, its page checked: 0 if not. */
+static inline uint32_t checked_u32(Tree *t, unsigned region, const uint8_t *p)
+{
+    uint64_t at = (uint64_t) (p - t->base);
+    return pages_ok(t, region, at, at + 4) ? 0 : u32_at(p);
+}
+
+static inline uint64_t checked_u64(Tree *t, unsigned region, const uint8_t *p)
+{
+    uint64_t at = (uint64_t) (p - t->base);
+    return pages_ok(t, region, at, at + 8) ? 0 : u64_at(p);
+}
+
+#define COLUMN32(t, k, e) checked_u32((t), SECTION_REGION(k), (t)->column[k] + 4 * (e))
+#define COLUMN64(t, k, e) checked_u64((t), SECTION_REGION(k), (t)->column[k] + 8 * (e))
 
 /* Record i's offset (the header was checked to hold n of them at open). */
 static inline uint64_t offset_of(Tree *t, uint64_t i)
 {
-    return u64_at(t->base + 12 + 4 * t->records + 8 * i);
+    return checked_u64(t, HEADER_OFFSETS, t->base + 12 + 4 * t->records + 8 * i);
 }
 
 /* After an operation: 1 if the archive changed in place since it was opened (a fault
@@ -356,12 +497,21 @@ static int name_span_ok(Tree *t, uint64_t entry, uint64_t start, uint64_t end)
     return 0;
 }
 
+/* Bytes [from, to) of section ``k`` (inside it), their pages checked: 0 or EIO. */
+static inline int table_bytes_ok(Tree *t, int k, uint64_t from, uint64_t to)
+{
+    uint64_t at = (uint64_t) (t->column[k] - t->base);
+    return pages_ok(t, SECTION_REGION(k), at + from, at + to);
+}
+
 /* The name's bytes, in place. */
 static int name_of(Tree *t, uint64_t entry, const uint8_t **name, uint64_t *length)
 {
     uint64_t start = entry ? COLUMN64(t, NAME_END, entry - 1) : 0;
     uint64_t end = COLUMN64(t, NAME_END, entry);
     int error = name_span_ok(t, entry, start, end);
+    if (!error)
+        error = table_bytes_ok(t, NAMES, start, end);
     if (error)
         return error;
     *name = t->column[NAMES] + start;
@@ -511,6 +661,13 @@ static int entry_stat(Tree *t, uint64_t entry, struct stat *st)
 
 static int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at);
 
+/* ``count`` bytes of section ``k`` at file offset ``at`` (inside it) with pread, their
+ * pages checked first. */
+static int read_table(Tree *t, int k, uint8_t *buffer, uint64_t count, uint64_t at)
+{
+    return pages_ok(t, SECTION_REGION(k), at, at + count) ? EIO : read_exactly(t, buffer, count, at);
+}
+
 /* Where a table value in the map lies in the archive file. */
 static inline uint64_t file_offset(Tree *t, const uint8_t *in_map)
 {
@@ -532,7 +689,7 @@ static int compare_name(Tree *t, uint64_t start, uint64_t end, const uint8_t *na
     }
     for (uint64_t done = 0; done < common && *order == 0;) {
         uint64_t piece = common - done < MAX_NAME ? common - done : MAX_NAME;
-        int error = read_exactly(t, buffer, piece, file_offset(t, t->column[NAMES]) + start + done);
+        int error = read_table(t, NAMES, buffer, piece, file_offset(t, t->column[NAMES]) + start + done);
         if (error)
             return error;
         *order = memcmp(buffer, name + done, piece);
@@ -650,11 +807,11 @@ static int search_by_pread(Tree *t, uint64_t directory, uint64_t low, uint64_t h
                 pthread_mutex_unlock(&t->search_lock);
                 locked = 0;
                 if (node.end == 0) {
-                    if ((error = read_exactly(t, (uint8_t *) span, 16, name_end + 8 * (middle - 1))) != 0
+                    if ((error = read_table(t, NAME_END, (uint8_t *) span, 16, name_end + 8 * (middle - 1))) != 0
                         || (error = name_span_ok(t, middle, span[0], span[1])) != 0)
                         break;
                     uint64_t kept = span[1] - span[0] < SEARCH_TOP_PREFIX ? span[1] - span[0] : SEARCH_TOP_PREFIX;
-                    if ((error = read_exactly(t, node.prefix, kept, names_at + span[0])) != 0)
+                    if ((error = read_table(t, NAMES, node.prefix, kept, names_at + span[0])) != 0)
                         break;
                     node.start = span[0];
                     node.end = span[1];
@@ -671,14 +828,14 @@ static int search_by_pread(Tree *t, uint64_t directory, uint64_t low, uint64_t h
             }
             if (ends_from == UINT64_MAX && high - low <= NAME_ENDS_AT_ONCE) {
                 /* children are never the root: low - 1 is an entry */
-                if ((error = read_exactly(t, (uint8_t *) ends, 8 * (high - low + 1), name_end + 8 * (low - 1))) != 0)
+                if ((error = read_table(t, NAME_END, (uint8_t *) ends, 8 * (high - low + 1), name_end + 8 * (low - 1))) != 0)
                     break;
                 ends_from = low - 1;
             }
             if (ends_from != UINT64_MAX && !have_names) {
                 uint64_t first = ends[low - 1 - ends_from], last = ends[high - 1 - ends_from];
                 if (first <= last && last <= t->names_size && last - first <= NAMES_AT_ONCE) {
-                    if ((error = read_exactly(t, names, last - first, names_at + first)) != 0)
+                    if ((error = read_table(t, NAMES, names, last - first, names_at + first)) != 0)
                         break;
                     names_from = first;
                     names_to = last;
@@ -688,7 +845,7 @@ static int search_by_pread(Tree *t, uint64_t directory, uint64_t low, uint64_t h
             if (ends_from != UINT64_MAX) {
                 span[0] = ends[middle - 1 - ends_from];
                 span[1] = ends[middle - ends_from];
-            } else if ((error = read_exactly(t, (uint8_t *) span, 16, name_end + 8 * (middle - 1))) != 0) {
+            } else if ((error = read_table(t, NAME_END, (uint8_t *) span, 16, name_end + 8 * (middle - 1))) != 0) {
                 break;
             }
             if ((error = name_span_ok(t, middle, span[0], span[1])) != 0
@@ -747,12 +904,13 @@ static int tree_lookup(Tree *t, fuse_ino_t parent, const uint8_t *name, size_t l
 
 /* Position ``position`` of directory ``directory``'s listing: 0 is ".", 1 is "..",
  * 2 + i its i-th child.  ENOENT past the end, LEFT_OUT for a child not listed (a name
- * over MAX_NAME).  *attributes is 1 when ``st`` holds the child's attributes; 0 for .
- * and .., and for a child whose attributes break a rule: it is listed by name, type
+ * over MAX_NAME).  With ``plus`` (READDIRPLUS), *attributes is 1 when ``st`` holds the
+ * child's attributes; 0 for . and .., without ``plus``, and for a child whose
+ * attributes break a rule: it is listed by name, type
  * and inode alone, and its LOOKUP answers EIO, so that one bad entry neither hides its
  * directory nor reaches the kernel with a wrong size. */
 static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t count, uint64_t position,
-                        char *name, struct stat *st, int *attributes)
+                        int plus, char *name, struct stat *st, int *attributes)
 {
     memset(st, 0, sizeof *st);
     st->st_mode = S_IFDIR;
@@ -782,7 +940,10 @@ static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t co
         error = parent_is(t, child, directory);
     if (error)
         return error;
-    *attributes = entry_stat(t, child, st) == 0;
+    /* A plain READDIR hands the kernel a name, a type and an inode: the attributes' columns
+     * (and the header's offsets) are not read, so a cold walk reads 5 of the table's 15
+     * sections, not 11 and the header. */
+    *attributes = plus && entry_stat(t, child, st) == 0;
     if (!*attributes) {
         unsigned type;
         uint64_t inode;
@@ -795,16 +956,6 @@ static int listing_item(Tree *t, uint64_t directory, uint64_t start, uint64_t co
     memcpy(name, bytes, length);
     name[length] = 0;
     return 0;
-}
-
-static inline int bit_of(const uint8_t *bits, uint64_t i)
-{
-    return __atomic_load_n(&bits[i >> 3], __ATOMIC_ACQUIRE) & (uint8_t) (1u << (i & 7));
-}
-
-static inline void set_bit(uint8_t *bits, uint64_t i)
-{
-    __atomic_fetch_or(&bits[i >> 3], (uint8_t) (1u << (i & 7)), __ATOMIC_RELEASE);
 }
 
 /* Whether record ``record``'s CRC needs no check: checks are off, or it matched. */
@@ -840,7 +991,10 @@ static int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at)
  * for everything anyway. */
 static int record_crc_result(Tree *t, uint64_t record, uLong crc)
 {
-    if ((uint32_t) crc == u32_at(t->base + 12 + 4 * record)) {
+    const uint8_t *stored = t->base + 12 + 4 * record;
+    if (pages_ok(t, HEADER_CRCS, 12 + 4 * record, 16 + 4 * record))
+        return EIO;  /* the stored CRC is on a damaged page (logged): no verdict on the record */
+    if ((uint32_t) crc == u32_at(stored)) {
         set_bit(t->checked, record);
         return 0;
     }
@@ -987,14 +1141,17 @@ static int pieces_of(Tree *t, uint64_t entry, uint64_t record, uint64_t length, 
     uint64_t low = 0, high = t->piece_records;
     while (low < high) {
         uint64_t middle = low + (high - low) / 2;
-        if (u64_at(t->piece_record + 8 * middle) < record)
+        if (checked_u64(t, PIECE_REGION(0), t->piece_record + 8 * middle) < record)
             low = middle + 1;
         else
             high = middle;
     }
-    if (low == t->piece_records || u64_at(t->piece_record + 8 * low) != record)
+    if (low == t->piece_records || checked_u64(t, PIECE_REGION(0), t->piece_record + 8 * low) != record)
         return 0;  /* not listed: checked whole, as in 1.1 */
-    uint64_t from = u64_at(t->piece_start + 8 * low), to = u64_at(t->piece_start + 8 * (low + 1));
+    uint64_t from = checked_u64(t, PIECE_REGION(1), t->piece_start + 8 * low);
+    uint64_t to = checked_u64(t, PIECE_REGION(1), t->piece_start + 8 * (low + 1));
+    if (page_failure)
+        return EIO;
     if (from > to || to > t->piece_total || to - from != (length + PIECE_SIZE - 1) / PIECE_SIZE)
         return broken(t, entry, 13, "has a record whose piece CRCs do not match its length");
     *first = from;
@@ -1033,6 +1190,11 @@ static int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length,
         uint64_t at = p * PIECE_SIZE - from, size = length - p * PIECE_SIZE < PIECE_SIZE ? length - p * PIECE_SIZE
                                                                                       : PIECE_SIZE;
         uLong crc = crc32(crc32(0L, Z_NULL, 0), buffer + at, (uInt) size);
+        uint64_t stored_at = (uint64_t) (t->piece_crc - t->base) + 4 * piece;
+        if (pages_ok(t, PIECE_REGION(2), stored_at, stored_at + 4)) {
+            error = EIO;  /* the stored CRC is on a damaged page (logged): no verdict on the piece */
+            break;
+        }
         if ((uint32_t) crc == u32_at(t->piece_crc + 4 * piece)) {
             set_bit(t->piece_checked, piece);
             continue;
@@ -1149,7 +1311,7 @@ static int tree_getattr(Tree *t, fuse_ino_t inode, struct stat *st)
     int error = entry_of(t, inode, &entry);
     if (!error)
         error = entry_stat(t, entry, st);
-    return tree_changed(t) ? EIO : error;
+    return finished(t, error);
 }
 
 /* LOOKUP: the attributes of ``name`` in directory inode ``parent``, the change check
@@ -1162,7 +1324,7 @@ static int tree_lookup_stat(Tree *t, fuse_ino_t parent, const uint8_t *name, siz
         error = entry_stat(t, child, st);
         touched(t, 1);  /* the entry's attributes */
     }
-    return tree_changed(t) ? EIO : error;
+    return finished(t, error);
 }
 
 /* A listing's directory: inode ``inode``'s entry and child range. */
@@ -1207,19 +1369,25 @@ static int tree_xattrs(Tree *t, fuse_ino_t inode, XattrQuery *q)
     int error = entry_of(t, inode, &entry);
     if (error || t->xattr_entries == 0)
         return error;
+    if (t->xattrs_damaged)
+        return EIO;  /* logged at mount */
     uint64_t low = 0, high = t->xattr_entries;
     while (low < high) {
         uint64_t middle = low + (high - low) / 2;
-        if (u32_at(t->xattr_entry + 4 * middle) < entry)
+        if (checked_u32(t, XATTR_REGION(0), t->xattr_entry + 4 * middle) < entry)
             low = middle + 1;
         else
             high = middle;
     }
-    if (low == t->xattr_entries || u32_at(t->xattr_entry + 4 * low) != entry)
-        return 0;
-    uint64_t at = u64_at(t->xattr_start + 8 * low), end = u64_at(t->xattr_start + 8 * (low + 1));
+    if (low == t->xattr_entries || checked_u32(t, XATTR_REGION(0), t->xattr_entry + 4 * low) != entry)
+        return page_failure ? EIO : 0;
+    uint64_t at = checked_u64(t, XATTR_REGION(1), t->xattr_start + 8 * low);
+    uint64_t end = checked_u64(t, XATTR_REGION(1), t->xattr_start + 8 * (low + 1));
     if (at > end || end > t->xattr_size)
         return broken(t, entry, 20, "has extended attributes outside their section");
+    uint64_t data_at = (uint64_t) (t->xattr_data - t->base);
+    if (page_failure || pages_ok(t, XATTR_REGION(2), data_at + at, data_at + end))
+        return EIO;
     const uint8_t *previous = NULL;
     size_t previous_length = 0;
     while (at < end) {
@@ -1268,9 +1436,13 @@ static Tree *tree_of(fuse_req_t request)
     return (Tree *) fuse_req_userdata(request);
 }
 
+/* The end of every operation: EIO if the archive changed in place or a value it used
+ * was on a damaged page (page_failure, reset here for the thread's next operation). */
 static int finished(Tree *t, int error)
 {
-    return tree_changed(t) ? EIO : error;
+    int damaged = page_failure;
+    page_failure = 0;
+    return tree_changed(t) || damaged ? EIO : error;
 }
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn)
@@ -1362,20 +1534,27 @@ static void ll_opendir(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
 /* READ, from a worker thread or from the thread whose check a READ was parked on. */
 static void answer_read(Tree *t, fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset)
 {
+    /* A parked READ is answered inside the checking thread's own operation: its pages
+     * are its own (finished resets them), the operation's are given back after. */
+    int outer_failure = page_failure;
+    page_failure = 0;
     Parked park = {request, inode, size, offset, NULL};
     uint8_t *data = NULL;
     size_t got, skip;
     int error = offset < 0 ? EINVAL : read_or_park(t, inode, (uint64_t) offset, size, &data, &got, &skip, &park);
-    if (error == PARKED)
+    if (error == PARKED) {
+        page_failure = outer_failure;
         return;
+    }
     if ((error = finished(t, error)) != 0) {
         free(data);  /* read, then found changed: the bytes are not answered, nor kept */
         fuse_reply_err(request, error);
-        return;
+    } else {
+        /* No bytes (at or past the end, or size 0) come with no buffer: NULL + 0 is undefined. */
+        fuse_reply_buf(request, data != NULL ? (const char *) data + skip : NULL, got);
+        free(data);
     }
-    /* No bytes (at or past the end, or size 0) come with no buffer: NULL + 0 is undefined. */
-    fuse_reply_buf(request, data != NULL ? (const char *) data + skip : NULL, got);
-    free(data);
+    page_failure = outer_failure;
 }
 
 static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
@@ -1394,7 +1573,7 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
     }
     char *buffer = malloc(size ? size : 1);
     if (buffer == NULL) {
-        fuse_reply_err(request, ENOMEM);
+        fuse_reply_err(request, finished(t, ENOMEM));
         return;
     }
     size_t used = 0;
@@ -1403,7 +1582,7 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
         struct fuse_entry_param entry;
         int attributes;
         memset(&entry, 0, sizeof entry);
-        error = listing_item(t, directory, start, count, position, name, &entry.attr, &attributes);
+        error = listing_item(t, directory, start, count, position, plus, name, &entry.attr, &attributes);
         if (error == LEFT_OUT)
             continue;
         if (error == ENOENT) {
@@ -1493,7 +1672,7 @@ static void ll_getxattr(fuse_req_t request, fuse_ino_t inode, const char *name, 
     if (!error) {
         uint8_t *copy = malloc(q.value_length ? q.value_length : 1);
         if (copy == NULL) {
-            fuse_reply_err(request, ENOMEM);
+            fuse_reply_err(request, finished(t, ENOMEM));
             return;
         }
         memcpy(copy, q.value, q.value_length);
@@ -1568,6 +1747,90 @@ static PyObject *os_error(int error)
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
+/* Format 1.4's page checks (``pages``: page_size, the 23 regions' (start, end), their
+ * page CRCs as bytes, u32 region after region, and data_end, all from the checked tail),
+ * each checked to fit the archive and the header before any is used.  With checks off
+ * (``check_once`` 0) only data_end is taken: nothing is checked. */
+static int init_pages(Tree *t, PyObject *pages, int check_once)
+{
+    unsigned long long page_size, data_end;
+    PyObject *regions;
+    Py_buffer crcs;
+    if (!PyArg_ParseTuple(pages, "KOy*K", &page_size, &regions, &crcs, &data_end))
+        return -1;
+    int ok = 0;
+    PyObject *spans = PySequence_Fast(regions, "pages: the regions, a sequence of (start, end)");
+    if (spans == NULL)
+        goto done;
+    if (page_size < 65536 || page_size > ((uint64_t) 1 << 31) || (page_size & (page_size - 1))
+        || PySequence_Fast_GET_SIZE(spans) != PAGED_REGIONS) {
+        PyErr_SetString(PyExc_ValueError, "pages: the page size or the number of regions is wrong");
+        goto done;
+    }
+    uint64_t count = 0, windows = 0;
+    for (int r = 0; r < PAGED_REGIONS; r++) {
+        unsigned long long start, end;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(spans, r), "KK", &start, &end))
+            goto done;
+        if (start > end || end > t->file_size) {
+            PyErr_Format(PyExc_ValueError, "pages: region %d does not fit the archive", r);
+            goto done;
+        }
+        t->region_start[r] = start;
+        t->region_end[r] = end;
+        t->region_first[r] = count;
+        t->region_window[r] = windows;
+        count += (end - start + page_size - 1) / page_size;
+        windows += (end - start + PREFETCH_BYTES - 1) / PREFETCH_BYTES;
+    }
+    /* The header's two regions are where section 1 puts the data records' CRCs and offsets. */
+    uint64_t offsets = 12 + 4 * t->records;
+    if (t->region_start[HEADER_CRCS] != 12 || t->region_end[HEADER_CRCS] != 12 + 4 * t->data_records
+        || t->region_start[HEADER_OFFSETS] != offsets
+        || t->region_end[HEADER_OFFSETS] != offsets + 8 * (t->data_records + 1)) {
+        PyErr_SetString(PyExc_ValueError, "pages: the header's regions are not the data records' CRCs and offsets");
+        goto done;
+    }
+    if ((uint64_t) crcs.len != 4 * count) {
+        PyErr_Format(PyExc_ValueError, "pages: %zd bytes of page CRCs, the regions have %llu pages", crcs.len,
+                     (unsigned long long) count);
+        goto done;
+    }
+    if (data_end < t->header_end || data_end > t->file_size) {
+        PyErr_SetString(PyExc_ValueError, "pages: the data area's end is outside the archive");
+        goto done;
+    }
+    t->data_end = data_end;
+    if (check_once) {
+        t->page_crc = malloc(crcs.len ? (size_t) crcs.len : 1);
+        t->page_checked = calloc(count / 8 + 1, 1);
+        t->page_failed = calloc(count / 8 + 1, 1);
+        t->page_prefetched = calloc(windows / 8 + 1, 1);
+        if (t->page_crc == NULL || t->page_checked == NULL || t->page_failed == NULL || t->page_prefetched == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memcpy(t->page_crc, crcs.buf, (size_t) crcs.len);
+        t->pages = count;
+        t->page_shift = (unsigned) __builtin_ctzll(page_size);
+    }
+    ok = 1;
+done:
+    Py_XDECREF(spans);
+    PyBuffer_Release(&crcs);
+    return ok ? 0 : -1;
+}
+
+/* With page checks: section ``k`` (0 .. 20) must be its region, so every value read of
+ * it lies in a region the tail has CRCs of. */
+static int section_is_region(Tree *t, int k, uint64_t start, uint64_t end)
+{
+    if (t->page_crc == NULL || (t->region_start[SECTION_REGION(k)] == start && t->region_end[SECTION_REGION(k)] == end))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "section %d's span is not the tail's", k);
+    return -1;
+}
+
 /* ((start, end) x 3): the spans of three sections after the table, each inside the
  * archive; -1 with a Python error otherwise. */
 static int three_spans(Tree *t, PyObject *spans, const char *what, unsigned long long span[3][2])
@@ -1596,10 +1859,19 @@ static int init_pieces(Tree *t, PyObject *pieces)
         PyErr_SetString(PyExc_ValueError, "the piece_record and piece_start sections do not agree");
         return -1;
     }
-    uint64_t total = u64_at(t->base + span[1][0] + 8 * count);
+    uint64_t total = checked_u64(t, PIECE_REGION(1), t->base + span[1][0] + 8 * count);
+    if (page_failure) {
+        page_failure = 0;
+        PyErr_SetString(PyExc_ValueError, "section 'piece_start' is damaged (logged)");
+        return -1;
+    }
     if ((span[2][1] - span[2][0]) % 4 || (span[2][1] - span[2][0]) / 4 != total) {
         PyErr_SetString(PyExc_ValueError, "the piece_crc section does not hold piece_start's count");
         return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        if (section_is_region(t, 15 + k, span[k][0], span[k][1]) != 0)
+            return -1;
     }
     t->piece_record = t->base + span[0][0];
     t->piece_start = t->base + span[1][0];
@@ -1623,8 +1895,22 @@ static int init_xattrs(Tree *t, PyObject *xattrs)
     if (three_spans(t, xattrs, "attribute", span) != 0)
         return -1;
     uint64_t count = (span[0][1] - span[0][0]) / 4, size = span[2][1] - span[2][0];
-    if ((span[0][1] - span[0][0]) % 4 || count > t->entries || span[1][1] - span[1][0] != 8 * (count + 1)
-        || u64_at(t->base + span[1][0]) != 0 || u64_at(t->base + span[1][0] + 8 * count) != size) {
+    if ((span[0][1] - span[0][0]) % 4 || count > t->entries || span[1][1] - span[1][0] != 8 * (count + 1)) {
+        PyErr_SetString(PyExc_ValueError, "the xattr_entry, xattr_start and xattr_data sections do not agree");
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        if (section_is_region(t, 18 + k, span[k][0], span[k][1]) != 0)
+            return -1;
+    }
+    uint64_t first = checked_u64(t, XATTR_REGION(1), t->base + span[1][0]);
+    uint64_t last = checked_u64(t, XATTR_REGION(1), t->base + span[1][0] + 8 * count);
+    if (page_failure) {
+        page_failure = 0;
+        PyErr_SetString(PyExc_ValueError, "section 'xattr_start' is damaged (logged)");
+        return -1;
+    }
+    if (first != 0 || last != size) {
         PyErr_SetString(PyExc_ValueError, "the xattr_entry, xattr_start and xattr_data sections do not agree");
         return -1;
     }
@@ -1639,8 +1925,8 @@ static int init_xattrs(Tree *t, PyObject *xattrs)
 static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
-                               "check_once", "name", "log_fd", "pieces", "xattrs", NULL};
-    PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None;
+                               "check_once", "name", "log_fd", "pieces", "xattrs", "pages", NULL};
+    PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None, *pages = Py_None;
     const char *name = "archive";
     int log_fd = 2;
     int fd, guard, check_once;
@@ -1649,9 +1935,9 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siOO:Tree", keywords, &mapping, &fd, &guard, &records,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siOOO:Tree", keywords, &mapping, &fd, &guard, &records,
                                      &data_records, &entries, &sections, &check_once, &name, &log_fd, &pieces,
-                                     &xattrs))
+                                     &xattrs, &pages))
         return -1;
     t->fd = -1;
     if ((t->name = strdup(name)) == NULL) {
@@ -1663,6 +1949,21 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     t->have_map = 1;
     t->base = t->map.buf;
     t->file_size = (uint64_t) t->map.len;
+    /* What a page check needs (it reads with pread, logs, and asks tree_changed). */
+    t->guard = guard;
+    if (guard >= 0) {
+        PackfsSigbusAPI *api = PyCapsule_Import(PACKFS_SIGBUS_CAPSULE, 0);
+        if (api == NULL)
+            return -1;
+        t->guard_check = api->check;
+    }
+    t->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (t->fd < 0 || fstat(t->fd, &t->identity) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    t->log_fd = log_fd;
+    pthread_mutex_init(&t->log_lock, NULL);
     /* The header's own rules (section 1), again: every later index relies on them. */
     if (t->file_size < 12 || records < 1 || records > (t->file_size - 12) / 12) {
         PyErr_SetString(PyExc_ValueError, "the record count does not fit the archive");
@@ -1676,7 +1977,12 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     }
     t->data_records = data_records;
     t->entries = entries;
-    t->data_end = offset_of(t, data_records);
+    if (pages != Py_None) {
+        if (init_pages(t, pages, check_once) != 0)
+            return -1;
+    } else {
+        t->data_end = offset_of(t, data_records);
+    }
     if (t->data_end < t->header_end || t->data_end > t->file_size) {
         PyErr_SetString(PyExc_ValueError, "the data area's end is outside the archive");
         return -1;
@@ -1701,6 +2007,10 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
             PyErr_Format(PyExc_ValueError, "section %d's span does not fit the archive", k);
             return -1;
         }
+        if (section_is_region(t, k, start, end) != 0) {
+            Py_DECREF(spans);
+            return -1;
+        }
         t->column[k] = t->base + start;
         if (k == 0 || (uintptr_t) t->base + start < t->table_low)
             t->table_low = (uintptr_t) t->base + start;
@@ -1717,21 +2027,7 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     long page = sysconf(_SC_PAGESIZE);
     t->table_low &= ~((uintptr_t) page - 1);  /* whole pages: the map starts on one */
     t->table_high &= ~((uintptr_t) page - 1);  /* the last partial page stays */
-    t->guard = guard;
-    if (guard >= 0) {
-        PackfsSigbusAPI *api = PyCapsule_Import(PACKFS_SIGBUS_CAPSULE, 0);
-        if (api == NULL)
-            return -1;
-        t->guard_check = api->check;
-    }
-    t->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (t->fd < 0 || fstat(t->fd, &t->identity) != 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
     t->check_once = check_once;
-    t->log_fd = log_fd;
-    pthread_mutex_init(&t->log_lock, NULL);
     pthread_mutex_init(&t->search_lock, NULL);
     t->search_tops = malloc(SEARCH_TOPS * sizeof(SearchTop));
     if (t->search_tops == NULL) {
@@ -1776,6 +2072,10 @@ static void tree_dealloc(Tree *t)
     free(t->failed);
     free(t->piece_checked);
     free(t->piece_failed);
+    free(t->page_crc);
+    free(t->page_checked);
+    free(t->page_failed);
+    free(t->page_prefetched);
     free(t->name);
     free(t->search_tops);
     Py_TYPE(t)->tp_free((PyObject *) t);
@@ -1868,7 +2168,7 @@ static PyObject *py_readdir(Tree *t, PyObject *args, PyObject *kwargs)
     for (uint64_t position = offset; items != NULL; position++) {
         struct stat st;
         int attributes;
-        error = listing_item(t, directory, start, count, position, name, &st, &attributes);
+        error = listing_item(t, directory, start, count, position, plus, name, &st, &attributes);
         if (error == LEFT_OUT)
             continue;
         if (error)
@@ -1891,8 +2191,10 @@ static PyObject *py_readdir(Tree *t, PyObject *args, PyObject *kwargs)
             Py_CLEAR(items);
         Py_XDECREF(item);
     }
-    if (items == NULL)
+    if (items == NULL) {
+        finished(t, 0);
         return NULL;
+    }
     if ((error = finished(t, error == ENOENT ? 0 : error)) != 0) {
         Py_DECREF(items);
         return os_error(error);

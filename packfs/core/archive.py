@@ -312,6 +312,21 @@ class Archive:
         return self._xattrs.spans if self._container.zero_copy else None
 
     @property
+    def page_checks(self) -> tuple[int, tuple[tuple[int, int], ...], memoryview, int] | None:
+        """What the compiled daemon needs to check a format 1.4 archive's header and
+        table page by page as it reads them in place (nothing checks them at open): the
+        page size, the paged regions' (start, end) in the source's bytes (the header's
+        data-record CRCs, their offsets and offset[D], sections 0-20: format section 4e),
+        their page CRCs (u32, region after region) and where the data records end; None
+        for an archive without a tail (before 1.4; checked whole at open) or one not
+        read in place."""
+        container = self._container
+        tail = container.tail
+        if tail is None or not container.zero_copy:
+            return None
+        return tail.page_size, tuple(tail.regions), tail.page_crcs, tail.data_end
+
+    @property
     def xattr_entries(self) -> int:
         """How many files, directories and symlinks have extended attributes."""
         return self._xattrs.entry_count

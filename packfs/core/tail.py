@@ -170,6 +170,12 @@ class Tail:
         start, end = self.regions[region]
         return -(-(end - start) // self.page_size)
 
+    @property
+    def page_crcs(self) -> memoryview:
+        """Every page CRC of the paged regions, u32 items, region after region (for a
+        reader that takes them whole: the compiled daemon)."""
+        return self._crcs
+
     def page_crc(self, region: int, page: int) -> int:
         """The stored CRC of page ``page`` of region ``region``."""
         return self._crcs[self._first_crc[region] + page]

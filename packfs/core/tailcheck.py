@@ -42,6 +42,8 @@ def _index_problems(container: Container, table: PathTable, tail: Tail) -> list[
     problems: list[str] = []
     columns = table.arrays
     count = table.entry_count
+    import numpy as np  # here, not at import: a mount, which never verifies, does not load numpy
+
     seen = np.zeros(count, bool)
     crcs, offsets = container.crcs, container.offsets
     previous_hash = -1

@@ -84,7 +84,9 @@ def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     """The compiled daemon's view of ``archive`` (a packfs._lowlevel.Tree), which reads
     its map, descriptor and guard in place; each record's CRC is checked at its first
     read unless the archive's policy is "never" (a record with piece CRCs, format 1.2's
-    files over 1 MiB, piece by piece as reads reach them).  Its methods (lookup, getattr,
+    files over 1 MiB, piece by piece as reads reach them), and so, in a format 1.4
+    archive, is each page of the header's and the table's bytes at the first use of a
+    value in it (nothing checked them at open).  Its methods (lookup, getattr,
     readdir, read, readlink) are the daemon's operations, for tests and the fuzzer; it
     logs what it finds wrong (each entry's problem once) to ``log_fd``.
 
@@ -102,7 +104,7 @@ def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
                           archive.data_records, archive.entry_count, archive.section_spans,
                           archive.checksums != "never", os.fsdecode(archive.path), log_fd,
-                          pieces=archive.piece_spans, xattrs=archive.xattr_spans)
+                          pieces=archive.piece_spans, xattrs=archive.xattr_spans, pages=archive.page_checks)
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:
