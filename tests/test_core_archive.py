@@ -636,7 +636,7 @@ class BytesSource:
     what a remote source looks like to the core."""
 
     mapping = None
-    guarded = False
+    guarded = True  # as a remote source says: its reads cannot fault
 
     def __init__(self, data: bytes, name: str = "memory://tree.ffr") -> None:
         self._data = data

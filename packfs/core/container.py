@@ -97,7 +97,9 @@ class Container:
                                    else source)
         self.path = self.source.name
         self.file_size = self.source.size
-        self.guarded = self.source.guarded
+        # Reads copy small records out of a guarded map; a source without a map (a
+        # remote one, whose reads cannot fault) is read through ``read``.
+        self.guarded = self.source.guarded and self.source.mapping is not None
         self.check_data = check_data
         self.allow_legacy_header = allow_legacy_header
         self.use_tail = use_tail
