@@ -81,6 +81,8 @@ def main() -> int:
     parser.add_argument("--cpu", type=int, default=1, help="the CPU the daemons are pinned to")
     parser.add_argument("--before", help="PYTHONPATH of another packfs checkout, mounted as 'packfs (before)'")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "packfs-cold-walk")
+    parser.add_argument("--threads-one", action="store_true",
+                        help="also packfs with --threads 1 (one request at a time, as squashfuse_ll serves)")
     args = parser.parse_args()
     work = args.work
     src = work / "src"
@@ -94,6 +96,8 @@ def main() -> int:
     pin = ["taskset", "-c", str(args.cpu)]
     python = [sys.executable, "-m", "packfs", "mount", "-f", "--binding", "lowlevel", str(archive)]
     systems: dict[str, list[str] | None] = {"packfs (lowlevel)": pin + python}
+    if args.threads_one:
+        systems["packfs (lowlevel, --threads 1)"] = pin + python[:-1] + ["--threads", "1", python[-1]]
     if args.before:
         systems["packfs (before)"] = ["env", f"PYTHONPATH={args.before}"] + pin + python
     skipped = []
