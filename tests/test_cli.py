@@ -110,7 +110,7 @@ def test_info(run, archive: Path) -> None:
     text = run("info", archive).stdout
     assert "format version  1.4" in text and "files" in text and "MiB" in text
     data = json.loads(run("info", "--json", archive).stdout)
-    assert data["files"] == 11 and data["symlinks"] == 5 and data["format_version"] == "1.2"
+    assert data["files"] == 11 and data["symlinks"] == 5 and data["format_version"] == "1.4"
     assert data["largest_files"][:2] == [{"path": "big/large.bin", "size": 3 * (1 << 20) + 17},
                                          {"path": "a/b/c/deep.bin", "size": 768}]
     assert "largest files" in text and "3.0 MiB  big/large.bin" in text

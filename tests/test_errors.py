@@ -25,7 +25,6 @@ def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
         PackedFolder(tmp_path / "missing.ffr")
 
 
-URLS = ["https://example.com/data.ffr", "http://example.com/data.ffr", "s3://bucket/data.ffr"]
 
 
 @pytest.mark.parametrize("url", ["gs://bucket/data.ffr", "hf://datasets/x/data.ffr"])
@@ -39,20 +38,26 @@ def test_a_url_of_another_scheme_names_those_packfs_reads(url: str) -> None:
         assert not isinstance(raised.value, FileNotFoundError) and repr(url) in str(raised.value)
 
 
-@pytest.mark.parametrize("url", URLS)
-def test_a_url_is_not_supported_yet_not_missing(url: str) -> None:
-    from packfs.core import Archive
-    from packfs.ffrecord import FileReader
+def test_a_url_that_cannot_be_reached_is_one_clear_error() -> None:
+    from packfs.source.remote import RemoteFile
 
-    for open_archive in (PackedFolder, Archive, packfs.RecordReader, FileReader, packfs.record_file_info):
-        with pytest.raises(packfs.RemoteArchiveError, match="remote archives \\(URLs\\) are not supported yet") as raised:
-            open_archive(url)
-        assert isinstance(raised.value, ValueError) and not isinstance(raised.value, FileNotFoundError)
-        assert repr(url) in str(raised.value)
+    url = f"http://127.0.0.1:{_closed_port()}/data.ffr"
+    with pytest.raises(packfs.RemoteIOError) as raised:
+        RemoteFile(url, retries=1, backoff=0.001, timeout=2)
+    assert isinstance(raised.value, OSError) and repr(url) in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens there once it is closed
 
 
 @pytest.mark.parametrize("command", ["ls", "find", "cat", "info", "verify", "unpack", "convert", "mount", "pack"])
-def test_every_command_says_a_url_is_not_supported_yet(command: str, tmp_path: Path) -> None:
+def test_every_command_names_the_urls_it_reads(command: str, tmp_path: Path) -> None:
     from tests.conftest import cli_runner
 
     from packfs.cli import main
@@ -60,15 +65,18 @@ def test_every_command_says_a_url_is_not_supported_yet(command: str, tmp_path: P
     (tmp_path / "mnt").mkdir()
     extra = {"cat": ["x"], "unpack": [tmp_path / "dest"], "convert": [tmp_path / "out.ffr"],
              "mount": [tmp_path / "mnt"], "pack": [tmp_path / "out.ffr"]}.get(command, [])
-    for url in ("https://example.com/data.ffr", "s3://bucket/data.ffr"):
-        result = cli_runner().invoke(main, [command, url] + [str(x) for x in extra])
-        if command == "mount" and "FUSE is not available" in result.stderr:
-            pytest.skip(result.stderr.strip())
-        assert result.exit_code == 1, result.output
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0] == (
-            f"Error: {url!r}: remote archives (URLs) are not supported yet: give the path of a local file "
-            f"(download it first, or mount the bucket or server with a FUSE file system such as s3fs or rclone mount)")
+    url = "gs://bucket/data.ffr"
+    result = cli_runner().invoke(main, [command, url] + [str(x) for x in extra])
+    if command == "mount" and "FUSE is not available" in result.stderr:
+        pytest.skip(result.stderr.strip())
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == (
+        f"Error: {url!r}: gs:// URLs are not supported: packfs reads archives at s3://, http:// and https:// "
+        f"URLs and local paths")
+    if command == "pack":  # packing reads local trees, tars and zips only
+        result = cli_runner().invoke(main, ["pack", "https://example.com/tree.tar", str(tmp_path / "out.ffr")])
+        assert result.exit_code == 1 and "a URL, where a local path is expected" in result.stderr
     assert not (tmp_path / "dest").exists() and not (tmp_path / "out.ffr").exists()
 
 

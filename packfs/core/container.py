@@ -501,6 +501,9 @@ class Container:
         if name in ("crc_items", "offset_items") and "_unchecked_items" in self.__dict__:
             self._accept_header_items()
             return self.__dict__[name]
+        if name in ("crc_items", "offset_items") and "path" in self.__dict__:
+            # Missing only once close() took them (it may still be taking the rest).
+            raise ClosedArchiveError(f"{self.path!r}: I/O operation on a closed archive")
         # Only for attributes that are missing: after close(), the views.  A closed
         # container is then a ClosedArchiveError, as a closed PackedFolder is, not an
         # AttributeError.

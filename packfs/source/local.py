@@ -53,10 +53,10 @@ def url_error(name: str) -> RemoteArchiveError | None:
     if scheme not in ("s3", "http", "https"):
         return RemoteArchiveError(f"{name!r}: {scheme}:// URLs are not supported: packfs reads archives at s3://, "
                                   f"http:// and https:// URLs and local paths")
-    # A URL packfs reads, given where only a local file will do.
+    # A URL packfs reads archives at, given where only a local file will do (pack's SRC).
     return RemoteArchiveError(
-        f"{name!r}: remote archives (URLs) are not supported yet: give the path of a local file "
-        f"(download it first, or mount the bucket or server with a FUSE file system such as s3fs or rclone mount)"
+        f"{name!r}: a URL, where a local path is expected (packfs reads archives at URLs, but packs local "
+        f"directories, tars and zips: download it first)"
     )
 
 # The SIGBUS guard (packfs/_sigbus.c, built where a C compiler is found): with it, an
