@@ -25,8 +25,6 @@ def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
         PackedFolder(tmp_path / "missing.ffr")
 
 
-
-
 @pytest.mark.parametrize("url", ["gs://bucket/data.ffr", "hf://datasets/x/data.ffr"])
 def test_a_url_of_another_scheme_names_those_packfs_reads(url: str) -> None:
     from packfs.core import Archive
