@@ -1,6 +1,6 @@
 """An archive at a URL (``s3://``, ``http://``, ``https://``) as a byte source: ranged
-GETs through obstore (Rust's object_store; ``pip install "packfs[remote]"``), imported
-only when a URL is opened.
+GETs through urllib3 (``pip install "packfs[remote]"``), imported only when a URL is
+opened; S3's requests signed here (:mod:`packfs.source.sigv4`).
 
 Opening sends one request, a suffix-range GET (``Range: bytes=-N``): its
 ``Content-Range`` gives the object's size, its ETag (and S3's version id, where the
@@ -9,10 +9,16 @@ hold everything the format needs to open.  Every later GET carries ``If-Match`` 
 the version id): a 412, or an answer with another ETag or size, means the object was
 replaced, which is ArchiveChangedError from then on, so no read ever mixes the bytes
 of two objects.  Each answer must be exactly the range asked for (a server that
-ignores Range and sends the whole object is refused as soon as its status line
-arrives, its body unread); a short, long or misplaced answer is retried, then refused.
-5xx, 429, 503 SlowDown, reset or killed connections and timeouts are retried with
-exponential backoff and full jitter; 403, 404 and missing credentials are not.
+ignores Range and sends the whole object is refused as soon as its head arrives, its
+body unread, unless the whole object is no larger than the suffix asked for); a
+short, long or misplaced answer is retried, then refused.  5xx, 429, 503 SlowDown,
+reset or killed connections and timeouts are retried with exponential backoff and
+full jitter; 403, 404 and missing credentials are not.
+
+Fork safety: the connections, the lock and the threads belong to the process that
+made them.  A forked child (DataLoader workers, ``packfs mount``'s daemon) makes its
+own before its first request (it never touches the parent's sockets); the identity,
+and so If-Match, stay the parent's.
 
 The bytes are not trusted further: the format code checks every byte against its CRC.
 Nothing here holds more than the suffix and the parts in flight.
@@ -26,24 +32,42 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import parsedate_to_datetime
 from typing import Dict, List, Optional, Sequence, Tuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
-from ..errors import (ArchiveChangedError, ClosedArchiveError, FormatError, RemoteAccessError, RemoteArchiveError,
-                      RemoteIOError, RemoteNotFoundError, RemoteProtocolError, RemoteTimeoutError, missing_dependency)
+from ..errors import (ArchiveChangedError, ClosedArchiveError, FormatError, PackfsError, RemoteAccessError,
+                      RemoteArchiveError, RemoteIOError, RemoteNotFoundError, RemoteProtocolError, RemoteTimeoutError,
+                      missing_dependency)
 from .s3config import s3_settings
+from .sigv4 import canonical_query, encode_key, sign_v4
 
 __all__ = ["RemoteFile", "public_url", "REMOTE_SCHEMES"]
 
 REMOTE_SCHEMES = ("s3", "http", "https")
-# Requests one RemoteFile keeps in flight for read_ranges.  bench/remote_clients.py, at
-# RTT 20 ms: random 64-256 KiB GETs are bound by latency, so requests/s rise in step
-# with the number in flight (47, 377, 1482, 2610 at 1, 8, 32, 64) while obstore's CPU
-# per request stays low (297, 158, 130, 157 us); 64 takes most of that and keeps the
-# connections one reader opens to a server modest.
 IN_FLIGHT = 64
 # Parts of one large span in flight at once: 8 x 8 MiB parts bound what is held.
 PARTS_IN_FLIGHT = 8
+# A body is read in pieces of this size, the time left checked before each: what
+# bounds a whole request when a server trickles its answer.
+READ_PIECE = 1 << 20
+# What is read of an error's body (S3's XML names the error in <Code>).
+ERROR_BODY_LIMIT = 64 << 10
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_S3_CODE = re.compile(rb"<Code>([A-Za-z0-9.]+)</Code>")
+# S3 error codes -> how they are told (the HTTP status alone is ambiguous: 400 is an
+# expired token as well as a malformed request).
+S3_NOT_FOUND = ("NoSuchKey", "NoSuchBucket", "NoSuchVersion")
+S3_ACCESS = {"AccessDenied": "were refused", "InvalidAccessKeyId": "name a key id the server does not know",
+             "SignatureDoesNotMatch": "have a secret that does not match the key id",
+             "ExpiredToken": "have a session token that expired", "InvalidToken": "have an invalid session token",
+             "TokenRefreshRequired": "have a session token that expired",
+             "AuthorizationHeaderMalformed": "are for another region than the bucket's"}
+# The conditions of every GET after the open, by name -> the header that carries each.
+CONDITION_HEADERS = {"if_match": "If-Match", "if_unmodified_since": "If-Unmodified-Since"}
+S3_RETRIED = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout")
 
 
 def public_url(url: str) -> str:
@@ -64,6 +88,91 @@ class _Retry(Exception):
         self.error = error
 
 
+class _Endpoint:
+    """Where one object's GETs go and what they carry: the URL (``url``), headers for
+    every request (an http URL's Basic auth), and for ``s3://`` the signature."""
+
+    def __init__(self, url: str, name: str, storage_options: Optional[dict]) -> None:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        self.name = name
+        self.headers: Dict[str, str] = {}
+        self.settings: Optional[dict] = None  # the S3 settings when signing
+        self.is_s3 = scheme == "s3"
+        self.follows_redirects = not self.is_s3  # a signature is for one host and path
+        self.query: Dict[str, str] = {}
+        if scheme == "s3":
+            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
+            if not bucket or not key:
+                raise RemoteArchiveError(f"{name!r}: expected s3://BUCKET/KEY")
+            settings = s3_settings(storage_options, url=name)
+            self.region = str(settings["region"])
+            endpoint = str(settings.get("endpoint") or "")
+            if endpoint:
+                # Path-style, as S3-compatible servers (MinIO, moto, Ceph) take it.
+                where = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+                self.origin = f"{where.scheme}://{where.netloc}"
+                self.path = f"{where.path.rstrip('/')}/{encode_key(bucket)}/{encode_key(key)}"
+                self.host = where.netloc
+            elif "." in bucket:
+                # A dotted bucket's virtual host would not match AWS's wildcard certificate.
+                self.host = f"s3.{self.region}.amazonaws.com"
+                self.origin, self.path = f"https://{self.host}", f"/{encode_key(bucket)}/{encode_key(key)}"
+            else:
+                self.host = f"{bucket}.s3.{self.region}.amazonaws.com"
+                self.origin, self.path = f"https://{self.host}", f"/{encode_key(key)}"
+            if not settings.get("anon"):
+                self.settings = settings
+            return
+        if scheme not in ("http", "https"):
+            raise RemoteArchiveError(f"{name!r}: {scheme}:// is not a scheme packfs reads: expected s3://, "
+                                     f"http:// or https://")
+        if storage_options:
+            raise RemoteArchiveError(f"{name!r}: storage_options are for s3:// URLs; an http(s) URL takes none")
+        if parts.query:
+            raise RemoteArchiveError(f"{name!r}: URLs with a query string (signed URLs) are not supported: "
+                                     f"expected a plain http(s):// URL, or s3://BUCKET/KEY with credentials")
+        if not parts.path.rpartition("/")[2]:
+            raise RemoteArchiveError(f"{name!r}: expected the URL of an archive file, not of a directory")
+        if not parts.hostname:
+            raise RemoteArchiveError(f"{name!r}: expected a host in the URL")
+        if parts.username is not None:
+            import base64
+
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self.headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        self.host = host + (f":{parts.port}" if parts.port else "")
+        self.origin, self.path = f"{scheme}://{self.host}", parts.path
+
+    def pin_version(self, version: str) -> None:
+        """Every later GET asks for this version of the object."""
+        self.query = {"versionId": version}
+
+    @property
+    def url(self) -> str:
+        """The URL every GET starts from (its query, the version id, is no secret)."""
+        query = canonical_query(self.query)
+        return self.origin + self.path + (f"?{query}" if query else "")
+
+    def signed(self, url: str) -> Dict[str, str]:
+        """The headers of a GET of ``url``: the signature for S3, Basic auth where the
+        URL gave it (on the origin it was given for, not on a redirect's other host)."""
+        if self.settings is not None:
+            settings = self.settings
+            return {"Host": self.host, **sign_v4("GET", self.host, self.path, canonical_query(self.query),
+                                                 region=self.region, access_key_id=settings["access_key_id"],
+                                                 secret_access_key=settings["secret_access_key"],
+                                                 session_token=settings.get("session_token"))}
+        if self.headers and not url.startswith(self.origin + "/"):
+            return {}
+        return self.headers
+
+    def credentials_source(self) -> str:
+        """Where the key pair came from, for an error message (never the keys)."""
+        return str((self.settings or {}).get("found_in") or "storage_options, the environment or ~/.aws")
+
+
 class RemoteFile:
     """The bytes of one object at a URL, as they were when it was opened.
 
@@ -78,7 +187,8 @@ class RemoteFile:
     memory_cap
         The bound for the core's own cache of this archive's bytes.
     timeout
-        Seconds for connecting, and for a whole request, per try.
+        Seconds for connecting, for each wait for the server's bytes, and for a
+        whole answer (checked between pieces of 1 MiB), per try.
     retries
         Tries after the first, for failures worth another.
     part_bytes, coalesce_gap, in_flight, backoff
@@ -91,7 +201,7 @@ class RemoteFile:
     ------
     RemoteNotFoundError, RemoteAccessError, RemoteCredentialsError, RemoteTimeoutError,
     RemoteProtocolError, RemoteIOError, RemoteArchiveError
-        As their names say; ModuleNotFoundError without obstore.
+        As their names say; ModuleNotFoundError without urllib3.
     """
 
     mapping = None
@@ -106,68 +216,61 @@ class RemoteFile:
         self.coalesce_gap = coalesce_gap
         self.in_flight = max(1, in_flight)
         self._timeout, self._retries, self._backoff = timeout, max(0, retries), backoff
-        self._lock = threading.Lock()
         self._stats = {"requests": 0, "bytes_fetched": 0, "retries": 0}
         self._changed = ""
         self._closed = False
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._obstore = _import_obstore()
-        self._store, self._path = _open_store(url, self.name, storage_options, timeout)
-        # A forked child (a mount's daemon, DataLoader workers) gets its own client, lock
-        # and threads: the parent's client runtime and pool threads do not survive fork.
-        self._pid = os.getpid()
-        self._reopen = (url, storage_options, timeout)
-        self._options: Dict[str, object] = {}
-        self._opening = True
-        try:
-            data, meta, first = self._fetch({"suffix": max(1, suffix_bytes)}, None)
-        except RemoteProtocolError as error:
-            if not getattr(error, "range_ignored", False):
-                raise
-            data, meta, first = self._open_whole(suffix_bytes, error)
-        self._opening = False
-        self.size = int(meta["size"])
+        self._endpoint = _Endpoint(url, self.name, storage_options)
+        self._urllib3 = _import_urllib3()
+        self._options: Dict[str, str] = {}  # CONDITION_HEADERS's names -> values
+        self._etag: Optional[str] = None
+        self._version: Optional[str] = None
+        self.size = -1  # known once the open's answer came
+        # What belongs to one process: the connections, the lock, the threads.  A
+        # forked child makes its own before its first request (_own).
+        self._pid = -1
+        self._own()
+        data, headers, first, size = self._fetch(0, 0, suffix=max(1, suffix_bytes))
+        self.size = size
         self.suffix = data
         self.suffix_start = first
-        self._etag = meta.get("e_tag") or None
-        self._version = meta.get("version") or None
-        modified = meta.get("last_modified")
-        self._modified = modified
+        self._etag = headers.get("etag") or None
+        self._version = headers.get("x-amz-version-id") or None
+        if self._version == "null":  # S3's name for "this bucket keeps no versions"
+            self._version = None
+        modified_text = headers.get("last-modified") or ""
+        try:
+            modified = parsedate_to_datetime(modified_text) if modified_text else None
+        except (TypeError, ValueError, IndexError):
+            modified = None
         if self._etag:
             self._options["if_match"] = self._etag
         elif modified is not None:
-            self._options["if_unmodified_since"] = modified
+            self._options["if_unmodified_since"] = modified_text
         else:
             raise RemoteProtocolError(f"{self.name!r}: the server sends neither an ETag nor Last-Modified: "
                                       f"a replaced object could not be told apart, expected either")
         if self._version:
-            self._options["version"] = self._version
-        tag = self._version or self._etag or f"last-modified {modified.isoformat()}"
+            self._endpoint.pin_version(self._version)
+        tag = self._version or self._etag or f"last-modified {modified.isoformat()}"  # type: ignore[union-attr]
         self.identity: Tuple[str, str, int] = (self.name, tag, self.size)
         self.owner = (os.getuid(), os.getgid(), int(modified.timestamp()) * 10**9 if modified else 0)
 
-    def _open_whole(self, suffix_bytes: int, refusal: RemoteProtocolError) -> Tuple[bytes, dict, int]:
-        """The open on a server that ignores Range: a whole object no larger than the
-        suffix asked for is fetched whole (a HEAD first says how large it is); a larger
-        one is refused as ``refusal`` says."""
-        try:
-            with self._lock:
-                self._stats["requests"] += 1
-            size = int(self._obstore.head(self._store, self._path)["size"])
-            if size > suffix_bytes:
-                raise refusal
-            with self._lock:
-                self._stats["requests"] += 1
-            result = self._obstore.get(self._store, self._path)
-            meta, data = result.meta, result.bytes()
-        except (self._obstore.exceptions.BaseError, OSError) as error:
-            raise self._translate(error, 0.0) from None
-        if len(data) != size or int(meta["size"]) != size:
-            raise RemoteProtocolError(f"{self.name!r}: the server sent {len(data)} bytes of an object of {size}: "
-                                      f"expected the whole object")
-        with self._lock:
-            self._stats["bytes_fetched"] += len(data)
-        return bytes(data), meta, 0
+    def _own(self) -> None:
+        """Connections, a lock and (on first use) threads of this process's own.  In a
+        forked child the parent's are dropped unused: its sockets are the parent's
+        connections (a request on one would interleave with the parent's), its lock may
+        have been held by a thread that does not exist here, nor do its pool's threads."""
+        urllib3 = self._urllib3
+        self._http = urllib3.PoolManager(num_pools=4, maxsize=self.in_flight, block=True, retries=False,
+                                         timeout=urllib3.Timeout(connect=self._timeout, read=self._timeout))
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pid = os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        if self._pid != os.getpid():
+            self._own()
+        return self._lock
 
     # -- reading -----------------------------------------------------------------------
 
@@ -274,116 +377,204 @@ class RemoteFile:
             future.result()
 
     def _executor(self) -> ThreadPoolExecutor:
-        if self._pid != os.getpid():
-            self._after_fork()
-        with self._lock:
+        with self._locked():
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="packfs-remote")
             return self._pool
 
     def _get(self, start: int, end: int) -> bytes:
-        data, _, _ = self._fetch((start, end), self._options)
-        return data
+        return self._fetch(start, end)[0]
 
-    def _fetch(self, byte_range: object, options: Optional[Dict[str, object]]) -> Tuple[bytes, dict, int]:
-        """One GET of ``byte_range`` (a (start, end) or {"suffix": n}), tried again for
-        failures worth it: (bytes, object metadata, first byte's offset)."""
+    def _fetch(self, start: int, end: int, suffix: int = 0) -> Tuple[bytes, dict, int, int]:
+        """One GET of bytes [start, end), or at open of the last ``suffix`` bytes, tried
+        again for failures worth it: (bytes, the answer's headers, the first byte's
+        offset, the object's size)."""
         for attempt in range(self._retries + 1):
             self._check_open()
             try:
-                return self._fetch_once(byte_range, options)
+                return self._fetch_once(start, end, suffix)
             except _Retry as failure:
                 if attempt == self._retries:
                     raise failure.error from None
-                with self._lock:
+                with self._locked():
                     self._stats["retries"] += 1
                 time.sleep(random.uniform(0.5, 1.0) * min(20.0, self._backoff * 2 ** attempt))
         raise AssertionError("unreachable")
 
-    def _after_fork(self) -> None:
-        """In a child process: a client, a lock and a pool of its own (the identity,
-        and so If-Match, stay the parent's)."""
-        url, storage_options, timeout = self._reopen
-        self._lock = threading.Lock()
-        self._pool = None
-        self._store, self._path = _open_store(url, self.name, storage_options, timeout)
-        self._pid = os.getpid()
-
-    def _fetch_once(self, byte_range: object, options: Optional[Dict[str, object]]) -> Tuple[bytes, dict, int]:
-        if self._pid != os.getpid():
-            self._after_fork()
-        with self._lock:
+    def _fetch_once(self, start: int, end: int, suffix: int) -> Tuple[bytes, dict, int, int]:
+        with self._locked():
             self._stats["requests"] += 1
-        began = time.monotonic()
+            http = self._http
+        headers = {"Range": f"bytes=-{suffix}" if suffix else f"bytes={start}-{end - 1}",
+                   "Accept-Encoding": "identity"}  # a range of an encoded body would be another range
+        if not suffix:
+            headers.update((CONDITION_HEADERS[name], value) for name, value in self._options.items()
+                           if name in CONDITION_HEADERS)
+        deadline = time.monotonic() + self._timeout
+        response = None
+        reusable = False
         try:
-            result = self._obstore.get(self._store, self._path, options={**(options or {}), "range": byte_range})
-            meta = result.meta
-            if options is not None:
-                self._check_meta(meta)
-            first, stop = result.range
-            data = result.bytes()
-        except (self._obstore.exceptions.BaseError, OSError) as error:  # obstore raises FileNotFoundError for 404
-            raise self._translate(error, time.monotonic() - began) from None
-        with self._lock:
+            response = self._send(http, headers)
+            data, answer, first, size = self._take(response, start, end, suffix, deadline)
+            reusable = True
+        except (_Retry, PackfsError):
+            raise
+        except (self._urllib3.exceptions.HTTPError, OSError) as error:
+            raise self._failure(error) from None
+        finally:
+            if response is not None:
+                _finish(response, reusable)
+        with self._locked():
             self._stats["bytes_fetched"] += len(data)
-        if isinstance(byte_range, tuple):
-            wanted = byte_range
-        else:
-            wanted = (max(0, int(meta["size"]) - byte_range["suffix"]), int(meta["size"]))  # type: ignore[index]
-        if (first, stop) != wanted or len(data) != stop - first:
-            raise _Retry(RemoteProtocolError(
-                f"{self.name!r}: asked for bytes {wanted[0]}-{wanted[1] - 1}, the server answered with "
-                f"{len(data)} bytes as {first}-{stop - 1}: expected exactly the range asked for"))
-        return bytes(data), meta, first
+        return data, answer, first, size
 
-    def _check_meta(self, meta: dict) -> None:
-        etag, version, size = meta.get("e_tag") or None, meta.get("version") or None, int(meta["size"])
-        if (self._etag and etag != self._etag) or (self._version and version != self._version) or size != self.size:
-            self._note_change(f"it now has ETag {etag!r} and {size} bytes, it had {self._etag!r} and {self.size}")
+    def _send(self, http, headers: Dict[str, str]):
+        """The answer to a GET, its body unread; an http(s) URL's redirects followed
+        (an S3 signature holds for one host and path: S3's redirects are errors)."""
+        url = self._endpoint.url
+        for hop in range(MAX_REDIRECTS + 1):
+            response = http.urlopen("GET", url, headers={**headers, **self._endpoint.signed(url)},
+                                    preload_content=False, decode_content=False, redirect=False, retries=False)
+            location = response.headers.get("location")
+            if response.status not in REDIRECTS or not location or not self._endpoint.follows_redirects \
+                    or hop == MAX_REDIRECTS:
+                return response
+            _finish(response, False)
+            url = urljoin(url, location)
+        raise AssertionError("unreachable")
+
+    def _take(self, response, start: int, end: int, suffix: int, deadline: float) -> Tuple[bytes, dict, int, int]:
+        """The body of an answer that is exactly what was asked, else the error (a
+        _Retry for one worth another try); a refused body is left unread."""
+        status, answer = response.status, response.headers
+        if status == 206:
+            match = _CONTENT_RANGE.fullmatch(answer.get("content-range", "").strip())
+            total = int(match.group(3)) if match and match.group(3) != "*" else -1
+            if not suffix:
+                self._check_identity(answer, total)
+            wanted = (max(0, total - suffix), total) if suffix else (start, end)
+            if match is None or total < 0 or (int(match.group(1)), int(match.group(2)) + 1) != wanted:
+                raise _Retry(RemoteProtocolError(
+                    f"{self.name!r}: the server answered another range than asked (bytes {wanted[0]}-{wanted[1] - 1} "
+                    f"asked, {answer.get('content-range')!r} answered): expected exactly the range asked for"))
+            return self._read_body(response, wanted[1] - wanted[0], deadline), answer, wanted[0], total
+        if status == 200 and suffix:
+            # The whole object for a suffix: taken when it is no larger than the suffix asked.
+            length = answer.get("content-length")
+            if length is not None and length.isdigit() and int(length) <= suffix:
+                return self._read_body(response, int(length), deadline), answer, 0, int(length)
+        if status == 200:
+            raise RemoteProtocolError(f"{self.name!r}: the server ignores Range requests (it answered 200 with the "
+                                      f"whole object, which was not read): expected 206 Partial Content")
+        raise self._refusal(response, status, opening=bool(suffix))
+
+    def _read_body(self, response, length: int, deadline: float) -> bytes:
+        """Exactly ``length`` bytes of body, in pieces, the time left checked before
+        each (a trickling server is a timeout); a shorter body is cut off, a longer
+        one refused."""
+        pieces = []
+        got = 0
+        while got < length:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Retry(self._timed_out())
+            sock = getattr(response.connection, "sock", None)
+            if sock is not None:
+                sock.settimeout(min(self._timeout, left))
+            piece = response.read(min(READ_PIECE, length - got), decode_content=False)
+            if not piece:
+                break
+            pieces.append(piece)
+            got += len(piece)
+        if got < length:
+            raise _Retry(RemoteIOError(f"{self.name!r}: the connection failed (the answer was cut off after {got} of "
+                                       f"{length} bytes; {self._retries + 1} tries)"))
+        declared = response.headers.get("content-length")
+        if declared is None and response.read(1, decode_content=False):
+            raise _Retry(RemoteProtocolError(f"{self.name!r}: the server sent more than the {length} bytes asked for "
+                                             f"(another range than asked): expected exactly the range asked for"))
+        if declared is not None and declared != str(length):
+            raise _Retry(RemoteProtocolError(f"{self.name!r}: the server declared a body of {declared} bytes for "
+                                             f"{length} asked (another range than asked): expected exactly the range "
+                                             f"asked for"))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _check_identity(self, answer, total: int) -> None:
+        etag, version = answer.get("etag") or None, answer.get("x-amz-version-id") or None
+        if (self._etag and etag != self._etag) or (self._version and version != self._version) \
+                or (total >= 0 and total != self.size):
+            self._note_change(f"it now has ETag {etag!r} and {total} bytes, it had {self._etag!r} and {self.size}")
 
     # -- errors ------------------------------------------------------------------------
 
-    def _translate(self, error: Exception, elapsed: float) -> Exception:
-        """The PackfsError for an obstore error; _Retry for one worth another try.  Its
-        own message is never passed on: it names the URL whole (a query string too)."""
-        exceptions = self._obstore.exceptions
-        text = str(error)
-        status_match = re.search(r"status(?: code)?: (\d{3})", text)
-        status = int(status_match.group(1)) if status_match else 0
+    def _refusal(self, response, status: int, opening: bool) -> Exception:
+        """The error for an answer other than 206 (a _Retry for one worth another try);
+        S3's are told apart by the ``<Code>`` of their XML body."""
+        code = ""
+        if self._endpoint.is_s3:
+            try:
+                found = _S3_CODE.search(response.read(ERROR_BODY_LIMIT, decode_content=False) or b"")
+                code = found.group(1).decode() if found else ""
+            except (self._urllib3.exceptions.HTTPError, OSError):
+                pass  # the status alone tells it
         where = f"{self.name!r}"
-        if isinstance(error, exceptions.PreconditionError) or status == 412:
+        if status == 412 or code == "PreconditionFailed":
             self._note_change("the server answered 412 Precondition Failed to If-Match")
-        if isinstance(error, (exceptions.NotFoundError, FileNotFoundError)) or status == 404:
-            if not self._opening:
-                self._note_change("it is gone (404 Not Found)")
-            return RemoteNotFoundError(f"{where}: no such object (404 Not Found), expected an archive")
-        if isinstance(error, (exceptions.PermissionDeniedError, exceptions.UnauthenticatedError)) or status in (401, 403):
-            return RemoteAccessError(f"{where}: access denied ({status or 403}): expected credentials that may "
-                                     f"read it (for s3://: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile "
-                                     f"in ~/.aws, or storage_options)")
-        if isinstance(error, exceptions.NotSupportedError) and "Range" in text:
-            refusal = RemoteProtocolError(f"{where}: the server ignores Range requests (it answered 200 with the "
-                                          f"whole object, which was not read): expected 206 Partial Content")
-            refusal.range_ignored = True  # type: ignore[attr-defined]
-            return refusal
-        answered = re.search(r"Requested \S+, got (\S+)", text)
-        if answered:
-            return _Retry(RemoteProtocolError(f"{where}: the server answered another range than asked "
-                                              f"({answered.group(1)}): expected exactly the range asked for"))
+        if status == 404 or code in S3_NOT_FOUND:
+            if not opening:
+                self._note_change(f"it is gone (404 Not Found{', ' + code if code else ''})")
+            return RemoteNotFoundError(f"{where}: no such object (404 Not Found{', ' + code if code else ''}), "
+                                       f"expected an archive")
+        if status in (401, 403) or code in S3_ACCESS:
+            if self._endpoint.is_s3:
+                if self._endpoint.settings is None:
+                    why = f"{code or 'refused'}: unsigned requests (anon=True) may not read it"
+                else:
+                    why = (f"{code or 'refused'}: the credentials from {self._endpoint.credentials_source()} "
+                           f"{S3_ACCESS.get(code, 'were refused')}")
+            else:
+                why = "refused"
+            return RemoteAccessError(f"{where}: access denied ({status}): {why}: expected credentials that may read "
+                                     f"it (for s3://: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile in "
+                                     f"~/.aws, or storage_options)")
+        if status in REDIRECTS and self._endpoint.is_s3:
+            region = response.headers.get("x-amz-bucket-region")
+            if region:
+                return RemoteArchiveError(f"{where}: the bucket is in region {region!r}, not "
+                                          f"{self._endpoint.region!r}: expected region={region!r} (storage_options, "
+                                          f"AWS_REGION or the profile's region)")
         if status == 416:
-            return FormatError(f"{where}: the object is empty (416 Range Not Satisfiable), expected an archive")
-        if status >= 500 or status == 429:
-            return _Retry(RemoteIOError(f"{where}: the server kept failing ({status}, "
-                                        f"{self._retries + 1} tries): try again later"))
-        if status:
-            return RemoteArchiveError(f"{where}: the server answered {status}, expected 206 Partial Content")
-        if "Timeout" in text or "TimedOut" in text or "timed out" in text or elapsed >= self._timeout * 0.95:
-            return _Retry(RemoteTimeoutError(f"{where}: no complete answer within {self._timeout:g} s "
-                                             f"({self._retries + 1} tries)"))
-        return _Retry(RemoteIOError(f"{where}: the connection failed ({_cause(text)}; {self._retries + 1} tries)"))
+            if opening:
+                return FormatError(f"{where}: the object is empty (416 Range Not Satisfiable), expected an archive")
+            self._note_change("the server answered 416 Range Not Satisfiable: it is shorter now")
+        if status >= 500 or status == 429 or code in S3_RETRIED:
+            return _Retry(RemoteIOError(f"{where}: the server kept failing ({status}, {self._retries + 1} tries)"
+                                        f"{' with ' + code if code else ''}: try again later"))
+        return RemoteArchiveError(f"{where}: the server answered {status}{' ' + code if code else ''}, "
+                                  f"expected 206 Partial Content")
+
+    def _failure(self, error: Exception) -> Exception:
+        """The error for a failed connection (a _Retry for one worth another try).
+        urllib3's own message is never passed on: it names the host and path."""
+        exceptions = self._urllib3.exceptions
+        text = f"{type(error).__name__} {error!r}"
+        if isinstance(error, exceptions.SSLError) and "CERTIFICATE_VERIFY_FAILED" in text:
+            return RemoteArchiveError(f"{self.name!r}: the server's TLS certificate was not accepted: expected one "
+                                      f"this machine trusts")
+        if isinstance(error, exceptions.NewConnectionError) or "Connection refused" in text:
+            cause = "connection refused"
+        elif isinstance(error, (exceptions.TimeoutError, TimeoutError)) or "timed out" in text:
+            return _Retry(self._timed_out())
+        else:
+            cause = _cause(text)
+        return _Retry(RemoteIOError(f"{self.name!r}: the connection failed ({cause}; {self._retries + 1} tries)"))
+
+    def _timed_out(self) -> RemoteTimeoutError:
+        return RemoteTimeoutError(f"{self.name!r}: no complete answer within {self._timeout:g} s "
+                                  f"({self._retries + 1} tries)")
 
     def _note_change(self, why: str) -> None:
-        with self._lock:
+        with self._locked():
             if not self._changed:
                 self._changed = why
         raise self._changed_error()
@@ -409,7 +600,7 @@ class RemoteFile:
     def stats(self) -> Dict[str, int]:
         """Counters since the open: ``requests`` sent (tries included), ``bytes_fetched``
         (bodies received whole), ``retries``."""
-        with self._lock:
+        with self._locked():
             return dict(self._stats)
 
     def _check_open(self) -> None:
@@ -424,10 +615,12 @@ class RemoteFile:
         """Close; later reads raise ClosedArchiveError (requests in flight finish)."""
         self._closed = True
         self.suffix = b""
-        with self._lock:
+        with self._locked():
             pool, self._pool = self._pool, None
+            http = self._http
         if pool is not None:
             pool.shutdown(wait=False)
+        http.clear()  # the idle connections; those in use are closed as they come back
 
     @property
     def closed(self) -> bool:
@@ -438,73 +631,26 @@ class RemoteFile:
         return f"RemoteFile({self.name!r})"
 
 
+def _finish(response, reusable: bool) -> None:
+    """Give the connection back: as it is after a body read whole, closed otherwise (what
+    it still holds, an unread or refused body, is never read)."""
+    if not reusable:
+        response.close()
+    response.release_conn()
+
+
 def _cause(text: str) -> str:
-    for known, said in (("ConnectionReset", "connection reset"), ("ConnectionRefused", "connection refused"),
-                        ("body error", "the answer was cut off"), ("IncompleteMessage", "the answer was cut off"),
-                        ("error sending request", "the request could not be sent")):
+    for known, said in (("IncompleteRead", "the answer was cut off"), ("Reset", "connection reset"),
+                        ("RemoteDisconnected", "the server closed the connection without answering"),
+                        ("BrokenPipe", "the request could not be sent"), ("SSLError", "TLS failed")):
         if known in text:
             return said
     return "no answer"
 
 
-def _import_obstore():
+def _import_urllib3():
     try:
-        import obstore
-        import obstore.exceptions  # noqa: F401
-        import obstore.store  # noqa: F401
+        import urllib3
     except ImportError as error:
-        raise missing_dependency(error, "obstore", "reading archives at URLs", "remote") from None
-    return obstore
-
-
-def _open_store(url: str, name: str, storage_options: Optional[dict], timeout: float):
-    """(store, path in it) for ``url``: an S3Store for the bucket, or an HTTPStore for
-    the URL's directory."""
-    from obstore.store import HTTPStore, S3Store
-
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    client = {"timeout": f"{max(1, int(timeout * 1000))}ms", "connect_timeout": f"{max(1, int(timeout * 1000))}ms"}
-    no_retries = {"max_retries": 0}  # retried here, where they are counted and the errors named
-    if scheme == "s3":
-        if not parts.netloc or not parts.path.strip("/"):
-            raise RemoteArchiveError(f"{name!r}: expected s3://BUCKET/KEY")
-        settings = s3_settings(storage_options, url=name)
-        config = {key: settings[key] for key in ("region", "endpoint") if settings.get(key)}
-        provider = None
-        if settings.get("anon"):
-            config["skip_signature"] = True
-        else:
-            # The key pair found, whole: S3Store would otherwise fill what it was not
-            # given from the environment (a session token beside another pair's key).
-            credential = {"access_key_id": settings["access_key_id"], "secret_access_key": settings["secret_access_key"],
-                          "token": settings.get("session_token") or None, "expires_at": None}
-
-            def provider() -> dict:
-                return credential
-        if str(settings.get("endpoint") or "").startswith("http://"):
-            client["allow_http"] = True
-        return S3Store(parts.netloc, config=config, client_options=client, retry_config=no_retries,
-                       credential_provider=provider), unquote(parts.path.lstrip("/"))
-    if scheme in ("http", "https"):
-        if storage_options:
-            raise RemoteArchiveError(f"{name!r}: storage_options are for s3:// URLs; an http(s) URL takes none")
-        if parts.query:
-            raise RemoteArchiveError(f"{name!r}: URLs with a query string (signed URLs) are not supported: "
-                                     f"expected a plain http(s):// URL, or s3://BUCKET/KEY with credentials")
-        directory, _, base = parts.path.rpartition("/")
-        if not base:
-            raise RemoteArchiveError(f"{name!r}: expected the URL of an archive file, not of a directory")
-        headers = {}
-        if parts.username is not None:
-            import base64
-
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        if headers:
-            client["default_headers"] = headers
-        client["allow_http"] = scheme == "http"
-        root = f"{scheme}://{parts.hostname if ':' not in (parts.hostname or '') else f'[{parts.hostname}]'}" \
-               f"{f':{parts.port}' if parts.port else ''}{directory}"
-        return HTTPStore.from_url(root, client_options=client, retry_config=no_retries), unquote(base)
-    raise RemoteArchiveError(f"{name!r}: {scheme}:// is not a scheme packfs reads: expected s3://, http:// or https://")
+        raise missing_dependency(error, "urllib3", "reading archives at URLs", "remote") from None
+    return urllib3

@@ -1,8 +1,8 @@
 """Where an ``s3://`` archive's credentials, region and endpoint come from, resolved
 as the AWS command-line tools resolve them, most specific first:
 
-1. ``storage_options`` (Python): s3fs's and obstore's keys (``key``, ``secret``,
-   ``token``, ``endpoint_url``, ``region``, ``anon``, ``profile``; also
+1. ``storage_options`` (Python): s3fs's keys, obstore's and boto3's spellings too
+   (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``, ``anon``, ``profile``; also
    ``client_kwargs={"endpoint_url": ..., "region_name": ...}`` as s3fs takes them);
 2. the environment: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
    ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
@@ -26,7 +26,7 @@ from ..errors import RemoteArchiveError, RemoteCredentialsError
 __all__ = ["S3Settings", "s3_settings", "STORAGE_OPTION_KEYS"]
 
 # storage_options key -> setting; several spellings of one setting are accepted, as
-# s3fs, obstore and boto3 spell them.
+# s3fs, obstore and boto3 spell them (code written for any of them works here).
 STORAGE_OPTION_KEYS = {
     "key": "access_key_id", "aws_access_key_id": "access_key_id", "access_key_id": "access_key_id",
     "secret": "secret_access_key", "aws_secret_access_key": "secret_access_key",
@@ -42,7 +42,8 @@ DEFAULT_REGION = "us-east-1"
 
 class S3Settings(dict):
     """The settings for one bucket (``access_key_id``, ``secret_access_key``,
-    ``session_token``, ``region``, ``endpoint``, ``anon``): a dict whose repr shows
+    ``session_token``, ``region``, ``endpoint``, ``anon``, ``found_in``: where the key
+    pair was found, for messages): a dict whose repr shows
     which are set, never their values."""
 
     def __repr__(self) -> str:
@@ -70,16 +71,19 @@ def s3_settings(storage_options: Optional[Mapping[str, object]] = None,
     settings = S3Settings(anon=bool(given.get("anon")))
     # A key pair comes whole from one place: a key from the environment and a secret
     # from a file would be two different identities' halves.
-    for source in (given, from_env, files):
+    places = ("storage_options", "the environment (AWS_ACCESS_KEY_ID)",
+              f"profile {profile!r} in {_credentials_path(environ)!r} or {_config_path(environ)!r}")
+    for source, place in zip((given, from_env, files), places):
         if source.get("access_key_id") or source.get("secret_access_key"):
             for name in ("access_key_id", "secret_access_key", "session_token"):
                 settings[name] = source.get(name) or None
+            settings["found_in"] = place  # for messages: where, never what
             break
     for name in ("region", "endpoint"):
         settings[name] = given.get(name) or from_env.get(name) or files.get(name) or None
     settings["region"] = settings["region"] or DEFAULT_REGION
     if settings["anon"]:
-        for name in ("access_key_id", "secret_access_key", "session_token"):
+        for name in ("access_key_id", "secret_access_key", "session_token", "found_in"):
             settings.pop(name, None)
         return settings
     if not settings.get("access_key_id") and not settings.get("secret_access_key"):
