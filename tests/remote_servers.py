@@ -106,6 +106,8 @@ http {{
         # The same files, from a server that ignores Range and answers 200 with all.
         location /norange/ {{ alias {root}/www/data/; max_ranges 0; }}
         location /denied/ {{ deny all; }}
+        # The same files, one redirect away (302 to /data/).
+        location /moved/ {{ rewrite ^/moved/(.*)$ /data/$1 redirect; }}
     }}
 }}
 """

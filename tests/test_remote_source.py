@@ -464,3 +464,156 @@ def test_s3_requests_are_signed_with_the_key_pair_found_whole(s3_env: MotoServer
         first, second = (head.decode().lower() for head in proxy.heads)
     assert "credential=other-key/" in first and "x-amz-security-token" not in first
     assert "credential=third-key/" in second and "x-amz-security-token: given-token" in second
+
+
+# -- fork ----------------------------------------------------------------------------------
+
+
+def in_forked_child(work, seconds: float = 20) -> str:
+    """Run ``work()`` in a forked child; what it returns (a str), or what it raised.  A
+    child that hangs (as one did on a client whose runtime does not survive fork) is
+    killed and the test fails."""
+    import signal
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        signal.alarm(int(seconds))
+        try:
+            said = work()
+        except BaseException as error:  # noqa: BLE001 (reported to the parent whatever it is)
+            said = f"raised {type(error).__name__}: {error}"
+        os.write(write_end, said.encode())
+        os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + seconds + 5
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.02)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_end)
+        pytest.fail("the forked child hung")
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read().decode()
+    assert os.WIFEXITED(status), f"the forked child died: status {status} ({said!r})"
+    return said
+
+
+def test_a_forked_child_reads_on_its_own_connections(proxy, nginx: Nginx) -> None:
+    """The parent opened, read (its pool has an idle connection, its thread pool runs)
+    and forked: the child reads the right bytes through a connection of its own (the
+    proxy counts a second one), with threads of its own for read_ranges; the parent
+    reads on over its own, untouched."""
+    source = through(proxy, nginx, in_flight=4)
+    spans = [(0, 1000), (1_000_000, 1_001_000), (2_000_000, 2_200_000)]
+    assert source.read_ranges(spans) == [BLOB[a:b] for a, b in spans]  # threads started
+    assert source.read(5000, 6000) == BLOB[5000:6000]
+    connections = proxy.connections
+
+    def child() -> str:
+        assert source.read(100_000, 300_000) == BLOB[100_000:300_000]
+        assert source.read_ranges(spans) == [BLOB[a:b] for a, b in spans]
+        return "read"
+
+    assert in_forked_child(child) == "read"
+    assert proxy.connections > connections  # the child's own
+    after_child = proxy.connections
+    assert source.read(7000, 8000) == BLOB[7000:8000]
+    assert source.stats()["retries"] == 0
+    assert proxy.connections == after_child  # the parent's idle connection was left alone
+
+
+def test_a_forked_child_sees_the_object_replaced(nginx: Nginx) -> None:
+    nginx.put("forked.bin", BLOB)
+    source = open_source(nginx.url("forked.bin"), suffix_bytes=1024)
+    assert source.read(0, 1000) == BLOB[:1000]
+
+    def child() -> str:
+        assert source.read(1000, 2000) == BLOB[1000:2000]
+        os.utime(nginx.data / "forked.bin", (1, 1))  # another ETag
+        try:
+            source.read(0, 100)
+        except ArchiveChangedError as error:
+            return f"changed: {error}"
+        return "read a replaced object"
+
+    said = in_forked_child(child)
+    assert said.startswith("changed:") and "412 Precondition Failed" in said, said
+    with pytest.raises(ArchiveChangedError):  # the parent finds out on its own next request
+        source.read(0, 100)
+
+
+# -- redirects and S3's errors ---------------------------------------------------------------
+
+
+def test_an_http_redirect_is_followed_on_every_request(nginx: Nginx) -> None:
+    nginx.clear_log()
+    source = open_source(nginx.url("blob.bin", "moved"), suffix_bytes=1024)
+    assert source.name == nginx.url("blob.bin", "moved") and source.size == SIZE
+    assert source.read(10, 20) == BLOB[10:20]
+    assert [(r.status, r.path) for r in nginx.requests(at_least=4)] == [
+        (302, "/moved/blob.bin"), (206, "/data/blob.bin"), (302, "/moved/blob.bin"), (206, "/data/blob.bin")]
+
+
+def test_s3_error_codes_are_told_apart(s3_env: MotoServer) -> None:
+    """NoSuchBucket and NoSuchKey (both 404) named from S3's XML; a refusal of an
+    unsigned request says so (moto's 403 has no body to name it further)."""
+    with pytest.raises(RemoteNotFoundError, match="NoSuchBucket"):
+        open_source("s3://no-such-bucket/blob.bin")
+    with pytest.raises(RemoteNotFoundError, match="NoSuchKey"):
+        open_source("s3://bucket/no-such-key.bin")
+    with pytest.raises(RemoteAccessError, match=r"access denied \(403\): refused: unsigned requests"):
+        open_source("s3://bucket/blob.bin", storage_options={"anon": True})
+
+
+# -- the signature -------------------------------------------------------------------------
+
+
+def test_sigv4_matches_aws_published_example() -> None:
+    """AWS's own example (S3 API reference, "Authenticating Requests: Using the
+    Authorization Header", GET Object): the same signature to the last digit."""
+    import calendar
+
+    from packfs.source.sigv4 import sign_v4
+
+    headers = sign_v4("GET", "examplebucket.s3.amazonaws.com", "/test.txt", "", region="us-east-1",
+                      access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                      when=calendar.timegm((2013, 5, 24, 0, 0, 0)), extra_signed={"Range": "bytes=0-9"})
+    assert headers["Authorization"] == (
+        "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
+        "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, "
+        "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41")
+
+
+@pytest.mark.parametrize("key, token", [("plain.ffr", None), ("dir/a b+c=d&é~%.ffr", "session/token+="),
+                                        ("a//b/", None)])
+def test_sigv4_agrees_with_botocore(key: str, token) -> None:
+    """Keys with characters SigV4 encodes, a version id in the query, a session token:
+    the signature botocore (boto3's signer) computes for the same request."""
+    botocore = pytest.importorskip("botocore", reason="boto3 (the test extra) checks the signer")
+    import calendar
+    import datetime
+    from unittest import mock
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from packfs.source.sigv4 import canonical_query, encode_key, sign_v4
+
+    when = calendar.timegm((2024, 2, 29, 12, 34, 56))
+    path, query = f"/bucket/{encode_key(key)}", canonical_query({"versionId": "v1.2_3~x+y"})
+    ours = sign_v4("GET", "127.0.0.1:9000", path, query, region="eu-west-3", access_key_id="AKID",
+                   secret_access_key="SECRET/key+", session_token=token, when=when)
+    request = AWSRequest(method="GET", url=f"http://127.0.0.1:9000{path}?{query}", headers={})
+    request.context["payload_signing_enabled"] = True
+    # botocore signs for now: its clock is set to ``when`` (older botocore read utcnow).
+    with mock.patch("botocore.auth.get_current_datetime", create=True,
+                    return_value=datetime.datetime(2024, 2, 29, 12, 34, 56)):
+        S3SigV4Auth(Credentials("AKID", "SECRET/key+", token), "s3", "eu-west-3").add_auth(request)
+    assert botocore and request.headers["X-Amz-Date"] == ours["x-amz-date"]
+    assert request.headers["Authorization"] == ours["Authorization"]
