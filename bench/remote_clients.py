@@ -3,9 +3,11 @@ ranged GETs (each with If-Match, as RemoteFile sends them) from nginx on loopbac
 through bench/proxy.py at RTT 20 ms, with 1, 8, 32 and 64 requests in flight.
 
 Candidates (each in a process of its own, pinned to CPU 1; nginx and the proxy on
-CPU 0): obstore (Rust's object_store; threads calling its blocking get, as RemoteFile
-does), urllib3 (a pool per thread count, threads), aiohttp (asyncio; skipped with a
-note when not installed: pip install aiohttp).  boto3 and s3fs speak S3 only, and the
+CPU 0): packfs (RemoteFile itself, urllib3 underneath: threads calling its read, each
+GET's answer checked, the baseline of the ratios), urllib3 (bare: a pool and threads,
+nothing checked), obstore (Rust's object_store; threads calling its blocking get, as
+RemoteFile did before it moved to urllib3 for fork safety), aiohttp (asyncio).  A
+candidate not installed is left out with a note (pip install obstore aiohttp).  boto3 and s3fs speak S3 only, and the
 S3 server here (moto) is a Python process far slower than any client, so they appear
 in the install-size table, not the timing one.
 
@@ -36,8 +38,9 @@ sys.path.insert(0, str(REPO))
 
 OBJECT_SIZE = 256 << 20
 IN_FLIGHT = (1, 8, 32, 64)
-CLIENTS = ("obstore", "urllib3", "aiohttp")
-SIZE_PACKAGES = ("obstore", "urllib3", "aiohttp", "boto3", "s3fs")
+CLIENTS = ("packfs", "urllib3", "obstore", "aiohttp")
+BASELINE = "packfs"
+SIZE_PACKAGES = ("urllib3", "obstore", "aiohttp", "boto3", "s3fs")
 
 
 def spans(count: int, seed: int) -> list:
@@ -55,7 +58,7 @@ def spans(count: int, seed: int) -> list:
 
 def worker(client: str, url: str, etag: str, in_flight: int, seconds: float) -> dict:
     os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
-    fetch_all = {"obstore": obstore_run, "urllib3": urllib3_run, "aiohttp": aiohttp_run}[client]
+    fetch_all = {"packfs": packfs_run, "obstore": obstore_run, "urllib3": urllib3_run, "aiohttp": aiohttp_run}[client]
     fetch_all(url, etag, in_flight, spans(in_flight * 4, 0))  # warm up: connections, imports
     todo = spans(max(20, int(in_flight * 45 * seconds)), 1)  # about ``seconds`` at RTT 20 ms
     cpu, wall = time.process_time(), time.perf_counter()  # every thread's, Rust's included
@@ -64,6 +67,20 @@ def worker(client: str, url: str, etag: str, in_flight: int, seconds: float) -> 
     assert fetched == sum(end - start for start, end in todo), (fetched, client)
     return {"requests_per_s": len(todo) / wall, "cpu_per_request_us": cpu_seconds / len(todo) * 1e6,
             "requests": len(todo)}
+
+
+def packfs_run(url: str, etag: str, in_flight: int, todo: list) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packfs.source.remote import RemoteFile
+
+    source = RemoteFile(url, in_flight=in_flight, suffix_bytes=1024)  # its own If-Match: the same ETag
+
+    def one(span):
+        return len(source.read(*span))
+
+    with ThreadPoolExecutor(in_flight) as pool:
+        return sum(pool.map(one, todo))
 
 
 def obstore_run(url: str, etag: str, in_flight: int, todo: list) -> int:
@@ -133,7 +150,8 @@ def install_sizes() -> dict:
 
 
 def available(client: str) -> bool:
-    return subprocess.run([sys.executable, "-c", f"import {client}"], capture_output=True).returncode == 0
+    module = "packfs.source.remote, urllib3" if client == "packfs" else client
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, cwd=REPO).returncode == 0
 
 
 def main() -> None:
@@ -182,10 +200,10 @@ def main() -> None:
             proxy.wait()
     print(f"ranged GETs of 64-256 KiB, RTT {args.rtt_ms:g} ms through bench/proxy.py to nginx; clients on CPU 1, "
           f"servers on CPU 0; median of {args.rounds} rounds (+1 repeating the first for drift)\n")
-    print(f"{'client':10} {'in flight':>9} {'req/s':>8} {'CPU us/req':>11} {'req/s vs obstore':>17} "
-          f"{'CPU vs obstore':>15} {'drift':>6}")
+    print(f"{'client':10} {'in flight':>9} {'req/s':>8} {'CPU us/req':>11} {'req/s vs packfs':>16} "
+          f"{'CPU vs packfs':>14} {'drift':>6}")
     for n in IN_FLIGHT:
-        base = results.get(("obstore", n))
+        base = results.get((BASELINE, n))
         for client in clients:
             runs = results[(client, n)][:args.rounds]
             rate = statistics.median(r["requests_per_s"] for r in runs)
@@ -193,7 +211,7 @@ def main() -> None:
             drift = results[(client, n)][-1]["requests_per_s"] / results[(client, n)][0]["requests_per_s"]
             base_rate = statistics.median(r["requests_per_s"] for r in base[:args.rounds]) if base else rate
             base_cpu = statistics.median(r["cpu_per_request_us"] for r in base[:args.rounds]) if base else cpu
-            print(f"{client:10} {n:9d} {rate:8.0f} {cpu:11.0f} {rate / base_rate:17.2f} {cpu / max(base_cpu, 1e-9):15.2f} "
+            print(f"{client:10} {n:9d} {rate:8.0f} {cpu:11.0f} {rate / base_rate:16.2f} {cpu / max(base_cpu, 1e-9):14.2f} "
                   f"{drift:6.2f}")
     print("\ninstall size (pip download: the package and its dependencies, wheels)")
     for package, size in install_sizes().items():
