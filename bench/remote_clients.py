@@ -211,8 +211,8 @@ def main() -> None:
             drift = results[(client, n)][-1]["requests_per_s"] / results[(client, n)][0]["requests_per_s"]
             base_rate = statistics.median(r["requests_per_s"] for r in base[:args.rounds]) if base else rate
             base_cpu = statistics.median(r["cpu_per_request_us"] for r in base[:args.rounds]) if base else cpu
-            print(f"{client:10} {n:9d} {rate:8.0f} {cpu:11.0f} {rate / base_rate:16.2f} {cpu / max(base_cpu, 1e-9):14.2f} "
-                  f"{drift:6.2f}")
+            print(f"{client:10} {n:9d} {rate:8.0f} {cpu:11.0f} {rate / base_rate:16.2f} "
+                  f"{cpu / max(base_cpu, 1e-9):14.2f} {drift:6.2f}")
     print("\ninstall size (pip download: the package and its dependencies, wheels)")
     for package, size in install_sizes().items():
         note = f"  ({size['error']})" if size["error"] else ""

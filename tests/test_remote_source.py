@@ -581,7 +581,8 @@ def test_sigv4_matches_aws_published_example() -> None:
     from packfs.source.sigv4 import sign_v4
 
     headers = sign_v4("GET", "examplebucket.s3.amazonaws.com", "/test.txt", "", region="us-east-1",
-                      access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                      access_key_id="AKIAIOSFODNN7EXAMPLE",
+                      secret_access_key="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
                       when=calendar.timegm((2013, 5, 24, 0, 0, 0)), extra_signed={"Range": "bytes=0-9"})
     assert headers["Authorization"] == (
         "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
