@@ -240,7 +240,8 @@ def main() -> None:
     parser.add_argument("--random-files", type=int, default=1000)
     parser.add_argument("--faults", type=int, default=10_000)
     parser.add_argument("--work", type=Path, default=Path("/tmp/packfs-bench-remote"))
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "remote")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/packfs-bench-remote/remote"),
+                        help="where the .md and .json of the results go")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     archive = build(args.work, args.entries, args.large)
