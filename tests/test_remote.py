@@ -103,6 +103,11 @@ def test_an_archive_without_a_tail_reads_remotely_with_more_requests(nginx, arch
         for path, contents in FILES.items():
             assert folder.read(path) == contents
         assert folder.verify().ok
+    # packfs convert reads it from the URL and writes a local 1.4 copy.
+    converted = packfs_cli("convert", nginx.url("old.ffr"), tmp_path / "new.ffr")
+    assert converted.returncode == 0, converted.stderr
+    with PackedFolder(tmp_path / "new.ffr") as folder:
+        assert folder.archive.version == "1.4" and folder.read("hello.txt") == FILES["hello.txt"]
 
 
 def test_every_reading_api_takes_a_url(nginx, served: str, tmp_path: Path) -> None:  # noqa: F811
