@@ -220,7 +220,7 @@ class Container:
                 return
             items = self.__dict__.get("_unchecked_items")
             if items is None:
-                raise ClosedArchiveError(f"{self.path!r}: I/O operation on a closed archive")
+                raise ClosedArchiveError("I/O operation on a closed archive")
             if self.check_data:  # a damaged page fails this use and every later one
                 tail = self.tail
                 assert tail is not None
@@ -502,8 +502,9 @@ class Container:
             self._accept_header_items()
             return self.__dict__[name]
         if name in ("crc_items", "offset_items") and "path" in self.__dict__:
-            # Missing only once close() took them (it may still be taking the rest).
-            raise ClosedArchiveError(f"{self.path!r}: I/O operation on a closed archive")
+            # Missing only once close() took them (it may still be taking the rest): the
+            # words of the archive's own stand-in (packfs.core.archive.CLOSED).
+            raise ClosedArchiveError("I/O operation on a closed archive")
         # Only for attributes that are missing: after close(), the views.  A closed
         # container is then a ClosedArchiveError, as a closed PackedFolder is, not an
         # AttributeError.

@@ -14,7 +14,7 @@ from .container import Container
 from .lookupindex import LookupIndex
 from .tail import PagedColumn, section_region
 
-from ..errors import ChecksumError, FormatError
+from ..errors import ChecksumError, ClosedArchiveError, FormatError
 from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
                       symlink_length_problem)
 
@@ -156,6 +156,8 @@ class PathTable:
         section = _SECTION_OF[attribute]
         name, dtype = SECTIONS[section]
         container = self.container
+        if container.closed:  # a call that met the archive as it was being closed
+            raise ClosedArchiveError("I/O operation on a closed archive")
         region = section_region(section)
         if self._paged:
             # The root's rules are checked when the pages holding them arrive.
