@@ -32,7 +32,7 @@ HEADER_CRCS = 0
 HEADER_OFFSETS = 1
 _PAGED_SECTIONS = TAIL_SPAN_COUNT - 1  # sections 0 .. 20; 21, the index, has pages of its own
 LOOKUP_INDEX_SECTION = TAIL_SPAN_COUNT - 1
-_MAX_HINTS = 1 << 16  # items per column known from index rows, then forgotten at once
+_MAX_HINTS = 1 << 12  # items per column known from index rows (a lookup's stat and read follow it at once)
 
 
 def section_region(section: int) -> int:
