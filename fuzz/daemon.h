@@ -14,7 +14,10 @@
  *   end, or of any byte outside the header and the sections) and the same bytes in a
  *   memfd (which the daemon preads), with the section spans packfs.core computes at
  *   open (layout_of: format sections 1-3) and no SIGBUS guard (the memfd does not
- *   change unless a test truncates it, which tree_changed() then sees).
+ *   change unless a test truncates it, which tree_changed() then sees);
+ * - format 1.4's page checks: the geometry and page CRCs Archive.page_checks would give
+ *   (page_geometry), right for every page but those the input's page plan names, or
+ *   hostile as it says.
  *
  * What counts as a finding (violation() aborts, saying what broke), besides a
  * sanitizer's report: a request answered twice or not at all; an errno a request
@@ -26,7 +29,9 @@
  * that answers other bytes than its record's, or bytes outside the data area, or (once
  * checked) a record whose CRC does not match; a symlink target over 4,095 bytes; sizes
  * that disagree between the requests that give them; after the archive changed in
- * place, anything but EIO.
+ * place, anything but EIO; with page checks, an answer other than the same request's
+ * without them, unless EIO where a page's CRC is wrong (ASK), or a read through the map
+ * of such a page (poisoned), or tree_init taking a hostile geometry.
  */
 
 #ifndef PACKFS_FUZZ_DAEMON_H
@@ -186,15 +191,21 @@ static int errno_allowed(int error)
            || error == ENOSYS || error == ENODATA || error == ERANGE;
 }
 
-/* The reply is ``kind``, or an allowed errno: 1 for the one, 0 for the other. */
-static int answered(fuse_req_t request, enum reply_kind kind, const char *what)
+/* The request's reply is whole (a READ parked on another thread's check is answered
+ * when that check ends). */
+static void settle(fuse_req_t request, const char *what)
 {
-    /* A READ parked on a check another thread runs is answered when that check ends. */
     for (int waited = 0; !__atomic_load_n(&request->settled, __ATOMIC_ACQUIRE); waited++) {
         if (waited > 300000)  /* 30 s: only a lost request waits that long */
             violation("%s: no reply after 30 s", what);
         usleep(100);
     }
+}
+
+/* The reply is ``kind``, or an allowed errno: 1 for the one, 0 for the other. */
+static int answered(fuse_req_t request, enum reply_kind kind, const char *what)
+{
+    settle(request, what);
     if (request->replies != 1)
         violation("%s: %d replies, expected one", what, request->replies);
     if (request->kind == REPLY_ERR) {
@@ -237,6 +248,10 @@ typedef struct {
     unsigned long long table[SECTIONS][2];
     unsigned long long pieces[3][2], xattrs[3][2];
     int has_pieces, has_xattrs;
+    int minor;                     /* the footer's version_minor */
+    uint64_t data_end;             /* offset[D], as the header says */
+    uint64_t plan;                 /* the footer's last 8 bytes (reserved: nothing reads them):
+                                      the fuzzer's page plan (page_geometry) */
 } Layout;
 
 static const uint8_t FOOTER_MAGIC[8] = {0x93, 'P', 'A', 'C', 'K', 'F', 'S', 0};
@@ -281,6 +296,9 @@ static int layout_of(const uint8_t *data, size_t size, Layout *layout)
     if (n != expected + (expected % 2 == 0))
         return 0;
     layout->records = n;
+    layout->minor = minor;
+    layout->data_end = u64_at(data + 12 + 4 * n + 8 * data_records);
+    layout->plan = u64_at(f + 56);
     layout->data_records = data_records;
     layout->entries = entries;
     for (int k = 0; k < SECTIONS; k++)
@@ -291,6 +309,123 @@ static int layout_of(const uint8_t *data, size_t size, Layout *layout)
     layout->has_xattrs = minor >= 3;
     for (int k = 0; k < 3 && layout->has_xattrs; k++)
         record_span(data, size, n, data_records + 2 * (SECTIONS + 3 + k) + 1, layout->xattrs[k]);
+    return 1;
+}
+
+/* -- format 1.4's page checks: the geometry its tail gives packfs.core ----------------- */
+
+/* What Archive.page_checks hands tree_init (format section 4e), made here from the
+ * archive's own layout so that every page CRC is right, then bent by the input's page
+ * plan (Layout.plan, the footer's last 8 bytes, which nothing else reads):
+ *
+ *   byte 0   % 8: 0-5 page checks, 6 a hostile geometry (below), 7 none (as before 1.4)
+ *   byte 1   % 4: the page size, 65,536 << it
+ *   bytes 2-4    : each, unless 0, a page whose CRC is wrong (its number - 1, modulo the
+ *                  pages): the daemon must answer EIO for whatever uses a value on it
+ *   byte 5   % 7 : the hostile geometry tree_init must refuse (a page size that is not
+ *                  a power of two or is too small, a CRC array of another length, a
+ *                  header region or a section's region elsewhere, data_end outside the
+ *                  archive, a region missing), byte 6 its detail.
+ *
+ * A real 1.4 archive's plan is 0: page checks of 64 KiB pages, every CRC right. */
+typedef struct {
+    unsigned long long page_size;
+    unsigned long long regions[PAGED_REGIONS][2];
+    int region_count;
+    uint32_t *crcs;                /* malloc'ed; crc_bytes of them */
+    size_t crc_bytes;
+    unsigned long long data_end;
+    unsigned long long wrong[3][2]; /* the bytes of the pages whose CRC is wrong */
+    int wrong_count;
+    int hostile;                   /* the geometry breaks one of init_pages's rules */
+} Pages;
+
+/* Pages for a 1.4 archive whose plan asks for them: 1 (free with pages_free), else 0. */
+static int page_geometry(const uint8_t *data, size_t size, const Layout *layout, Pages *pages)
+{
+    uint64_t plan = layout->plan, n = layout->records, d = layout->data_records;
+    unsigned mode = (unsigned) (plan & 0xff) % 8, detail = (unsigned) (plan >> 48) & 0xff;
+    if (layout->minor < 4 || !layout->has_pieces || !layout->has_xattrs || mode == 7)
+        return 0;
+    memset(pages, 0, sizeof *pages);
+    pages->page_size = 65536ull << ((plan >> 8) & 3);
+    pages->region_count = PAGED_REGIONS;
+    pages->regions[HEADER_CRCS][0] = 12;
+    pages->regions[HEADER_CRCS][1] = 12 + 4 * d;
+    pages->regions[HEADER_OFFSETS][0] = 12 + 4 * n;
+    pages->regions[HEADER_OFFSETS][1] = 12 + 4 * n + 8 * (d + 1);
+    for (int k = 0; k < SECTIONS + 6; k++) {
+        const unsigned long long *span = k < SECTIONS ? layout->table[k] : k < SECTIONS + 3
+                                         ? layout->pieces[k - SECTIONS] : layout->xattrs[k - SECTIONS - 3];
+        pages->regions[SECTION_REGION(k)][0] = span[0];
+        pages->regions[SECTION_REGION(k)][1] = span[1];
+    }
+    pages->data_end = layout->data_end;
+    uint64_t count = 0, ps = pages->page_size;
+    for (int r = 0; r < PAGED_REGIONS; r++) {
+        unsigned long long *span = pages->regions[r];
+        if (span[0] <= span[1] && span[1] <= size)  /* else tree_init refuses the sections */
+            count += (span[1] - span[0] + ps - 1) / ps;
+    }
+    pages->crcs = malloc(4 * count + 4);
+    if (pages->crcs == NULL)
+        violation("out of memory");
+    pages->crc_bytes = 4 * count;
+    uint64_t index = 0;
+    for (int r = 0; r < PAGED_REGIONS; r++) {
+        unsigned long long *span = pages->regions[r];
+        for (uint64_t at = span[0]; span[0] <= span[1] && span[1] <= size && at < span[1]; at += ps) {
+            uint64_t end = span[1] - at < ps ? span[1] : at + ps;
+            uint32_t crc = (uint32_t) crc32(crc32(0L, Z_NULL, 0), data + at, (uInt) (end - at));
+            for (int k = 0; k < 3; k++) {
+                unsigned chosen = (unsigned) (plan >> (16 + 8 * k)) & 0xff;
+                if (chosen && (chosen - 1) % count == index && pages->wrong_count < 3) {
+                    crc ^= 1;
+                    pages->wrong[pages->wrong_count][0] = at;
+                    pages->wrong[pages->wrong_count++][1] = end;
+                    break;
+                }
+            }
+            pages->crcs[index++] = crc;
+        }
+    }
+    if (mode != 6)
+        return 1;
+    pages->hostile = 1;
+    switch ((unsigned) ((plan >> 40) & 0xff) % 7) {
+    case 0: pages->page_size = 65536ull * (3 + 2 * (detail % 8)); break;  /* an odd multiple: not a power of two */
+    case 1: pages->page_size = 32768 >> (detail % 4); break;
+    case 2:  /* 4 bytes short, 1 or 4 over */
+        pages->crc_bytes = detail % 3 == 0 ? pages->crc_bytes - 4 : pages->crc_bytes + 1 + 3 * (detail % 3 == 1);
+        break;
+    case 3: pages->regions[detail % 2][(detail >> 1) % 2] += 4; break;
+    case 4: {
+        unsigned long long *span = pages->regions[2 + detail % (SECTIONS + 6)];
+        span[0] += 64;
+        span[1] += 64;
+        break;
+    }
+    case 5: pages->data_end = detail % 2 ? size + 1 + detail : 11 + 12 * n; break;
+    default: pages->region_count = PAGED_REGIONS - 1; break;
+    }
+    return 1;
+}
+
+static void pages_free(Pages *pages)
+{
+    free(pages->crcs);
+    pages->crcs = NULL;
+}
+
+/* Whether the pages' regions share no byte (then a wrong page's bytes are its own). */
+static int regions_apart(const Pages *pages)
+{
+    for (int a = 0; a < PAGED_REGIONS; a++)
+        for (int b = a + 1; b < PAGED_REGIONS; b++) {
+            const unsigned long long *x = pages->regions[a], *y = pages->regions[b];
+            if (x[0] < x[1] && y[0] < y[1] && x[0] < y[1] && y[0] < x[1])
+                return 0;
+        }
     return 1;
 }
 
@@ -361,6 +496,9 @@ static PyObject *spans_tuple(unsigned long long (*span)[2], int count)
     return tuple;
 }
 
+/* Set while a second Tree is made over the archive the memfd holds (serve). */
+static int keep_archive_file;
+
 /* A Tree being served, and the bytes it maps. */
 typedef struct {
     Tree *tree;
@@ -375,12 +513,16 @@ static void readable(uint8_t *map, size_t size, unsigned long long start, unsign
 }
 
 /* The daemon's Tree over a copy of ``data``, made as packfs.fuse.inodedaemon.tree_for
- * makes it; 0 where tree_init refuses the arguments (a ValueError: the daemon is never
- * given them).  The copy stands in for the archive's map: under AddressSanitizer only
- * the header and the spans the Tree is given are readable in it (the daemon reads
+ * makes it, with ``pages`` as Archive.page_checks (or none: NULL); 0 where tree_init
+ * refuses the arguments (a ValueError: the daemon is never given them).  The copy
+ * stands in for the archive's map: under AddressSanitizer only the header and the
+ * spans the Tree is given are readable in it (the daemon reads
  * contents with pread, never through the map), so a read anywhere else in the archive
- * (the data area, a padding record, the footer) is reported, not just one past its end. */
-static int serve(Served *served, const uint8_t *data, size_t size, const Layout *layout, int check_once)
+ * (the data area, a padding record, the footer) is reported, not just one past its end;
+ * and so is a read of a page whose CRC is wrong (the daemon checks a page with pread,
+ * and uses no value of one that failed), where no other region shares its bytes. */
+static int serve(Served *served, const uint8_t *data, size_t size, const Layout *layout, int check_once,
+                 const Pages *pages)
 {
     served->size = size;
     served->map = malloc(size ? size : 1);
@@ -397,7 +539,23 @@ static int serve(Served *served, const uint8_t *data, size_t size, const Layout 
         if (layout->has_xattrs)
             readable(served->map, size, layout->xattrs[k][0], layout->xattrs[k][1]);
     }
-    int fd = archive_fd(data, size);
+    if (pages != NULL && check_once && !pages->hostile && regions_apart(pages)) {
+        for (int k = 0; k < pages->wrong_count; k++)
+            ASAN_POISON_MEMORY_REGION(served->map + pages->wrong[k][0], pages->wrong[k][1] - pages->wrong[k][0]);
+    }
+    /* A second Tree over the same bytes (lowlevel_fuzz.c: serve_paged) finds them in the memfd: writing
+     * them again would change its mtime, which the first Tree takes for a change. */
+    int fd = archive_fd(keep_archive_file ? NULL : data, size);
+    PyObject *page_checks = Py_None;
+    Py_INCREF(Py_None);
+    if (pages != NULL) {
+        PyObject *regions = spans_tuple((unsigned long long (*)[2]) pages->regions, pages->region_count);
+        Py_DECREF(Py_None);
+        page_checks = regions == NULL ? NULL : Py_BuildValue("(KOy#K)", pages->page_size, regions,
+                                                             (const char *) pages->crcs,
+                                                             (Py_ssize_t) pages->crc_bytes, pages->data_end);
+        Py_XDECREF(regions);
+    }
     PyObject *mapping = PyMemoryView_FromMemory((char *) served->map, (Py_ssize_t) size, PyBUF_READ);
     PyObject *table = spans_tuple((unsigned long long (*)[2]) layout->table, SECTIONS);
     PyObject *pieces = layout->has_pieces ? spans_tuple((unsigned long long (*)[2]) layout->pieces, 3)
@@ -405,11 +563,11 @@ static int serve(Served *served, const uint8_t *data, size_t size, const Layout 
     PyObject *xattrs = layout->has_xattrs ? spans_tuple((unsigned long long (*)[2]) layout->xattrs, 3)
                                           : (Py_INCREF(Py_None), Py_None);
     PyObject *tree = NULL;
-    if (mapping != NULL && table != NULL && pieces != NULL && xattrs != NULL) {
+    if (mapping != NULL && table != NULL && pieces != NULL && xattrs != NULL && page_checks != NULL) {
         PyObject *args = Py_BuildValue("(OiiKKKOisi)", mapping, fd, -1, (unsigned long long) layout->records,
                                        (unsigned long long) layout->data_records,
                                        (unsigned long long) layout->entries, table, check_once, "fuzz.ffr", log_fd);
-        PyObject *kwargs = Py_BuildValue("{s:O,s:O}", "pieces", pieces, "xattrs", xattrs);
+        PyObject *kwargs = Py_BuildValue("{s:O,s:O,s:O}", "pieces", pieces, "xattrs", xattrs, "pages", page_checks);
         if (args != NULL && kwargs != NULL)
             tree = PyObject_Call((PyObject *) &TreeType, args, kwargs);
         Py_XDECREF(args);
@@ -419,9 +577,12 @@ static int serve(Served *served, const uint8_t *data, size_t size, const Layout 
     Py_XDECREF(table);
     Py_XDECREF(pieces);
     Py_XDECREF(xattrs);
+    Py_XDECREF(page_checks);
     if (tree == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_ValueError))
             violation("tree_init raised something other than ValueError");
+        if (log_fd == 2)
+            PyErr_Print();  /* PACKFS_FUZZ_LOG=1: why */
         PyErr_Clear();
     }
     served->tree = (Tree *) tree;
@@ -459,7 +620,61 @@ typedef struct {
     unsigned variant;              /* the order children are visited in (threads differ) */
     int python;                    /* also through the Tree's Python methods (one thread only) */
     uint64_t operations;
+    Tree *reference;               /* the same archive without page checks, asked each request
+                                      too (ASK), or NULL */
+    int damaged_pages;             /* pages of ``tree`` whose CRC is wrong */
 } Walk;
+
+static int same_attr(const struct stat *a, const struct stat *b)
+{
+    return a->st_ino == b->st_ino && a->st_mode == b->st_mode && a->st_nlink == b->st_nlink && a->st_uid == b->st_uid
+           && a->st_gid == b->st_gid && a->st_size == b->st_size && a->st_blocks == b->st_blocks
+           && a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* With page checks, a request answers what it answers without them (``plain``), or EIO
+ * where a page's CRC is wrong: a value on that page is never used. */
+static void same_answer(Walk *w, fuse_req_t r, fuse_req_t plain, const char *what)
+{
+    settle(r, what);
+    settle(plain, what);
+    int same = r->replies == plain->replies && r->kind == plain->kind;
+    if (same) {
+        switch (r->kind) {
+        case REPLY_ERR: same = r->error == plain->error; break;
+        case REPLY_ENTRY:
+            same = r->entry.ino == plain->entry.ino && same_attr(&r->entry.attr, &plain->entry.attr);
+            break;
+        case REPLY_ATTR: same = same_attr(&r->attr, &plain->attr); break;
+        case REPLY_READLINK:
+        case REPLY_BUF:
+            same = r->size == plain->size && (r->size == 0 || memcmp(r->data, plain->data, r->size) == 0);
+            break;
+        case REPLY_XATTR: same = r->size == plain->size; break;
+        default: break;
+        }
+    }
+    if (!same && !(w->damaged_pages && r->kind == REPLY_ERR && r->error == EIO))
+        violation("%s: with page checks (%d of them wrong) reply %d, errno %d, %zu bytes; without them reply %d, "
+                  "errno %d, %zu bytes", what, w->damaged_pages, r->kind, r->error, r->size, plain->kind, plain->error,
+                  plain->size);
+}
+
+/* Request ``callback`` (an ll_*() callback; its arguments after the request, evaluated
+ * once per tree) of the walk's tree into ``r``, and of the reference tree if there is
+ * one, whose answer it must agree with (same_answer). */
+#define ASK(w, r, callback, ...)                                                                 \
+    do {                                                                                         \
+        begin((r), (w)->tree);                                                                   \
+        callback((r), __VA_ARGS__);                                                              \
+        if ((w)->reference != NULL) {                                                            \
+            struct fuse_req plain_;                                                              \
+            begin(&plain_, (w)->reference);                                                      \
+            callback(&plain_, __VA_ARGS__);                                                      \
+            same_answer((w), (r), &plain_, #callback);                                           \
+            end(&plain_);                                                                        \
+        }                                                                                        \
+    } while (0)
 
 /* Whether the archive was found changed in place (the stress program truncates it
  * under the walks): answers that must agree with earlier ones may be EIO from then on. */
@@ -536,20 +751,33 @@ static uint64_t check_listing(Walk *w, fuse_req_t r, uint64_t directory, uint64_
 /* A file's record (entry ``inode`` - 1's, as tree_read finds it; called after a read
  * succeeded): its bytes in the archive and its CRC.  It must be a data record inside
  * the data area (format section 5: no file's contents include table or footer bytes). */
+/* The walk's own look at the table and the header: in the archive's bytes, not through
+ * the Tree (whose page checks would count it as the operation's, and whose map is
+ * poisoned where a page's CRC is wrong). */
+static const uint8_t *table_at(Walk *w, int k, uint64_t index)
+{
+    return w->data + (w->tree->column[k] - w->tree->base) + (uint64_t) item_size[k] * index;
+}
+
+static uint64_t header_offset(Walk *w, uint64_t record)
+{
+    return u64_at(w->data + 12 + 4 * w->tree->records + 8 * record);
+}
+
 static const uint8_t *record_bytes(Walk *w, uint64_t inode, uint64_t *length, uint32_t *crc)
 {
     Tree *t = w->tree;
-    uint64_t record = COLUMN64(t, RECORD, inode - 1);
+    uint64_t record = u64_at(table_at(w, RECORD, inode - 1));
     if (record >= t->data_records)
         violation("inode %llu answered from record %llu, not a data record", (unsigned long long) inode,
                   (unsigned long long) record);
-    uint64_t start = offset_of(t, record), end = offset_of(t, record + 1);
+    uint64_t start = header_offset(w, record), end = header_offset(w, record + 1);
     if (start < t->header_end || start > end || end > t->data_end)
         violation("inode %llu answered from bytes [%llu, %llu), outside the data area [%llu, %llu)",
                   (unsigned long long) inode, (unsigned long long) start, (unsigned long long) end,
                   (unsigned long long) t->header_end, (unsigned long long) t->data_end);
     *length = end - start;
-    *crc = u32_at(t->base + 12 + 4 * record);
+    *crc = u32_at(w->data + 12 + 4 * record);
     return w->data + start;
 }
 
@@ -558,8 +786,7 @@ static const uint8_t *record_bytes(Walk *w, uint64_t inode, uint64_t *length, ui
 static void walk_read(Walk *w, uint64_t inode, off_t offset, size_t size)
 {
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_read(&r, inode, size, offset, &(struct fuse_file_info){0});
+    ASK(w, &r, ll_read, inode, size, offset, &(struct fuse_file_info){0});
     w->operations++;
     if (answered(&r, REPLY_BUF, "read")) {
         uint64_t length;
@@ -582,8 +809,7 @@ static void walk_read(Walk *w, uint64_t inode, off_t offset, size_t size)
 static void walk_readlink(Walk *w, uint64_t inode)
 {
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_readlink(&r, inode);
+    ASK(w, &r, ll_readlink, inode);
     w->operations++;
     if (answered(&r, REPLY_READLINK, "readlink")) {
         uint64_t length;
@@ -601,8 +827,7 @@ static void walk_readlink(Walk *w, uint64_t inode)
 static void walk_getattr(Walk *w, uint64_t inode)
 {
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_getattr(&r, inode, NULL);
+    ASK(w, &r, ll_getattr, inode, NULL);
     w->operations++;
     if (answered(&r, REPLY_ATTR, "getattr"))
         check_attr(w->tree, &r.attr, "getattr");
@@ -612,8 +837,7 @@ static void walk_getattr(Walk *w, uint64_t inode)
 static void walk_lookup(Walk *w, uint64_t parent, const char *name)
 {
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_lookup(&r, parent, name);
+    ASK(w, &r, ll_lookup, parent, name);
     w->operations++;
     if (answered(&r, REPLY_ENTRY, "lookup") && r.entry.ino != 0) {  /* 0: a negative entry */
         check_attr(w->tree, &r.entry.attr, "lookup");
@@ -629,8 +853,7 @@ static void walk_lookup(Walk *w, uint64_t parent, const char *name)
 static void walk_xattrs(Walk *w, uint64_t inode)
 {
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_listxattr(&r, inode, 0);
+    ASK(w, &r, ll_listxattr, inode, 0);
     w->operations++;
     int listed = answered(&r, REPLY_XATTR, "listxattr");
     size_t count = listed ? r.size : 0;
@@ -640,15 +863,13 @@ static void walk_xattrs(Walk *w, uint64_t inode)
     if (count > XATTR_LIST_LIMIT)
         violation("listxattr: %zu bytes of names", count);
     if (count > 0) {
-        begin(&r, w->tree);
-        ll_listxattr(&r, inode, count - 1);
+        ASK(w, &r, ll_listxattr, inode, count - 1);
         w->operations++;
         if (answered(&r, REPLY_BUF, "listxattr") || (r.error != ERANGE && !changed(w)))
             violation("listxattr: room for %zu of %zu bytes did not answer ERANGE", count - 1, count);
         end(&r);
     }
-    begin(&r, w->tree);
-    ll_listxattr(&r, inode, count ? count : 1);
+    ASK(w, &r, ll_listxattr, inode, count ? count : 1);
     w->operations++;
     if (answered(&r, REPLY_BUF, "listxattr")) {
         if (r.size != count && !changed(w))
@@ -665,8 +886,7 @@ static void walk_xattrs(Walk *w, uint64_t inode)
             static const size_t rooms[] = {0, XATTR_VALUE_LIMIT, 1};  /* the size, the value, ERANGE */
             for (size_t k = 0; k < 3; k++) {
                 struct fuse_req g;
-                begin(&g, w->tree);
-                ll_getxattr(&g, inode, name, rooms[k]);
+                ASK(w, &g, ll_getxattr, inode, name, rooms[k]);
                 w->operations++;
                 if (answered(&g, rooms[k] ? REPLY_BUF : REPLY_XATTR, "getxattr")) {
                     if (g.size > XATTR_VALUE_LIMIT || (k > 0 && g.size != value && !changed(w)))
@@ -681,8 +901,7 @@ static void walk_xattrs(Walk *w, uint64_t inode)
         }
     }
     end(&r);
-    begin(&r, w->tree);
-    ll_getxattr(&r, inode, "user.packfs-fuzz-missing", 0);
+    ASK(w, &r, ll_getxattr, inode, "user.packfs-fuzz-missing", 0);
     w->operations++;
     if (answered(&r, REPLY_XATTR, "getxattr"))
         violation("getxattr: a name no archive has was found");
@@ -701,8 +920,7 @@ static void walk_child(Walk *w, uint64_t parent, const Child *c)
         walk_read(w, c->inode, 1, 4096);
         walk_read(w, c->inode, (off_t) PIECE_SIZE + 5, 4096);
         struct fuse_req r;
-        begin(&r, w->tree);
-        ll_getattr(&r, c->inode, NULL);
+        ASK(w, &r, ll_getattr, c->inode, NULL);
         off_t size = r.kind == REPLY_ATTR ? r.attr.st_size : 0;
         end(&r);
         if (size > 1)
@@ -711,8 +929,7 @@ static void walk_child(Walk *w, uint64_t parent, const Child *c)
         walk_readlink(w, c->inode);
     }
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_open(&r, c->inode, &(struct fuse_file_info){0});
+    ASK(w, &r, ll_open, c->inode, &(struct fuse_file_info){0});
     w->operations++;
     answered(&r, REPLY_OPEN, "open");
     end(&r);
@@ -729,8 +946,7 @@ static size_t walk_listing(Walk *w, uint64_t inode, Child *children, size_t limi
     uint64_t offset = 0;
     for (int page = 0; page < 64; page++) {
         struct fuse_req r;
-        begin(&r, w->tree);
-        ll_readdirplus(&r, inode, LISTING_PAGE, (off_t) offset, &(struct fuse_file_info){0});
+        ASK(w, &r, ll_readdirplus, inode, LISTING_PAGE, (off_t) offset, &(struct fuse_file_info){0});
         w->operations++;
         uint64_t next = answered(&r, REPLY_BUF, "readdirplus")
                             ? check_listing(w, &r, inode, offset, LISTING_PAGE, 1, children, &count, limit, up)
@@ -745,8 +961,7 @@ static size_t walk_listing(Walk *w, uint64_t inode, Child *children, size_t limi
     for (int page = 0; page < 8; page++) {
         struct fuse_req r;
         size_t small = 48 + (w->variant + (unsigned) page) % 64;
-        begin(&r, w->tree);
-        ll_readdir(&r, inode, small, (off_t) offset, &(struct fuse_file_info){0});
+        ASK(w, &r, ll_readdir, inode, small, (off_t) offset, &(struct fuse_file_info){0});
         w->operations++;
         uint64_t next = answered(&r, REPLY_BUF, "readdir")
                             ? check_listing(w, &r, inode, offset, small, 0, NULL, &ignored, 0, up) : 0;
@@ -765,8 +980,7 @@ static void walk_strays(Walk *w)
     uint64_t inodes[] = {0, last + 1, UINT64_MAX};
     for (size_t k = 0; k < sizeof inodes / sizeof *inodes; k++) {
         struct fuse_req r;
-        begin(&r, w->tree);
-        ll_getattr(&r, inodes[k], NULL);
+        ASK(w, &r, ll_getattr, inodes[k], NULL);
         if (answered(&r, REPLY_ATTR, "getattr of a stray inode"))
             violation("getattr of inode %llu answered", (unsigned long long) inodes[k]);
         end(&r);
@@ -789,16 +1003,16 @@ static void walk_strays(Walk *w)
         walk_readlink(w, inode);
         walk_xattrs(w, inode);
     }
-    const uint8_t *table_names = t->column[NAMES];
+    const uint8_t *table_names = table_at(w, NAMES, 0);
     for (uint64_t entry = 1; entry < last && entry <= 64; entry++) {
-        uint64_t start = COLUMN64(t, NAME_END, entry - 1), end = COLUMN64(t, NAME_END, entry);
+        uint64_t start = u64_at(table_at(w, NAME_END, entry - 1)), end = u64_at(table_at(w, NAME_END, entry));
         if (start >= end || end > t->names_size || end - start > MAX_NAME || memchr(table_names + start, 0, end - start)
             || memchr(table_names + start, '/', end - start))
             continue;
         char name[MAX_NAME + 1];
         memcpy(name, table_names + start, end - start);
         name[end - start] = 0;
-        walk_lookup(w, (uint64_t) COLUMN32(t, PARENT, entry) + 1, name);
+        walk_lookup(w, (uint64_t) u32_at(table_at(w, PARENT, entry)) + 1, name);
         walk_lookup(w, 1, name);
     }
     walk_read(w, 1, 0, 16);  /* the root: EISDIR */
@@ -808,16 +1022,13 @@ static void walk_strays(Walk *w)
     for (size_t k = 0; k < sizeof names / sizeof *names; k++)
         walk_lookup(w, 1, names[k]);
     struct fuse_req r;
-    begin(&r, w->tree);
-    ll_statfs(&r, 1);
+    ASK(w, &r, ll_statfs, 1);
     answered(&r, REPLY_STATFS, "statfs");
     end(&r);
-    begin(&r, w->tree);
-    ll_opendir(&r, 1, &(struct fuse_file_info){0});
+    ASK(w, &r, ll_opendir, 1, &(struct fuse_file_info){0});
     answered(&r, REPLY_OPEN, "opendir");
     end(&r);
-    begin(&r, w->tree);
-    ll_forget(&r, 1, 1);
+    ASK(w, &r, ll_forget, 1, 1);
     if (r.kind != REPLY_NONE)
         violation("forget answered");
     end(&r);
@@ -887,6 +1098,8 @@ static void walk_tree(Walk *w)
     memset(&conn, 0, sizeof conn);
     conn.capable = ~0u;
     ll_init(w->tree, &conn);
+    if (w->reference != NULL)
+        ll_init(w->reference, &conn);
     Child *children = malloc(WALK_CHILDREN * sizeof *children);
     uint64_t directories[WALK_DIRECTORIES], parents[WALK_DIRECTORIES];
     size_t pending = 0, visited = 0, budget = WALK_CHILDREN;

@@ -17,8 +17,15 @@
  * an edge), rewrites one record (its length may change: the container is laid out
  * again, sections kept 64-byte aligned), moves an offset, changes the footer or
  * damages a data byte; then, half the time, recomputes every CRC, so a changed record
- * is read, not refused by its CRC.  One time in twelve it is libFuzzer's plain byte
- * mutation instead.
+ * is read, not refused by its CRC.  One time in thirteen it is libFuzzer's plain byte
+ * mutation instead, and one in thirteen a byte of the page plan.
+ *
+ * A format 1.4 input is served with page checks as its page plan says (daemon.h:
+ * page_geometry, the footer's last 8 bytes; 0 in a real archive): right CRCs for every
+ * page but those the plan names, or a hostile geometry tree_init must refuse.  Beside
+ * that Tree, one over the same bytes without page checks answers each request too
+ * (ASK): with page checks the answer must be the same, or EIO where a page's CRC is
+ * wrong, and no byte of such a page is read through the map (it is poisoned).
  *
  *   make fuzz-c FUZZ_C_SECONDS=3600     # fuzz/campaign.py runs it and prints the counts
  */
@@ -61,15 +68,50 @@ static void walk_changed(Walk *w, uint64_t file_inode)
     }
 }
 
+/* With page checks on (format 1.4, the input's page plan: daemon.h's page_geometry),
+ * tree_init refuses a hostile geometry, takes a right one wherever it takes the archive
+ * without page checks (unless a page it checks at open, piece_start's or xattr_start's
+ * last, is wrong), and takes nothing without page checks refuses.  Returns the Tree to
+ * walk into ``served`` (the one with page checks, else the one without), and the other,
+ * if any, into ``reference``; 0 if neither was taken. */
+static int serve_paged(Served *served, Served *reference, const uint8_t *data, size_t size, const Layout *layout,
+                       const Pages *pages)
+{
+    int paged = serve(served, data, size, layout, 1, pages);
+    keep_archive_file = 1;
+    int plain = serve(reference, data, size, layout, 1, NULL);
+    keep_archive_file = 0;
+    if (paged && pages->hostile)
+        violation("tree_init took a hostile page geometry (plan %#llx)", (unsigned long long) layout->plan);
+    if (paged && !plain)
+        violation("tree_init took with page checks what it refuses without them");
+    if (!paged && plain && !pages->hostile && pages->wrong_count == 0)
+        violation("tree_init refused a right page geometry (plan %#llx)", (unsigned long long) layout->plan);
+    if (!paged) {
+        unserve(served);
+        *served = *reference;
+        memset(reference, 0, sizeof *reference);
+    }
+    return served->tree != NULL;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     Layout layout;
     if (!layout_of(data, size, &layout))
         return -1;  /* not an archive the daemon would be given: not worth keeping */
+    Pages pages;
+    int paged = page_geometry(data, size, &layout, &pages);
     for (int check_once = 1; check_once >= 0; check_once--) {
-        Served served;
-        if (!serve(&served, data, size, &layout, check_once)) {
+        Served served, reference = {0};
+        /* Checksums "never" takes only data_end of the page checks (a geometry it
+         * refuses is the "once" pass's to test). */
+        const Pages *given = paged && (check_once || !pages.hostile) ? &pages : NULL;
+        int taken = check_once && given ? serve_paged(&served, &reference, data, size, &layout, given)
+                                        : serve(&served, data, size, &layout, check_once, given);
+        if (!taken) {
             unserve(&served);
+            unserve(&reference);
             continue;
         }
         Tree *t = served.tree;
@@ -79,12 +121,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             t->umask = 027;
             t->direct_io = 1;
         }
-        Walk w = {.data = data, .size = size, .tree = t, .python = check_once};
+        Walk w = {.data = data, .size = size, .tree = t, .python = check_once, .reference = reference.tree,
+                  .damaged_pages = given ? given->wrong_count : 0};
         walk_tree(&w);
         if (check_once)
             walk_changed(&w, 2);
         unserve(&served);
+        unserve(&reference);
     }
+    if (paged)
+        pages_free(&pages);
     return 0;
 }
 
@@ -348,9 +394,14 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
     Container c;
     Layout layout;
     int archive = container_of(data, size, &c) && layout_of(data, size, &layout);
-    unsigned choice = (unsigned) below(&r, 24);
+    unsigned choice = (unsigned) below(&r, 26);
     if (!archive || choice < 2)
         return LLVMFuzzerMutate(data, size, max_size);
+    if (choice >= 24) {  /* one byte of the page plan (daemon.h: page_geometry), nothing else */
+        uint8_t *plan = data + start_of(&c, c.n - 1) + 56;
+        plan[below(&r, 8)] = (uint8_t) (below(&r, 2) ? below(&r, 8) : next(&r));
+        return size;
+    }
     if (choice < 7) {  /* a value at one of the table's limits */
         edge(&r, data, size, &c, &layout);
     } else if (choice < 13) {  /* one table item */

@@ -7,8 +7,9 @@
  * piece CRCs of a file over 1 MiB, hostile tables) gets a fresh Tree, checksums "once",
  * and T threads walk it at the same moment (daemon.h's walk_tree: every listing,
  * lookup, read, readlink and attribute request, each reply checked), the first half
- * in the same order, so that they ask for the same record and the same piece at once
- * (the check-once bitmaps, the stripe locks, the piece path), the others rotated so
+ * in the same order, so that they ask for the same record, piece and table page at
+ * once (the check-once bitmaps, the stripe locks, the piece path, format 1.4's page
+ * checks as the archive's page plan gives them: daemon.h's page_geometry), the others rotated so
  * they meet anywhere.  Every fourth round one more thread truncates the archive's file
  * in the middle of it (tree_changed's sticky flag, set while others read).
  *
@@ -141,8 +142,11 @@ int main(int argc, char **argv)
         size_t size;
         uint8_t *data = load(archives.paths[next], &size);
         Layout layout;
+        Pages pages;
         Served opened = {0};
-        Tree *t = data != NULL && layout_of(data, size, &layout) && serve(&opened, data, size, &layout, 1)
+        int archive = data != NULL && layout_of(data, size, &layout);
+        int paged = archive && page_geometry(data, size, &layout, &pages);
+        Tree *t = archive && serve(&opened, data, size, &layout, 1, paged && !pages.hostile ? &pages : NULL)
                   ? opened.tree : NULL;
         rounds++;
         if (t != NULL) {
@@ -173,6 +177,8 @@ int main(int argc, char **argv)
             free(ids);
         }
         unserve(&opened);
+        if (paged)
+            pages_free(&pages);
         free(data);
     }
     size_t distinct = 0;

@@ -15,6 +15,11 @@ test suite's archives:
   long-named ones, a symlink target over 4,095 bytes), a file whose attribute names
   take more than 64 KiB (packfs.core and the daemon refuse them), a table section changed with
   every CRC recomputed (tests.fuzz.mutate's "hostile" kind, a few seeds);
+- format 1.4 (what packfs writes; its footer's page plan 0: the daemon checks its
+  header and table page by page, every page CRC right) with other page plans
+  (fuzz/daemon.h: page_geometry): pages with a wrong CRC (the small seed's, and one
+  whose names section spans two 64 KiB pages), larger pages, a hostile geometry of each
+  kind tree_init refuses, and none at all;
 - FFRecord's reference vectors (tests/vectors/ffrecord; the daemon never serves them,
   the fuzzer's mutations may make something of them) and packed_folder.ffr converted.
 
@@ -92,6 +97,31 @@ def two_large_files(path: Path) -> Path:
     return path
 
 
+# The page plans of fuzz/daemon.h's page_geometry (the footer's last 8 bytes, little-endian).
+PAGE_PLANS = {
+    "larger-pages": 0x0200,  # 256 KiB pages
+    "wrong-page-1": 0x01_0000,  # the header's first page of record CRCs
+    "wrong-pages-3-7-12": 0x0D_08_04_0000,
+    "wrong-page-size-column": 0x08_0000,  # page 7: section 5, the sizes a listing answers
+    "no-page-checks": 0x07,
+    **{f"hostile-geometry-{kind}": 0x06 | kind << 40 | 0x03 << 48 for kind in range(7)},
+}
+
+
+def with_page_plan(source: Path, target: Path, plan: int) -> Path:
+    """A copy of ``source`` whose footer's last 8 bytes (reserved) hold ``plan``."""
+    data = bytearray(source.read_bytes())
+    data[-8:] = plan.to_bytes(8, "little")
+    target.write_bytes(bytes(data))
+    return target
+
+
+def two_page_names(path: Path, files: int = 400) -> Path:
+    """A 1.4 archive whose names section (200-byte names) is over 64 KiB: two pages."""
+    packfs.pack_entries([packfs.Entry(f"{i:03d}-" + "n" * 196, b"%d" % i) for i in range(files)], path)
+    return path
+
+
 def make_seeds(out: Path) -> list[Path]:
     """Write the seeds into ``out`` (created); returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +145,11 @@ def make_seeds(out: Path) -> list[Path]:
         for seed in range(6):
             damaged = mutate(original, records, data_records, random.Random(seed), "hostile")
             (out / f"hostile-section-{seed}.ffr").write_bytes(damaged)
+        for name, plan in PAGE_PLANS.items():
+            with_page_plan(small, out / f"pages-{name}.ffr", plan)
+        names = two_page_names(work / "two-page-names.ffr")
+        with_page_plan(names, out / "pages-two-page-names.ffr", 0)
+        with_page_plan(names, out / "pages-two-page-names-wrong-second.ffr", 0x10_0000)  # page 15
         for vector in sorted(VECTORS.glob("*.ffr")):
             shutil.copyfile(vector, out / f"ffrecord-{vector.name}")
         packfs.convert(VECTORS / "packed_folder.ffr", out / "converted-packed-folder.ffr")

@@ -1146,7 +1146,13 @@ static int pieces_of(Tree *t, uint64_t entry, uint64_t record, uint64_t length, 
         else
             high = middle;
     }
-    if (low == t->piece_records || checked_u64(t, PIECE_REGION(0), t->piece_record + 8 * low) != record)
+    uint64_t listed = low == t->piece_records ? UINT64_MAX : checked_u64(t, PIECE_REGION(0), t->piece_record + 8 * low);
+    /* A damaged page's zeros say nothing about whether the record is listed: taken for
+     * "not listed", its whole-record check would be remembered and its piece CRCs never
+     * checked again. */
+    if (page_failure)
+        return EIO;
+    if (listed != record)
         return 0;  /* not listed: checked whole, as in 1.1 */
     uint64_t from = checked_u64(t, PIECE_REGION(1), t->piece_start + 8 * low);
     uint64_t to = checked_u64(t, PIECE_REGION(1), t->piece_start + 8 * (low + 1));

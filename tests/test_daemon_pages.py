@@ -196,3 +196,40 @@ def test_a_damaged_header_page_is_eio_for_the_records_it_holds(tmp_path: Path, m
     what = "the header's record CRCs" if region == "crcs" else "the header's record offsets"
     start = regions[0 if region == "crcs" else 1][0] + page_size
     assert what in text and f"[{start}, " in text, text
+
+
+def test_a_damaged_piece_record_page_never_lets_a_large_file_skip_its_piece_checks(tmp_path: Path) -> None:
+    """A large file's piece CRCs are found by a search of piece_record: on a damaged page
+    its zeros read as "not listed", and the file was checked whole instead, the verdict
+    remembered, so once its record CRC matched every later READ served it with no piece
+    checked (fuzz finding tests/fuzz_c/unlisted-from-damaged-page.ffr).  packfs.core
+    checks that page at open, so the Tree is given the wrong CRC directly, as the fuzzer
+    gives it."""
+    from packfs import _lowlevel
+    from packfs.format import PIECE_SIZE
+
+    sound = tmp_path / "sound.ffr"
+    packfs.pack_entries([packfs.Entry("a", b"a"), packfs.Entry("big", bytes(PIECE_SIZE + 1))], sound)
+    data = sound.read_bytes()
+    n = struct.unpack_from("<q", data, 4)[0]
+    with Archive(sound) as opened:
+        big = opened.find(b"big")
+        start = struct.unpack_from("<q", data, 12 + 4 * n + 8 * opened.column("record")[big].item())[0]
+    # The second piece no longer matches its piece CRC; the record's CRC is made to match.
+    damaged = resealed_damage(sound, tmp_path / "damaged.ffr", start + PIECE_SIZE)
+    damaged_bytes = damaged.read_bytes()
+    with Archive(damaged, checksums="once") as opened, open(tmp_path / "log", "wb") as log:
+        page_size, regions, _, data_end = opened.page_checks
+        # Every page's CRC right (the header's record CRCs changed), piece_record's (section 15's) wrong.
+        crcs = [zlib.crc32(damaged_bytes[at:min(at + page_size, end)]) ^ (region == 2 + 15)
+                for region, (begin, end) in enumerate(regions) for at in range(begin, end, page_size)]
+        wrong = struct.pack(f"<{len(crcs)}I", *crcs)
+        source = opened.source
+        tree = _lowlevel.Tree(source.mapping, source.fileno(), -1, opened.record_count, opened.data_records,
+                              opened.entry_count, opened.section_spans, True, "damaged.ffr", log.fileno(),
+                              pieces=opened.piece_spans, xattrs=opened.xattr_spans,
+                              pages=(page_size, regions, wrong, data_end))
+        for offset in (0, 1, PIECE_SIZE):  # the first answer used to be the only EIO
+            assert _errno(lambda: tree.read(big + 1, offset, 100)) == errno.EIO
+        del tree
+    assert "section 'piece_record' is damaged" in (tmp_path / "log").read_text()
