@@ -666,6 +666,10 @@ def info(archive: str, as_json: bool) -> None:
     with folder:
         details = folder.info()
         details["mount_daemon"] = _mount_daemon(folder)
+        cost = folder.stats()
+        if cost:  # an archive at a URL: what this command fetched
+            details["requests"] = cost["requests"]
+            details["fetched_bytes"] = cost["bytes_fetched"]
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return

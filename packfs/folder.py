@@ -381,6 +381,11 @@ class PackedFolder:
         """Entries in the path table: directories, files and symlinks, the root included."""
         return self.footer.entry_count
 
+    def stats(self) -> dict[str, int]:
+        """What reading the archive cost so far (:meth:`packfs.core.Archive.stats`):
+        requests, bytes fetched and page-cache hits for an archive at a URL."""
+        return self.archive.stats()
+
     def info(self) -> dict[str, object]:
         """Counts and sizes for ``packfs info``."""
         file_type = self.archive.column("mode") & S_IFMT

@@ -64,6 +64,22 @@ def test_one_request_opens_and_one_more_finds_and_reads_a_file(nginx, served: st
         assert folder.verify().ok
 
 
+def test_stats_count_what_the_server_answered(nginx, served: str, archive: Path) -> None:  # noqa: F811
+    with PackedFolder(served) as folder:
+        assert folder.stats()["requests"] == 1 and 0 < folder.stats()["bytes_fetched"] <= 256 << 10
+        for path in FILES:
+            folder.read(path)
+        stats = folder.stats()
+        assert stats["requests"] == len(_gets(nginx, stats["requests"]))
+        # A read that reaches into the last 256 KiB fetched at open fetches that part again.
+        assert stats["bytes_fetched"] <= archive.stat().st_size + (256 << 10) and stats["retries"] == 0
+        assert {"page_cache_hits", "page_cache_misses", "page_cache_bytes"} <= set(stats)
+    with PackedFolder(archive) as local:
+        assert local.stats() == {}
+    info = packfs_cli("info", served)
+    assert "requests" in info.stdout and "fetched bytes" in info.stdout
+
+
 def test_an_archive_in_s3_reads_as_a_local_one(moto, in_bucket: str, archive: Path) -> None:  # noqa: F811
     with PackedFolder(in_bucket) as remote, PackedFolder(archive) as local:
         for path, contents in FILES.items():

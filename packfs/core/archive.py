@@ -337,6 +337,19 @@ class Archive:
         """The bytes the extended attributes take, names and values with their headers."""
         return self._xattrs.data_bytes
 
+    def stats(self) -> dict[str, int]:
+        """What reading the archive cost so far: for a remote one, ``requests`` sent
+        (retries included), ``bytes_fetched``, ``retries``, and its table pages'
+        ``page_cache_hits``, ``page_cache_misses`` and ``page_cache_bytes``; {} for a
+        local one (its reads are the page cache's)."""
+        container = self._container
+        counters = dict(container.source.stats()) if hasattr(container.source, "stats") else {}
+        cache = getattr(container, "page_cache", None)
+        if cache is not None:
+            counters.update(page_cache_hits=cache.hits, page_cache_misses=cache.misses,
+                            page_cache_bytes=cache.size)
+        return counters
+
     @property
     def version(self) -> str:
         """The format version, or what a legacy (FFRecord pack_folder) archive is."""
