@@ -18,7 +18,7 @@ from packfs import RecordReader, RecordWriter
 from packfs.core.indexbuild import LookupIndex, build_lookup_index, build_tail, page_crcs
 from packfs.format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, MAGIC, PIECE_SECTIONS, SECTION_ALIGNMENT,
                            SECTION_COUNT, SECTIONS, TAIL_HEADER, XATTR_SECTIONS, TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, crc32,
-                           header_size, record_count_for, tail_crc)
+                           header_size, record_count_for, section_count_for, tail_crc)
 
 # Files written by FFRecord's own code (see its README there); copied in, never edited.
 VECTORS = Path(__file__).resolve().parent / "vectors" / "ffrecord"
@@ -403,17 +403,23 @@ def column_changed(archive: Path, out: Path, section: str, values: dict[bytes, i
     return rewrite_section(archive, out, section, change)
 
 
-def as_version_1_1(archive: Path, out: Path) -> Path:
-    """A copy of a 1.2 archive as 1.1 wrote it: the same data and table, without the
-    piece CRC sections (format section 4b), each section's padding laid out anew."""
+def as_version(archive: Path, out: Path, minor: int) -> Path:
+    """A copy of a current (1.4) archive as version 1.``minor`` wrote it: the same data,
+    the sections that version has (format section 3: 15 up to 1.1, 18 in 1.2, 21 in
+    1.3), each section's padding laid out anew, the footer's tail fields zero; in 1.0
+    the ``first_link`` column is zero too (1.1 gave it its meaning)."""
     _, _, data_records = archive_layout(archive)
     records = read_records(archive)
     data = records[:data_records]
-    sections = [records[data_records + 2 * k + 1] for k in range(SECTION_COUNT)]
+    count = section_count_for(minor)
+    sections = [records[data_records + 2 * k + 1] for k in range(count)]
+    if minor == 0:
+        sections[11] = bytes(len(sections[11]))  # first_link
     footer = bytearray(records[-1])
-    struct.pack_into("<H", footer, 10, 1)  # version_minor
-    struct.pack_into("<I", footer, 32, SECTION_COUNT)
-    n = record_count_for(data_records, SECTION_COUNT)
+    struct.pack_into("<H", footer, 10, minor)  # version_minor
+    struct.pack_into("<I", footer, 32, count)
+    footer[36:64] = bytes(28)
+    n = record_count_for(data_records, count)
     position = header_size(n) + sum(len(record) for record in data)
     laid_out = list(data)
     for section in sections:
@@ -422,6 +428,11 @@ def as_version_1_1(archive: Path, out: Path) -> Path:
         position += padding + len(section)
     laid_out += [b""] * (n - len(laid_out) - 1) + [bytes(footer)]
     return write_records(out, laid_out)
+
+
+def as_version_1_1(archive: Path, out: Path) -> Path:
+    """A copy of an archive as 1.1 wrote it (:func:`as_version`)."""
+    return as_version(archive, out, 1)
 
 
 def damaged_unpieced_archive(directory: Path, size: int = 16 << 20, small_files: int = 300) -> Path:

@@ -14,8 +14,8 @@ import packfs
 from packfs import ChecksumError, FormatError
 from packfs.core import Archive
 from packfs.core.indexbuild import LookupIndex, tail_page_size
-from packfs.format import FOOTER_SIZE, INDEX_ROW, TABLE_PAGE_MIN, TAIL_MAX, TAIL_SPAN_COUNT
-from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, read_records, write_records
+from packfs.format import FOOTER_SIZE, INDEX_ROW, INDEX_SINCE_MINOR, MAGIC, TABLE_PAGE_MIN, TAIL_MAX, TAIL_SPAN_COUNT
+from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, as_version, read_records, write_records
 from tests.test_core_archive import BytesSource
 
 
@@ -159,3 +159,39 @@ def test_the_page_size_grows_until_the_tail_fits_a_suffix_request() -> None:
     # 2.6 MB of CRCs, so the pages are larger.
     big = tail_page_size([2 << 30] * 21, one_page)
     assert big > TABLE_PAGE_MIN and 4 * 21 * (2 << 30) // big <= TAIL_MAX
+
+
+@pytest.mark.parametrize("minor", [0, 1, 2, 3])
+def test_every_older_version_still_opens_locally_and_without_a_map(archive: Path, tmp_path: Path, minor: int) -> None:
+    old = as_version(archive, tmp_path / f"v1{minor}.ffr", minor)
+    with Archive(old) as local, Archive(CountingSource(old.read_bytes())) as remote, \
+            Archive(archive) as current:
+        for opened in (local, remote):
+            assert opened.version == f"1.{minor}"
+            for path, contents in BLUEPRINT.items():
+                entry = opened.find(os.fsencode(path))
+                assert opened.stat(entry) == current.stat(current.find(os.fsencode(path))), path
+                if contents is not None:
+                    assert opened.read_path(path) == contents
+            assert opened.read_path("a/link-up") == BLUEPRINT["hello.txt"]
+            assert opened.verify().ok
+
+
+def test_ffrecords_layout_reads_every_record_of_a_1_4_archive(archive: Path) -> None:
+    """FFRecord's reader, as its format says (tests/vectors/ffrecord/README.md), written
+    out here without packfs's code: the header's CRC over [4, 12 + 12n), each record's
+    CRC over its span, the last record ending at the end of the file."""
+    import zlib
+
+    data = archive.read_bytes()
+    checksum_meta, n = struct.unpack_from("<Iq", data, 0)
+    assert checksum_meta == zlib.crc32(data[4 : 12 + 12 * n])
+    crcs = struct.unpack_from(f"<{n}I", data, 12)
+    offsets = struct.unpack_from(f"<{n}q", data, 12 + 4 * n) + (len(data),)
+    for record in range(n):
+        assert offsets[record] <= offsets[record + 1]
+        assert zlib.crc32(data[offsets[record] : offsets[record + 1]]) == crcs[record], record
+    footer = data[offsets[n - 1] :]
+    assert footer[:8] == MAGIC and struct.unpack_from("<H", footer, 10)[0] == INDEX_SINCE_MINOR
+    with packfs.RecordReader(archive) as reader:  # and packfs's own record reader
+        assert [bytes(reader.read_one(i)) for i in range(n)] == [data[offsets[i] : offsets[i + 1]] for i in range(n)]
