@@ -20,22 +20,12 @@ import pytest
 import packfs
 from packfs.core import Archive
 from tests.conftest import assert_same_tree, bytes_read_by_this_thread, mounted, require_fuse
+from tests.test_inodedaemon import _compiled
 
 pytestmark = pytest.mark.fuse
 
 ENTRIES = 40_000  # four pages of a 4-byte column at the smallest page size (64 KiB)
 DIRECTORIES = 40
-
-
-def _tree_for():
-    from packfs.fuse import tree_for, unavailable
-
-    reason = unavailable()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the compiled daemon must be built under CI: {reason}")
-        pytest.skip(reason)
-    return tree_for
 
 
 def _name(i: int) -> str:
@@ -106,7 +96,7 @@ def test_a_damaged_table_page_is_eio_for_its_entries_logged_once_and_the_rest_se
     bad = resealed_damage(many, tmp_path / "bad.ffr", mode_start + 4 * victim)  # a permission bit
     entries = _names_with_entries(many)
     with Archive(bad, checksums="once") as opened, open(tmp_path / "log", "wb") as log:
-        tree = _tree_for()(opened, log.fileno())
+        tree = _compiled()(opened, log.fileno())
         assert tree.getattr(victim + 1 - per_page)  # an earlier page serves
         for entry in (victim, per_page, 2 * per_page - 1):
             assert _errno(lambda: tree.getattr(entry + 1)) == errno.EIO
@@ -119,7 +109,7 @@ def test_a_damaged_table_page_is_eio_for_its_entries_logged_once_and_the_rest_se
     start = mode_start + page_size
     assert len(lines) == 1 and "section 'mode' is damaged" in lines[0] and f"[{start}, {start + page_size})" in lines[0]
     with Archive(bad, checksums="never") as opened:  # checks off: served as stored
-        assert _tree_for()(opened).getattr(victim + 1)["st_mode"] & 0o7777 != 0
+        assert _compiled()(opened).getattr(victim + 1)["st_mode"] & 0o7777 != 0
 
 
 def _errno(call) -> int:
@@ -134,7 +124,7 @@ def test_a_listing_over_a_damaged_page_is_eio(tmp_path: Path, many: Path) -> Non
     victim = page_size // 4 + 7
     bad = resealed_damage(many, tmp_path / "bad.ffr", uid_start + 4 * victim)
     with Archive(bad, checksums="once") as opened:
-        tree = _tree_for()(opened)
+        tree = _compiled()(opened)
         parent = opened.parent(victim)
         assert _errno(lambda: tree.readdir(parent + 1, plus=True)) == errno.EIO
         # A plain listing (names, types, inodes) does not need the attributes: it lists.
@@ -189,7 +179,7 @@ def test_a_damaged_header_page_is_eio_for_the_records_it_holds(tmp_path: Path, m
     neighbour = by_record[damaged_record + 5]  # same page, its own value intact
     elsewhere = by_record[2 * per_page + 5]
     with Archive(bad, checksums="once") as opened, open(tmp_path / "log", "wb") as log:
-        tree = _tree_for()(opened, log.fileno())
+        tree = _compiled()(opened, log.fileno())
         assert _errno(lambda: tree.read(neighbour + 1, 0, 100)) == errno.EIO
         assert tree.read(elsewhere + 1, 0, 100)
     text = (tmp_path / "log").read_text()

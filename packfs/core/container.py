@@ -222,15 +222,17 @@ class Container:
             if items is None:
                 raise ClosedArchiveError("I/O operation on a closed archive")
             if self.check_data:  # a damaged page fails this use and every later one
-                tail = self.tail
-                assert tail is not None
-                self.checked(tail.check_region, HEADER_CRCS, self._mapped)
-                self.checked(tail.check_region, HEADER_OFFSETS, self._mapped)
+                self.check_region(HEADER_CRCS)
+                self.check_region(HEADER_OFFSETS)
             self.crc_items, self.offset_items = items
             self.__dict__.pop("_unchecked_items", None)
 
-    def _mapped(self, start: int, end: int) -> memoryview:
-        return self.view[start:end]
+    def check_region(self, region: int) -> None:
+        """Check every page of the tail's region ``region`` through the map (an archive
+        opened with its tail, from a source with a map): ChecksumError if one is damaged."""
+        tail = self.tail
+        assert tail is not None and self.zero_copy
+        self.checked(tail.check_region, region, lambda start, end: self.view[start:end])
 
     @property
     def legacy_header(self) -> bool:

@@ -169,7 +169,7 @@ class PathTable:
                                if checks_root else None)
         else:
             if container.check_data:
-                container.checked(tail.check_region, region, lambda start, end: container.view[start:end])
+                container.check_region(region)
             start, end = self._section_span[name]
             view = container.view[start:end].cast(_ITEM_CODE[dtype])
         self._views.append(view)

@@ -46,8 +46,7 @@ def open_sections(container: Container, footer: Footer, first: int, sections: tu
             continue
         if tail is not None and container.check_data:
             # Format 1.4: these sections are small; checked through the tail's pages.
-            container.checked(tail.check_region, section_region(first + k),
-                              lambda start, end: container.view[start:end])
+            container.check_region(section_region(first + k))
         elif container.check_data:
             for checked, what in ((record - 1, f"the padding before section {name!r}"),
                                   (record, f"section {name!r}")):

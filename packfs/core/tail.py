@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Callable, Iterator, NamedTuple, Sequence, Union
+from typing import Callable, NamedTuple, Union
 
 from ..errors import ChecksumError, FormatError
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
@@ -289,17 +289,15 @@ class PagedColumn:
     """
 
     def __init__(self, tail: Tail, region: int, code: str, itemsize: int,
-                 fetch: Callable[[int, int], bytes], cache: PageCache, items: int | None = None,
+                 fetch: Callable[[int, int], bytes], cache: PageCache,
                  on_fetch: Callable[[int], None] | None = None) -> None:
         self._tail = tail
         self._region = region
         self._code = code
-        self._itemsize = itemsize
         self._fetch = fetch
         self._cache = cache
         start, end = tail.regions[region]
-        self._start = start
-        self._length = (end - start) // itemsize if items is None else items
+        self._length = (end - start) // itemsize
         self._per_page = tail.page_size // itemsize  # page_size is a multiple of every item size
         self._on_fetch = on_fetch  # told each page fetched, once it is checked and cached
         # Items known from elsewhere, as checked as the pages (the lookup index's rows):
@@ -358,10 +356,6 @@ class PagedColumn:
             view = self._page(page)
             parts += view[max(start - base, 0) : min(stop - base, len(view))].cast("B")
         return memoryview(bytes(parts)).cast(self._code) if self._code != "B" else bytes(parts)
-
-    def __iter__(self) -> Iterator[object]:
-        for index in range(self._length):
-            yield self[index]
 
     def tolist(self) -> list:
         """Every item (what the memoryview's tolist gives)."""
