@@ -11,7 +11,7 @@ import signal
 import stat as stat_module
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -62,20 +62,30 @@ class _Group(click.Group):
 
 
 _RATE_AFTER_SECONDS = 1.0
+# Forced into a pipe or a file (--progress), one line at most this often: a log, not a
+# stream of redrawn lines.
+_LINE_EVERY_SECONDS = 1.0
 
 
 class _TerminalProgress:
-    """A one-line progress display on stderr, drawn only when stderr is a terminal.
+    """A one-line progress display on stderr, drawn only when stderr is a terminal,
+    or, with ``force`` (``--progress``), as lines into whatever stderr is: at most one
+    a second, and a last one with the whole run's rate.
 
     A total of 0 is unknown (a tar on a pipe): then only bytes and rate are shown.
     ``start`` may come again, for a second phase (copying out of a spool), and begins
-    the count anew.
+    the count anew.  ``fetched``, when set (an archive at a URL: its ``stats``), adds
+    what was fetched to each line.
     """
 
-    def __init__(self, label: str, quiet: bool = False) -> None:
+    def __init__(self, label: str, quiet: bool = False, force: bool = False) -> None:
         self.label = label
-        self.enabled = not quiet and sys.stderr.isatty()
+        terminal = sys.stderr.isatty()
+        self.enabled = force or (terminal and not quiet)
+        self.lines = self.enabled and not terminal  # newline-ended lines, never redrawn
+        self.fetched: Callable[[], dict[str, int]] | None = None
         self._width = 0  # of the line on screen, to blank it
+        self._advanced = False  # whether there is anything for a last line to say
         self.start(0, 0)
 
     def start(self, total_files: int, total_bytes: int) -> None:
@@ -83,22 +93,24 @@ class _TerminalProgress:
         self.files = self.bytes = 0
         self.started = time.monotonic()
         self._drawn = 0.0  # the next advance draws at once
-        if self.enabled and self._width:  # a second phase: show at once that it began
+        if self.enabled and self._width and not self.lines:  # a second phase: show at once that it began
             self._draw(self.started)
 
     def advance(self, files: int, nbytes: int) -> None:
         self.files += files
         self.bytes += nbytes
+        self._advanced = True
         now = time.monotonic()
-        if self.enabled and now - self._drawn > 0.1:
+        if self.enabled and now - self._drawn > (_LINE_EVERY_SECONDS if self.lines else 0.1):
             self._drawn = now
             self._draw(now)
 
-    def _draw(self, now: float) -> None:
+    def _line(self, now: float, final: bool = False) -> str:
         elapsed = now - self.started
         # A rate (and an ETA from it) over the first moments is noise: the first line
-        # once showed "ETA 109950 s".  Both appear after a second.
-        rate = self.bytes / elapsed if elapsed >= _RATE_AFTER_SECONDS else 0.0
+        # once showed "ETA 109950 s".  Both appear after a second; the last line's
+        # rate is the whole run's.
+        rate = self.bytes / elapsed if elapsed >= _RATE_AFTER_SECONDS or (final and elapsed > 0) else 0.0
         speed = f"  {human_size(rate)}/s" if rate else ""
         files = f"{self.files}/{self.total_files} files  " if self.total_files else ""
         if self.total_bytes:
@@ -106,19 +118,49 @@ class _TerminalProgress:
             percent = min(100 * self.bytes / self.total_bytes, 100.0)
             line = (f"{self.label} {percent:5.1f}%  {files}{human_size(self.bytes)}"
                     f"/{human_size(self.total_bytes)}{speed}")
-            if rate:
+            if rate and not final:
                 line += f"  ETA {max(self.total_bytes - self.bytes, 0) / rate:.0f} s"
         else:
             line = f"{self.label}  {files}{human_size(self.bytes)}{speed}"
+        if final:
+            line += f"  in {elapsed:.1f} s"
+        counts = self.fetched() if self.fetched is not None else {}
+        if counts:
+            line += f"  (fetched {human_size(counts['bytes_fetched'])} in {_count(counts['requests'], 'request')})"
+        return line
+
+    def _draw(self, now: float) -> None:
+        line = self._line(now)
+        if self.lines:
+            click.echo(line, err=True)
+            return
         click.echo("\r" + line.ljust(self._width), nl=False, err=True)
         self._width = max(self._width, len(line))
 
     def add_bytes(self, nbytes: int) -> None:
         self.advance(0, nbytes)
 
+    def finish(self) -> None:
+        """The work is done: a terminal's line is blanked (a summary follows); lines
+        into a pipe end with the whole run's."""
+        if self.lines and self._advanced:
+            click.echo(self._line(time.monotonic(), final=True), err=True)
+            self._advanced = False  # once
+        self.close()
+
     def close(self) -> None:
-        if self.enabled and self._width:
+        """Blank a terminal's line (a message, or the next update, follows)."""
+        if self.enabled and self._width and not self.lines:
             click.echo("\r" + " " * self._width + "\r", nl=False, err=True)
+
+
+def _progress_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``--progress``, the same on every command that shows progress."""
+    return click.option("--progress", "force_progress", is_flag=True,
+                        help="Show progress on stderr even when it is not a terminal (a pipe, a file, "
+                             "a job's log): a line a second, and a last one with the whole run's rate "
+                             "(and, for a URL, the bytes and requests fetched). On a terminal it is "
+                             "shown anyway, unless -q; with -q, --progress shows it and no summary.")(function)
 
 
 class _Signalled(BaseException):
@@ -171,11 +213,12 @@ def _exit_on_signals(what: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _closing(progress: _TerminalProgress) -> Iterator[_TerminalProgress]:
-    """Blank the progress line however the block ends; warnings meanwhile blank it
-    first, so that they do not run into it."""
+    """Blank the progress line however the block ends (finish it when the block
+    completes); warnings meanwhile blank it first, so that they do not run into it."""
     _WarningHandler.progress = progress
     try:
         yield progress
+        progress.finish()
     finally:
         _WarningHandler.progress = None
         progress.close()
@@ -239,11 +282,12 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Pack the rest when paths cannot be read (unreadable, vanished, changing while read): "
                    "each is printed as 'skipped: PATH (why)' and the exit status is 3.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@_progress_option
 @click.option("--no-xattrs", "no_xattrs", is_flag=True,
               help="Leave out extended attributes (kept by default: a directory's, as this user can read "
                    "them; a tar's from its pax headers).")
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
-         keep_going: bool, quiet: bool, no_xattrs: bool) -> None:
+         keep_going: bool, quiet: bool, force_progress: bool, no_xattrs: bool) -> None:
     """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
     .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
     streamed in, never extracted to disk.
@@ -274,7 +318,7 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
             ExcludePatterns(exclude, src)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--exclude'") from None
-    progress = _TerminalProgress("packing", quiet)
+    progress = _TerminalProgress("packing", quiet, force_progress)
     try:
         with _exit_on_signals(repr(out)), _closing(progress):
             if from_archive:
@@ -326,7 +370,8 @@ def _count(number: int, noun: str, plural: str = "") -> str:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
+@_progress_option
+def convert(legacy: str, out: str, force: bool, quiet: bool, force_progress: bool) -> None:
     """Rewrite LEGACY as a packfs archive OUT of the current format version: an archive
     made by FFRecord's pack_folder, or a packfs archive of an older version.
 
@@ -342,7 +387,7 @@ def convert(legacy: str, out: str, force: bool, quiet: bool) -> None:
     """
     from .write import convert as convert_archive
 
-    progress = _TerminalProgress("converting", quiet)
+    progress = _TerminalProgress("converting", quiet, force_progress)
     with _exit_on_signals(repr(out)), _closing(progress):
         stats = convert_archive(legacy, out, force=force, progress=progress)
     if not quiet:
@@ -654,6 +699,10 @@ def cat(archive: str, paths: tuple[str, ...]) -> None:
 def info(archive: str, as_json: bool) -> None:
     """Show counts, sizes and the format version of ARCHIVE.
 
+    For an archive at a URL, also what this command fetched (requests, bytes) and,
+    with a disk cache, its block hits, misses and waits (blocks another process was
+    already fetching) and the bytes read ahead.
+
     \b
     Example:
       packfs info --json data.ffr
@@ -666,10 +715,7 @@ def info(archive: str, as_json: bool) -> None:
     with folder:
         details = folder.info()
         details["mount_daemon"] = _mount_daemon(folder)
-        cost = folder.stats()
-        if cost:  # an archive at a URL: what this command fetched
-            details["requests"] = cost["requests"]
-            details["fetched_bytes"] = cost["bytes_fetched"]
+        details.update(_fetch_counts(folder.stats()))
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return
@@ -680,6 +726,19 @@ def info(archive: str, as_json: bool) -> None:
         click.echo("largest files")
         for item in largest:  # type: ignore[attr-defined]
             _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
+
+
+# What ``info`` shows of an archive's stats() (an archive at a URL; a local one has
+# none), under its own names; a counter the source does not keep (the disk cache's,
+# without one) is left out.
+_INFO_COUNTERS = (("requests", "requests"), ("bytes_fetched", "fetched_bytes"), ("cache_hits", "cache_hits"),
+                  ("cache_misses", "cache_misses"), ("cache_waits", "cache_waits"),
+                  ("readahead_bytes", "readahead_bytes"))
+
+
+def _fetch_counts(stats: dict[str, int]) -> dict[str, int]:
+    """``info``'s fields for what this command fetched and found in the cache."""
+    return {name: stats[key] for key, name in _INFO_COUNTERS if key in stats}
 
 
 def _echo_fields(details: dict[str, object], byte_counts: tuple[str, ...] = ()) -> None:
@@ -716,10 +775,11 @@ def _mount_daemon(folder: PackedFolder) -> str:
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_progress_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (ok, counts, damaged paths and records, problems); "
                    "the exit status is the same.")
-def verify(archive: str, quiet: bool, as_json: bool) -> None:
+def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> None:
     """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
 
     \b
@@ -730,14 +790,16 @@ def verify(archive: str, quiet: bool, as_json: bool) -> None:
     try:
         folder = PackedFolder(archive)
     except RecordFileError:
-        _verify_record_file(archive, quiet, as_json)
+        _verify_record_file(archive, quiet, force_progress, as_json)
         return
-    progress = _TerminalProgress("verifying", quiet)
+    progress = _TerminalProgress("verifying", quiet, force_progress)
     with folder:
         kind = "FFRecord packed folder" if folder.archive.legacy else "packfs archive"
+        _show_fetched(progress, folder)
         progress.start(0, folder.archive.size)
         try:
             report = folder.verify(progress.add_bytes)
+            progress.finish()
         finally:
             progress.close()
     if as_json:
@@ -755,6 +817,12 @@ def verify(archive: str, quiet: bool, as_json: bool) -> None:
     for problem in report.problems:
         click.echo(f"damaged: {problem}")
     raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)} (listed above)")
+
+
+def _show_fetched(progress: _TerminalProgress, folder: PackedFolder) -> None:
+    """An archive at a URL: its progress lines also say what was fetched."""
+    if folder.stats():  # empty for a local archive
+        progress.fetched = folder.stats
 
 
 def _damage_summary(report: Any) -> str:
@@ -782,14 +850,15 @@ def _echo_report(path: str, kind: str, report: Any) -> None:
     }, indent=2))
 
 
-def _verify_record_file(path: str, quiet: bool, as_json: bool) -> None:
+def _verify_record_file(path: str, quiet: bool, force_progress: bool, as_json: bool) -> None:
     """``verify`` of an FFRecord record file: its header and every record's CRC."""
     from .records import verify_record_file
 
-    progress = _TerminalProgress("verifying", quiet)
+    progress = _TerminalProgress("verifying", quiet, force_progress)
     progress.start(0, os.path.getsize(path))
     try:
         report = verify_record_file(path, progress.add_bytes)
+        progress.finish()
     finally:
         progress.close()
     records = _count(report.records_checked, "record")
@@ -814,6 +883,7 @@ def _verify_record_file(path: str, quiet: bool, as_json: bool) -> None:
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.argument("paths", nargs=-1)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@_progress_option
 @click.option("--skip-existing", is_flag=True,
               help="Resume an earlier unpack: leave files already in DEST with the archive's size and "
                    "mtime (symlinks: its target) as they are, and finish the rest, DEST's own mtime "
@@ -824,8 +894,8 @@ def _verify_record_file(path: str, quiet: bool, as_json: bool) -> None:
 @click.option("--no-xattrs", "no_xattrs", is_flag=True,
               help="Do not restore extended attributes (restored by default where DEST permits: "
                    "trusted.* and most security.* need root).")
-def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_existing: bool,
-           stop_on_error: bool, no_xattrs: bool) -> None:
+def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, force_progress: bool,
+           skip_existing: bool, stop_on_error: bool, no_xattrs: bool) -> None:
     """Extract ARCHIVE (or just PATHS in it) into the directory DEST.
 
     Restores modes, mtimes, symlinks, hard links and empty directories; never writes
@@ -840,7 +910,7 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
     """
     from .errors import UnpackDamagedError
 
-    progress = _TerminalProgress("unpacking", quiet)
+    progress = _TerminalProgress("unpacking", quiet, force_progress)
 
     def report(path: str, reason: str) -> None:
         progress.close()  # blanks the progress line; the next update draws it again
@@ -851,6 +921,7 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
     # under its name only once whole), and a rerun with --skip-existing resumes; the
     # result equals an unpack never interrupted.
     with _exit_on_signals(f"the rest of {dest!r} (--skip-existing resumes)"), PackedFolder(archive) as folder:
+        _show_fetched(progress, folder)
         progress.start(0, int(folder.info()["file_bytes"]))  # type: ignore[call-overload]
         try:
             stats = unpack_archive(folder, dest, paths, progress=progress.add_bytes, skip_existing=skip_existing,
@@ -859,6 +930,7 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, skip_ex
             stats, failure = error.stats, error
         finally:
             progress.close()
+        progress.finish()  # damaged files too: the rest was unpacked
     if not quiet:
         summary = (f"unpacked {_count(stats.files + stats.hardlinks, 'file')}, {_count(stats.dirs, 'dir')}, "
                    f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.bytes)}) into {dest!r}")

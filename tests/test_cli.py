@@ -395,6 +395,60 @@ def test_terminal_progress_shows_a_rate_and_eta_only_after_a_second(capsys: pyte
     assert "MiB/s" in later and "ETA 2 s" in later
 
 
+def test_forced_progress_into_a_pipe_is_lines_a_second_apart_then_the_whole_runs_rate(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--progress where stderr is no terminal (a job's log): newline-ended lines, never
+    redrawn with \\r, at most one a second; the last one with the whole run's rate."""
+    from packfs.cli import _TerminalProgress
+
+    progress = _TerminalProgress("unpacking", force=True)
+    assert progress.enabled and progress.lines  # capsys' stderr is no terminal
+    progress.start(0, 100 << 20)
+    progress.advance(0, 1 << 20)
+    progress.advance(0, 1 << 20)  # within the same second: no second line
+    first = capsys.readouterr().err
+    assert first == "unpacking   1.0%  1.0 MiB/100.0 MiB\n"
+    progress.started -= 2.0  # as if two seconds had passed
+    progress._drawn -= 2.0
+    progress.advance(0, 48 << 20)
+    later = capsys.readouterr().err
+    assert later.startswith("unpacking  50.0%  50.0 MiB/100.0 MiB  25.0 MiB/s  ETA 2 s") and later.count("\n") == 1
+    progress.close()  # before a warning: nothing to blank between lines
+    assert capsys.readouterr().err == ""
+    progress.advance(0, 50 << 20)
+    progress.finish()
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("unpacking 100.0%  100.0 MiB/100.0 MiB  ") and "MiB/s  in 2.0 s" in last
+    assert "ETA" not in last and "\r" not in last
+    progress.finish()  # once only
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_option_in_a_pipe_and_quiet(run, archive: Path, tmp_path: Path) -> None:
+    for args in (("verify", archive), ("unpack", archive, tmp_path / "out")):
+        plain = run(*args)
+        assert plain.exit_code == 0 and "%" not in plain.stderr  # a pipe: no progress unless asked
+        forced = run(args[0], "--progress", *args[1:-1], str(args[-1]) + ("2" if args[0] == "unpack" else ""))
+        assert forced.exit_code == 0, forced.output
+        label = "verifying" if args[0] == "verify" else "unpacking"
+        lines = [line for line in forced.stderr.splitlines() if line.startswith(label)]
+        assert lines and lines[-1].startswith(f"{label} 100.0%") and "/s  in " in lines[-1], forced.stderr
+        assert "\r" not in forced.stderr and "fetched" not in forced.stderr  # a local archive fetches nothing
+    quiet = run("unpack", "-q", "--progress", archive, tmp_path / "out3")
+    assert quiet.stderr.startswith("unpacking ") and "unpacked" not in quiet.stderr  # progress, no summary
+
+
+def test_info_prints_the_fetch_and_cache_counters_a_source_keeps() -> None:
+    from packfs.cli import _fetch_counts
+
+    assert _fetch_counts({}) == {}  # a local archive
+    remote = {"requests": 3, "bytes_fetched": 4096, "retries": 0, "page_cache_hits": 1}
+    assert _fetch_counts(remote) == {"requests": 3, "fetched_bytes": 4096}
+    cached = {**remote, "cache_hits": 5, "cache_misses": 2, "cache_waits": 1, "readahead_bytes": 8 << 20}
+    assert _fetch_counts(cached) == {"requests": 3, "fetched_bytes": 4096, "cache_hits": 5, "cache_misses": 2,
+                                     "cache_waits": 1, "readahead_bytes": 8 << 20}
+
+
 def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     import pty
     import select

@@ -187,6 +187,29 @@ def test_cli_commands_take_a_url(where: str, request, tmp_path: Path, archive: P
     assert packfs_cli("convert", url, tmp_path / "copy.ffr").returncode == 1  # already native: says so
 
 
+def test_unpack_and_verify_of_a_url_show_progress_and_what_they_fetched(nginx, served: str,  # noqa: F811
+                                                                        tmp_path: Path) -> None:
+    """--progress into a pipe: lines, the last with the rate and the bytes and requests
+    the command fetched, which are what nginx answered."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for args in (("verify", served), ("unpack", served, tmp_path / "out")):
+        plain = packfs_cli(*args[:2], *[f"{arg}-plain" for arg in args[2:]])
+        assert plain.returncode == 0 and "%" not in plain.stderr  # a pipe: progress only when asked
+        nginx.clear_log()
+        result = packfs_cli(args[0], "--progress", *args[1:])
+        assert result.returncode == 0, result.stderr
+        assert "\r" not in result.stderr
+        label = "verifying" if args[0] == "verify" else "unpacking"
+        last = [line for line in result.stderr.splitlines() if line.startswith(label)][-1]
+        assert last.startswith(f"{label} 100.0%") and "/s  in " in last, result.stderr
+        fetched, _, requests = last.rpartition("(fetched ")[2].rstrip(")").partition(" in ")
+        gets = _gets(nginx, int(requests.split()[0]))
+        assert requests == f"{len(gets)} request{'s' if len(gets) > 1 else ''}"
+        number, unit = fetched.split()
+        sent = sum(request.bytes_sent for request in gets)  # bodies and heads (under 1 KiB each)
+        assert sent - 1024 * len(gets) - units[unit] / 10 <= float(number) * units[unit] <= sent + units[unit] / 10
+
+
 def test_cli_errors_name_what_is_wrong(nginx, moto, s3_env) -> None:  # noqa: F811
     missing = packfs_cli("ls", nginx.url("nothing.ffr"))
     assert missing.returncode == 1 and missing.stderr.startswith("Error: ") and "not found" in missing.stderr.lower()
