@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat as stat_module
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, overload
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
 from .core import CLOSED, Archive, PackedFile, PathArg, VerifyReport, lookup_key
 from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
@@ -76,7 +76,12 @@ class PackedFolder:
         Archive's ``"always"`` policy; ``False`` is ``"never"``).
     storage_options
         For a URL: credentials, endpoint and client options, as s3fs and fsspec take
-        them (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``, ``anon``).
+        them (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``, ``anon``),
+        and ``cache_size``, the disk cache's bound in bytes.
+    cache_dir
+        For a URL: where the disk cache shared by every process on the node keeps the
+        blocks fetched (None: ``$PACKFS_CACHE_DIR``, else ``~/.cache/packfs``; False:
+        no disk cache).
 
     Raises
     ------
@@ -94,11 +99,12 @@ class PackedFolder:
     """
 
     def __init__(self, path: PathArg, check_data: bool = True,
-                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                 storage_options: Optional[Mapping[str, Any]] = None,
+                 cache_dir: Union[PathArg, bool, None] = None) -> None:
         self.path = os.fsdecode(path)
         self.check_data = check_data
         self.archive = Archive(self.path, checksums="always" if check_data else "never",
-                               storage_options=storage_options)
+                               storage_options=storage_options, cache_dir=cache_dir)
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
         self.footer = self.archive.footer
         self._file_count = -1

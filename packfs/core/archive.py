@@ -123,6 +123,11 @@ class Archive:
         the table's CRCs: at open before format 1.4, where first used from 1.4 on.
     storage_options
         For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
+    cache_dir
+        For a URL: the disk cache shared by the node's processes (:mod:`packfs.source.cache`):
+        a directory, None for the default (``$PACKFS_CACHE_DIR``, else
+        ``~/.cache/packfs``), False for none.  ``storage_options={"cache_size": N}``
+        bounds it (32 GiB by default).
 
     Raises
     ------
@@ -136,7 +141,8 @@ class Archive:
     """
 
     def __init__(self, source: Union[PathArg, ByteSource], checksums: str = "always",
-                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                 storage_options: Optional[Mapping[str, Any]] = None,
+                 cache_dir: Union[PathArg, bool, None] = None) -> None:
         if checksums not in CHECKSUM_POLICIES:
             raise ValueError(f"checksums must be one of {CHECKSUM_POLICIES}, got {checksums!r}")
         self.checksums = checksums
@@ -145,6 +151,8 @@ class Archive:
             source = os.fsdecode(source)
         # A legacy header (checksum 0) is refused below, once the file was told apart
         # from a record file, which is then named as what it is.
+        if cache_dir is not None:
+            storage_options = {**(storage_options or {}), "cache_dir": cache_dir}
         self._container = container = Container(source, check_data=check_data, allow_legacy_header=True,
                                                  use_tail=True, storage_options=storage_options)
         self.path: str = container.path
@@ -761,7 +769,7 @@ class Archive:
             if first != NO_PIECES:
                 return self._read_pieces(first, start, end, begin, stop, entry)
             self._checked_sound(record, None, entry)
-        return self._container.pread(begin, stop) if begin < stop else b""
+        return self._container.pread(begin, stop, end) if begin < stop else b""
 
     def _read_pieces(self, first: int, start: int, end: int, begin: int, stop: int, entry: int) -> bytes:
         """Bytes [begin, stop) of a record at [start, end) whose piece CRCs start at
@@ -775,11 +783,11 @@ class Archive:
         if checked is not None:
             pieces = range(first + low, first + high)
             if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):
-                return self._container.pread(begin, stop)
+                return self._container.pread(begin, stop, end)
             with self._checking(-1 - first - low):  # below 0: never a record's key
                 self._raise_for_failed_piece(first, low, high, start, end, entry)  # failed while we waited
                 if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):  # checked while we waited
-                    return self._container.pread(begin, stop)
+                    return self._container.pread(begin, stop, end)
                 return self._check_pieces(first, start, end, low, high, begin, stop, entry)
         return self._check_pieces(first, start, end, low, high, begin, stop, entry)
 
@@ -797,7 +805,7 @@ class Archive:
     def _check_pieces(self, first: int, start: int, end: int, low: int, high: int, begin: int, stop: int,
                       entry: int) -> bytes:
         span_start = start + low * PIECE_SIZE
-        data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE))
+        data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE), end)
         view = memoryview(data)
         checked, failed, pieces = self._pieces_checked, self._pieces_failed, self._pieces
         for p in range(low, high):

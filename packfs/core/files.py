@@ -140,7 +140,7 @@ class _RecordReader(io.RawIOBase):
         container = self._open_container()
         start = min(self._position, self._length)
         try:
-            data = container.pread(self._start + start, self._start + self._length)
+            data = container.pread(self._start + start, self._start + self._length, self._start + self._length)
         except PackfsError:
             container.changed_instead()
             raise
@@ -161,7 +161,8 @@ class _RecordReader(io.RawIOBase):
         if count <= 0:
             return 0
         try:
-            container.source.readinto(buffer if count == len(buffer) else buffer[:count], self._start + start)
+            container.readinto(buffer if count == len(buffer) else buffer[:count], self._start + start,
+                               self._start + self._length)
         except PackfsError:
             container.changed_instead()
             raise

@@ -283,7 +283,7 @@ class RemoteFile:
         """Bytes [start, end): from the suffix fetched at open when they lie in it, else
         one ranged GET, or parallel parts of ``part_bytes`` for a larger span."""
         self._check_open()
-        self._check_span(start, end)
+        self.check_span(start, end)
         if start >= self.suffix_start:
             return self.suffix[start - self.suffix_start:end - self.suffix_start]
         if end <= start:
@@ -298,7 +298,7 @@ class RemoteFile:
         """Fill ``buffer`` with the bytes from ``start`` on (parts in parallel, as :meth:`read`)."""
         self._check_open()
         end = start + len(buffer)
-        self._check_span(start, end)
+        self.check_span(start, end)
         if start >= self.suffix_start:
             buffer[:] = self.suffix[start - self.suffix_start:end - self.suffix_start]
             return
@@ -317,7 +317,7 @@ class RemoteFile:
         ``coalesce_gap`` share one GET, up to ``in_flight`` GETs at once."""
         self._check_open()
         for start, end in spans:
-            self._check_span(start, end)
+            self.check_span(start, end)
         order = sorted(range(len(spans)), key=lambda k: spans[k])
         groups: List[List[int]] = []  # runs of span indexes fetched by one GET
         bounds: List[List[int]] = []  # each run's [first, last) byte
@@ -353,7 +353,8 @@ class RemoteFile:
                 results[k] = bytes(buffer[spans[k][0] - first:spans[k][1] - first])
         return results
 
-    def _check_span(self, start: int, end: int) -> None:
+    def check_span(self, start: int, end: int) -> None:
+        """FormatError unless [start, end) lies inside the object."""
         # The object's size is fixed at open: bytes past it are not there to fetch (a
         # server would answer with fewer, which is no reason to try again).
         if not 0 <= start <= end or end > self.size:
