@@ -11,7 +11,8 @@ and spawn: they pickle as the archive's path and an array of entry indices (8 by
 file), re-open the archive in each worker, read with ``pread`` (a worker's RSS does
 not grow with what it has read) and share the path table's pages between workers.
 ``DataLoader`` hands a batch's indices to ``__getitems__``, which reads the batch in
-archive order, one ``pread`` per run of adjacent files.  See :mod:`packfs.dataset`.
+archive order, one ``pread`` per run of adjacent files (from a URL: neighbours share
+one ranged GET and the batch's GETs are in flight at once).  See :mod:`packfs.dataset`.
 
 packfs itself never imports torch; only this module does.
 """
@@ -99,6 +100,11 @@ class PackedDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return self.files.read_batch(indices, self._sample)
+
+    def stats(self) -> dict[str, int]:
+        """What reading cost in this process (a DataLoader worker's own): requests and
+        bytes fetched from a URL (:meth:`packfs.PackedFolder.stats`)."""
+        return self.files.stats()
 
     def close(self) -> None:
         """Close the archive in this process (it is also closed when the dataset is
