@@ -201,3 +201,39 @@ def test_a_dataloader_batch_is_one_call_of_parallel_gets(nginx, served: str, bat
     assert len(gets) < 2 * 8 + len(batches), gets
     assert sum(1 for get in gets if get.range and not get.range.startswith("bytes=-")
                and int(get.range.split("-")[1]) - int(get.range[6:].split("-")[0]) + 1 > 30 * 1000) >= 1
+
+
+@pytest.fixture(scope="module")
+def many_url(nginx, tmp_path_factory) -> tuple[str, Path]:  # noqa: F811
+    """An archive of 30,000 small files, each table column over several pages: its URL
+    and its local copy."""
+    out = tmp_path_factory.mktemp("many") / "many.ffr"
+    packfs.pack_entries((packfs.Entry(f"{i // 1000:02d}/{i:05d}", b"%05d" % i) for i in range(30_000)), out,
+                        count=30_000)
+    nginx.put("many.ffr", out.read_bytes())
+    return nginx.url("many.ffr"), out
+
+
+@pytest.mark.parametrize("kind", ["entries", "paths"])
+def test_a_cold_batch_fetches_its_table_pages_together(many_url, kind: str, monkeypatch) -> None:
+    """A cold batch fetches the table pages it needs in a few read_ranges calls (their
+    GETs in flight together), never one page at a time as each file is located."""
+    calls: list[tuple[str, int]] = []
+    read, read_ranges = RemoteFile.read, RemoteFile.read_ranges
+    monkeypatch.setattr(RemoteFile, "read", lambda self, start, end: calls.append(("read", 1)) or read(self, start, end))
+    monkeypatch.setattr(RemoteFile, "read_ranges",
+                        lambda self, spans: calls.append(("read_ranges", len(spans))) or read_ranges(self, spans))
+    numbers = random.Random(4).sample(range(30_000), 256)
+    items: list = [f"{i // 1000:02d}/{i:05d}" for i in numbers]
+    if kind == "entries":
+        with PackedFolder(many_url[1]) as local:  # the same numbers as remotely, found without a page
+            items = [local.archive.lookup(path) for path in items]
+    with PackedFolder(many_url[0]) as folder:
+        calls.clear()
+        assert folder.archive.read_many(items) == [b"%05d" % i for i in numbers]
+    # Pages fetched alone: at most the parent column's first, which the root's rules need
+    # when the mode column's first or last page arrives (a batch of 256 among 30,000
+    # needs pages of 5 columns, 3-4 pages each).
+    assert len([call for call in calls if call[0] == "read"]) <= 1, calls
+    batched = [count for kind, count in calls if kind == "read_ranges"]
+    assert len(batched) <= 3 and sum(batched[:-1]) > 2 and batched[-1] == 256, calls  # pages, then the files

@@ -45,6 +45,7 @@ from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, Pa
 from .paths import PathArg, lookup_key
 from .pathtable import PathTable
 from .pieces import NO_PIECES, PieceTable
+from .tail import prefetch_pages
 from .xattrs import XattrTable
 from .verify import VerifyReport, verify_archive
 
@@ -953,6 +954,7 @@ class Archive:
         it is yielded.  Every item is located (and refused) before anything is fetched."""
         container = self._container
         try:
+            self._prefetch_pages(items)
             located, names = [], []  # names: what a ChecksumError names (the path asked, or the entry)
             for position, item in enumerate(items):
                 where = item if isinstance(item, (str, bytes, os.PathLike)) else operator.index(item)
@@ -972,6 +974,38 @@ class Archive:
         except PackfsError:
             container.changed_instead()
             raise
+
+    def _prefetch_pages(self, items: Sequence[int | PathArg] | np.ndarray) -> None:
+        """Before a batch's files are located one by one: the table pages they need,
+        fetched at once from a remote 1.4 archive (its lookup-index pages for paths;
+        for entries, their columns' pages, then their records' offsets and CRCs), so a
+        cold batch waits two round trips for its pages, not one for each.  Items that
+        are no file are left to be refused where they are located."""
+        fetch_many = getattr(self._container.source, "read_ranges", None)
+        if fetch_many is None or not len(items):
+            return
+        keys, entries = [], []
+        for item in items:
+            if isinstance(item, (str, bytes, os.PathLike)):
+                try:
+                    keys.append(lookup_key(item))
+                except PackfsError:
+                    pass
+            else:
+                entries.append(operator.index(item))
+        self._table.prefetch_paths(keys, fetch_many)
+        if not entries:
+            return
+        prefetch_pages([(self._mode_items, entries), (self._record_items, entries), (self._size_items, entries)],
+                       fetch_many)
+        count, records = self._data_record_count, []
+        for entry in entries:
+            if 0 <= entry < self._entry_count:
+                record = self._record_items[entry]
+                if record < count:
+                    records.append(record)
+        prefetch_pages([(self._offset_items, records + [record + 1 for record in records]),
+                        (self._crc_items, records)], fetch_many)
 
     def read_chunks(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """File ``entry``'s contents in chunks of ``chunk_size`` bytes, read with pread
