@@ -91,3 +91,24 @@ def test_a_run_stopped_mid_epoch_resumes_with_exactly_the_rest(samples_url, tmp_
         assert len(before["0"]) == stop * 8  # 8 a batch
         assert before["0"] + after["0"] == expected["0"]  # the rest of the epoch, in the same order
         assert after["1"] == expected["1"]  # and the next epoch as if never stopped
+
+
+def test_a_state_from_another_world_is_refused() -> None:
+    require_extra("torch", "torch")
+    from packfs.torch import ResumableDistributedSampler
+
+    saved = ResumableDistributedSampler(range(12), num_replicas=2, rank=1, seed=3)
+    saved.set_epoch(4)
+    state = saved.state_dict(2)
+    resumed = ResumableDistributedSampler(range(12), num_replicas=2, rank=1)  # another seed: the state's is taken
+    resumed.load_state_dict(state)
+    assert list(resumed) == list(saved)[2:] and len(resumed) == 4
+    resumed.set_epoch(5)
+    assert len(list(resumed)) == 6  # other epochs whole
+    for other, key in ((ResumableDistributedSampler(range(12), num_replicas=3, rank=1), "num_replicas"),
+                       (ResumableDistributedSampler(range(12), num_replicas=2, rank=0), "rank"),
+                       (ResumableDistributedSampler(range(10), num_replicas=2, rank=1), "dataset_size")):
+        with pytest.raises(ValueError, match=key):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match="starts at sample 7"):
+        ResumableDistributedSampler(range(12), num_replicas=2, rank=1).load_state_dict({**state, "start": 7})
