@@ -199,11 +199,31 @@ class PackedFolder:
     def read(self, path: Sequence[PathArg]) -> list[bytes]: ...
 
     def read(self, path: PathArg | Sequence[PathArg]) -> bytes | list[bytes]:
-        """The contents of one file, or a list of contents for a list of paths."""
+        """The contents of one file, or a list of contents for a list of paths (as
+        :meth:`read_many` reads them)."""
         if isinstance(path, (str, bytes, os.PathLike)):
             return self.archive.read_path(path)
-        read_path = self.archive.read_path
-        return [read_path(p) for p in path]
+        return self.archive.read_many(path)
+
+    def read_many(self, paths: Sequence[PathArg]) -> list[bytes]:
+        """The contents of each file in ``paths``, in the order given (symlinks followed,
+        duplicates allowed), each checked against its CRC if ``check_data``.
+
+        From an archive at a URL the whole list is fetched at once: sorted by offset,
+        neighbouring files share one ranged GET and many GETs are in flight (a batch
+        costs a few round trips, not one per file).  A local archive reads each file as
+        :meth:`read` does.
+
+        Raises
+        ------
+        PathNotFoundError, NotAFileError
+            A path is missing or is not a file (nothing is returned).
+        ChecksumError
+            ``check_data`` is on and a file fails its CRC: the error names its path.
+        TypeError
+            ``paths`` is one path, not a list of them.
+        """
+        return self.archive.read_many(paths)
 
     def read_view(self, path: PathArg) -> memoryview:
         """A zero-copy, read-only view of a file's bytes in the map (checked if

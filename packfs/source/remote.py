@@ -50,6 +50,14 @@ REMOTE_SCHEMES = ("s3", "http", "https")
 # with the number in flight (47, 363, 1443, 2879 at 1, 8, 32, 64) while the CPU per
 # request falls (474, 315, 288, 256 us); 64 takes most of that and keeps the
 # connections one reader opens to a server modest (the pool holds at most this many).
+# bench/batch_inflight.py, Archive.read_many of batches of 256 shuffled 90-130 KB files
+# (3,000 in the archive) at RTT 20 ms, no bandwidth cap, client on CPU 1, nginx and the
+# proxy on CPU 0: files/s 712, 1274, 1893, 2463 at 16, 32, 64, 128 in flight (0.38,
+# 0.67, 1, 1.30 of 64's; CPU 393, 368, 344, 320 us a file; drift 1.14; run again:
+# 705, 1221, 1866, 2235, 128 at 1.20x, drift 1.04).  The client is CPU-bound (350 us
+# a file: the GET, the copies, the CRC, all under the GIL on one core), so 128 gains
+# less than twice 64's (a batch waits for its slowest GET; the Python proxy shares a
+# core with nginx): 64 stays, keeping a node's connections (workers x 64) modest.
 IN_FLIGHT = 64
 # Parts of one large span in flight at once: 8 x 8 MiB parts bound what is held.
 PARTS_IN_FLIGHT = 8
