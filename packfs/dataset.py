@@ -311,7 +311,8 @@ class PackedFiles(Sequence):
         returns for (index, contents) of each.
 
         The batch's table values are checked at once, and files are read in archive
-        order (adjacent small ones with one ``pread``).  ``transform`` is applied as
+        order (adjacent small ones with one ``pread``; from a URL, neighbours share a
+        ranged GET and the batch's GETs are in flight at once).  ``transform`` is applied as
         each file is read, so only one file's bytes are held at a time."""
         indices = np.asarray(indices)
         if indices.size and indices.dtype.kind not in "iu":  # 1.9 or True is no index
@@ -324,6 +325,12 @@ class PackedFiles(Sequence):
         for position, data in folder.archive.read_batch(entries):
             results[position] = data if transform is None else transform(int(indices[position]), data)
         return results
+
+    def stats(self) -> dict[str, int]:
+        """What reading cost in this process so far (:meth:`packfs.core.Archive.stats`:
+        requests, bytes fetched, ... for a URL; {} locally): a DataLoader worker's
+        own, since each worker opens the archive for itself."""
+        return self.folder.stats()
 
     def path(self, index: int) -> str:
         """The archive path of file ``index`` (of the symlink, for one reached through it)."""

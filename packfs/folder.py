@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat as stat_module
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, overload
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
 from .core import CLOSED, Archive, PackedFile, PathArg, VerifyReport, lookup_key
 from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
@@ -76,7 +76,12 @@ class PackedFolder:
         Archive's ``"always"`` policy; ``False`` is ``"never"``).
     storage_options
         For a URL: credentials, endpoint and client options, as s3fs and fsspec take
-        them (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``, ``anon``).
+        them (``key``, ``secret``, ``token``, ``endpoint_url``, ``region``, ``anon``),
+        and ``cache_size``, the disk cache's bound in bytes.
+    cache_dir
+        For a URL: where the disk cache shared by every process on the node keeps the
+        blocks fetched (None: ``$PACKFS_CACHE_DIR``, else ``~/.cache/packfs``; False:
+        no disk cache).
 
     Raises
     ------
@@ -94,11 +99,12 @@ class PackedFolder:
     """
 
     def __init__(self, path: PathArg, check_data: bool = True,
-                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                 storage_options: Optional[Mapping[str, Any]] = None,
+                 cache_dir: Union[PathArg, bool, None] = None) -> None:
         self.path = os.fsdecode(path)
         self.check_data = check_data
         self.archive = Archive(self.path, checksums="always" if check_data else "never",
-                               storage_options=storage_options)
+                               storage_options=storage_options, cache_dir=cache_dir)
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
         self.footer = self.archive.footer
         self._file_count = -1
@@ -193,11 +199,31 @@ class PackedFolder:
     def read(self, path: Sequence[PathArg]) -> list[bytes]: ...
 
     def read(self, path: PathArg | Sequence[PathArg]) -> bytes | list[bytes]:
-        """The contents of one file, or a list of contents for a list of paths."""
+        """The contents of one file, or a list of contents for a list of paths (as
+        :meth:`read_many` reads them)."""
         if isinstance(path, (str, bytes, os.PathLike)):
             return self.archive.read_path(path)
-        read_path = self.archive.read_path
-        return [read_path(p) for p in path]
+        return self.archive.read_many(path)
+
+    def read_many(self, paths: Sequence[PathArg]) -> list[bytes]:
+        """The contents of each file in ``paths``, in the order given (symlinks followed,
+        duplicates allowed), each checked against its CRC if ``check_data``.
+
+        From an archive at a URL the whole list is fetched at once: sorted by offset,
+        neighbouring files share one ranged GET and many GETs are in flight (a batch
+        costs a few round trips, not one per file).  A local archive reads each file as
+        :meth:`read` does.
+
+        Raises
+        ------
+        PathNotFoundError, NotAFileError
+            A path is missing or is not a file (nothing is returned).
+        ChecksumError
+            ``check_data`` is on and a file fails its CRC: the error names its path.
+        TypeError
+            ``paths`` is one path, not a list of them.
+        """
+        return self.archive.read_many(paths)
 
     def read_view(self, path: PathArg) -> memoryview:
         """A zero-copy, read-only view of a file's bytes in the map (checked if

@@ -11,7 +11,8 @@ and spawn: they pickle as the archive's path and an array of entry indices (8 by
 file), re-open the archive in each worker, read with ``pread`` (a worker's RSS does
 not grow with what it has read) and share the path table's pages between workers.
 ``DataLoader`` hands a batch's indices to ``__getitems__``, which reads the batch in
-archive order, one ``pread`` per run of adjacent files.  See :mod:`packfs.dataset`.
+archive order, one ``pread`` per run of adjacent files (from a URL: neighbours share
+one ranged GET and the batch's GETs are in flight at once).  See :mod:`packfs.dataset`.
 
 packfs itself never imports torch; only this module does.
 """
@@ -28,14 +29,15 @@ from .errors import PathNotFoundError, missing_dependency
 
 try:
     import torch
-    from torch.utils.data import Dataset
+    from torch.utils.data import Dataset, DistributedSampler
 except ImportError as error:
     raise missing_dependency(error, "torch", "packfs.torch", "torch", "PyTorch") from None
 
 from .dataset import PackedFiles, files_by_directory
 from .folder import PackedFolder, PathArg
 
-__all__ = ["PackedDataset", "PackedImageFolder", "IMG_EXTENSIONS", "decode_pil", "decode_cv2"]
+__all__ = ["PackedDataset", "PackedImageFolder", "ResumableDistributedSampler", "IMG_EXTENSIONS", "decode_pil",
+           "decode_cv2"]
 
 # torchvision's list, so the same files count as images.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -100,6 +102,11 @@ class PackedDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return self.files.read_batch(indices, self._sample)
 
+    def stats(self) -> dict[str, int]:
+        """What reading cost in this process (a DataLoader worker's own): requests and
+        bytes fetched from a URL (:meth:`packfs.PackedFolder.stats`)."""
+        return self.files.stats()
+
     def close(self) -> None:
         """Close the archive in this process (it is also closed when the dataset is
         dropped); a worker re-opens its own."""
@@ -113,6 +120,72 @@ class PackedDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.archive!r}, {self.files.pattern!r}: {len(self)} files)"
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """torch's ``DistributedSampler`` (each of ``num_replicas`` ranks gets its own
+    share of every epoch, shuffled by ``seed`` and the epoch), which can also start an
+    epoch part way through its share: to resume a run that stopped mid-epoch.
+
+    A training loop saves ``sampler.state_dict(samples_done)``, where ``samples_done``
+    counts the samples this rank consumed in the current epoch's iteration (steps x
+    batch size: the sampler cannot count them itself, since a DataLoader draws indices
+    ahead of what its workers delivered).  A new process makes the sampler with the same
+    arguments and calls :meth:`load_state_dict`: iterating epoch ``state["epoch"]``
+    then yields exactly the indices that epoch had left, in the same order (the
+    permutation is drawn whole and its first ``samples_done`` dropped, as FFRecord's
+    ``set_step`` does with batches); every other epoch, and calling
+    :meth:`set_epoch` with it, is unaffected.
+
+    ``num_replicas`` and ``rank`` may be given without a process group (otherwise
+    torch takes them from ``torch.distributed``).
+
+    Raises
+    ------
+    ValueError
+        A state from another world size, rank or dataset size, or a start past the
+        epoch's share.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last)
+        self.start_epoch = -1  # the epoch that starts part way (none: -1) ...
+        self.start = 0  # ... and how many of its indices are skipped
+
+    def _skipped(self) -> int:
+        return self.start if self.epoch == self.start_epoch else 0
+
+    def __iter__(self) -> Any:
+        indices = list(super().__iter__())
+        return iter(indices[self._skipped():])
+
+    def __len__(self) -> int:
+        return self.num_samples - self._skipped()
+
+    def state_dict(self, samples_done: int) -> dict[str, int]:
+        """What :meth:`load_state_dict` needs to resume after ``samples_done`` samples
+        of this iteration of the current epoch were consumed (those a resumed epoch
+        skipped are added here)."""
+        return {"epoch": self.epoch, "start": self._skipped() + int(samples_done), "seed": self.seed,
+                "num_replicas": self.num_replicas, "rank": self.rank, "dataset_size": len(self.dataset),  # type: ignore[arg-type]
+                "shuffle": int(self.shuffle), "drop_last": int(self.drop_last)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume from :meth:`state_dict`'s state: the sampler's epoch becomes the saved
+        one, whose first ``start`` indices are skipped."""
+        mine = {"num_replicas": self.num_replicas, "rank": self.rank, "dataset_size": len(self.dataset),  # type: ignore[arg-type]
+                "shuffle": int(self.shuffle), "drop_last": int(self.drop_last)}
+        for key in ("num_replicas", "rank", "dataset_size", "shuffle", "drop_last"):
+            if int(state[key]) != mine[key]:
+                raise ValueError(f"the state was saved with {key}={state[key]}, this sampler has {key}={mine[key]}: "
+                                 f"a run resumes with the same world, rank and dataset")
+        if not 0 <= int(state["start"]) <= self.num_samples:
+            raise ValueError(f"the state starts at sample {state['start']}, expected one in [0, {self.num_samples}]")
+        self.seed = int(state["seed"])
+        self.set_epoch(int(state["epoch"]))
+        self.start_epoch, self.start = int(state["epoch"]), int(state["start"])
 
 
 def decode_pil(data: bytes) -> Any:

@@ -46,6 +46,14 @@ HARDLINK = ("hardlink.txt", "hello.txt")
 MTIME_NS = 1_600_000_000_123_456_789
 
 
+@pytest.fixture(autouse=True)
+def _cache_dir_per_test(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test reads archives at URLs through a disk cache of its own: none reads the
+    user's ~/.cache, and no test is served blocks another one fetched (the counts of
+    requests the remote tests check stay theirs)."""
+    monkeypatch.setenv("PACKFS_CACHE_DIR", str(tmp_path_factory.mktemp("packfs-cache")))
+
+
 def make_tree(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for relative, contents in BLUEPRINT.items():

@@ -828,11 +828,11 @@ def test_once_checks_a_record_once_when_threads_ask_for_it_together(tmp_path: Pa
         time.sleep(0.05)  # widen the window in which the other threads arrive
         return real_crc_ok(self, record, progress)
 
-    def slow_pread(self, start, end):
+    def slow_pread(self, start, end, limit=None):
         if end - start == PIECE_SIZE:  # a piece read to be checked (the replies are 64 KiB)
             checks.append(("piece", start))
             time.sleep(0.05)
-        return real_pread(self, start, end)
+        return real_pread(self, start, end, limit)
 
     monkeypatch.setattr(Container, "record_crc_ok", slow_crc_ok)
     monkeypatch.setattr(Container, "pread", slow_pread)

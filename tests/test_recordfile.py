@@ -202,9 +202,9 @@ def test_the_last_record_is_not_read_whole_to_tell(tmp_path: Path, monkeypatch: 
     spans: list[int] = []
     pread = Container.pread
 
-    def recording(self: Container, start: int, end: int) -> bytes:
+    def recording(self: Container, start: int, end: int, limit: int | None = None) -> bytes:
         spans.append(end - start)
-        return pread(self, start, end)
+        return pread(self, start, end, limit)
 
     monkeypatch.setattr(Container, "pread", recording)
     with pytest.raises(RecordFileError):

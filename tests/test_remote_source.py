@@ -37,6 +37,13 @@ def require_server(kind: str, error: Exception) -> None:
     pytest.skip(f"{kind} cannot be started here: {error}")
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are the remote source's own: each request as it sends it, without the
+    disk cache's blocks (tests/test_cache.py tests the cache)."""
+    monkeypatch.setenv("PACKFS_CACHE_DIR", "off")
+
+
 @pytest.fixture(scope="module")
 def nginx(tmp_path_factory):
     require_extra("urllib3", "remote")

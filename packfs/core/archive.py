@@ -24,6 +24,7 @@ The checksum policy is decided here, once, for every front end (``checksums``):
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from contextlib import contextmanager
@@ -39,10 +40,12 @@ from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, PIECE_SIZE, S_IFDIR, S_IF
 from ..source import ByteSource
 from . import legacy, recordfile
 from .container import MAP_COPY_BYTES, Container, explain_foreign
-from .files import SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, PackedFile, StreamFile, read_entries
+from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, PackedFile, StreamFile, read_entries,
+                    read_spans)
 from .paths import PathArg, lookup_key
 from .pathtable import PathTable
 from .pieces import NO_PIECES, PieceTable
+from .tail import prefetch_pages
 from .xattrs import XattrTable
 from .verify import VerifyReport, verify_archive
 
@@ -123,6 +126,11 @@ class Archive:
         the table's CRCs: at open before format 1.4, where first used from 1.4 on.
     storage_options
         For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
+    cache_dir
+        For a URL: the disk cache shared by the node's processes (:mod:`packfs.source.cache`):
+        a directory, None for the default (``$PACKFS_CACHE_DIR``, else
+        ``~/.cache/packfs``), False for none.  ``storage_options={"cache_size": N}``
+        bounds it (32 GiB by default).
 
     Raises
     ------
@@ -136,7 +144,8 @@ class Archive:
     """
 
     def __init__(self, source: Union[PathArg, ByteSource], checksums: str = "always",
-                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                 storage_options: Optional[Mapping[str, Any]] = None,
+                 cache_dir: Union[PathArg, bool, None] = None) -> None:
         if checksums not in CHECKSUM_POLICIES:
             raise ValueError(f"checksums must be one of {CHECKSUM_POLICIES}, got {checksums!r}")
         self.checksums = checksums
@@ -145,6 +154,8 @@ class Archive:
             source = os.fsdecode(source)
         # A legacy header (checksum 0) is refused below, once the file was told apart
         # from a record file, which is then named as what it is.
+        if cache_dir is not None:
+            storage_options = {**(storage_options or {}), "cache_dir": cache_dir}
         self._container = container = Container(source, check_data=check_data, allow_legacy_header=True,
                                                  use_tail=True, storage_options=storage_options)
         self.path: str = container.path
@@ -761,7 +772,7 @@ class Archive:
             if first != NO_PIECES:
                 return self._read_pieces(first, start, end, begin, stop, entry)
             self._checked_sound(record, None, entry)
-        return self._container.pread(begin, stop) if begin < stop else b""
+        return self._container.pread(begin, stop, end) if begin < stop else b""
 
     def _read_pieces(self, first: int, start: int, end: int, begin: int, stop: int, entry: int) -> bytes:
         """Bytes [begin, stop) of a record at [start, end) whose piece CRCs start at
@@ -775,11 +786,11 @@ class Archive:
         if checked is not None:
             pieces = range(first + low, first + high)
             if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):
-                return self._container.pread(begin, stop)
+                return self._container.pread(begin, stop, end)
             with self._checking(-1 - first - low):  # below 0: never a record's key
                 self._raise_for_failed_piece(first, low, high, start, end, entry)  # failed while we waited
                 if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):  # checked while we waited
-                    return self._container.pread(begin, stop)
+                    return self._container.pread(begin, stop, end)
                 return self._check_pieces(first, start, end, low, high, begin, stop, entry)
         return self._check_pieces(first, start, end, low, high, begin, stop, entry)
 
@@ -797,7 +808,7 @@ class Archive:
     def _check_pieces(self, first: int, start: int, end: int, low: int, high: int, begin: int, stop: int,
                       entry: int) -> bytes:
         span_start = start + low * PIECE_SIZE
-        data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE))
+        data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE), end)
         view = memoryview(data)
         checked, failed, pieces = self._pieces_checked, self._pieces_failed, self._pieces
         for p in range(low, high):
@@ -886,8 +897,15 @@ class Archive:
         order: each file checked under the policy as it is yielded, so a caller that
         transforms each one holds one file's bytes at a time.  The table values of the
         whole batch are checked before anything is read; a run of adjacent small files
-        is read with one pread."""
+        is read with one pread.  From a URL, the batch is fetched as :meth:`read_many`
+        fetches it (neighbours share a GET, many in flight, groups bounded in bytes)."""
         container = self._container
+        if not container.zero_copy:
+            # From a URL: the batch's spans fetched in parallel (read_many's path); the
+            # header's and the table's whole arrays that read_entries indexes would be
+            # fetched whole, and grow with the archive.
+            yield from self._read_located(entries)
+            return
         if not container.guarded:
             container.check_size()
         try:
@@ -895,6 +913,107 @@ class Archive:
         except PackfsError:
             container.changed_instead()
             raise
+
+    def read_many(self, items: Sequence[int | PathArg] | np.ndarray) -> list[bytes]:
+        """The contents of each file in ``items``, in the order asked: entries (ints) or
+        paths (symlinks followed, as :meth:`read_path` follows them), duplicates
+        allowed.  Each file's CRC is checked under the policy before it is returned; a
+        ChecksumError names the path (the one asked for, or an entry's stored path).
+
+        From a source without a map (an archive at a URL) every file is located first
+        (its table values checked), then the spans, in offset order, are fetched with
+        :func:`~packfs.core.files.read_spans`: neighbours share a ranged GET and many
+        are in flight at once, in groups bounded in bytes.  A local archive reads each
+        file as :meth:`read_path` and :meth:`read` do (pread, or a copy out of the map).
+
+        Raises
+        ------
+        PathNotFoundError, NotAFileError
+            An item is missing or is not a regular file (nothing is returned).
+        ChecksumError
+            A file fails its CRC.
+        TypeError
+            ``items`` is one path (whose characters would be read as paths), not a list.
+        """
+        if isinstance(items, (str, bytes, os.PathLike)):
+            raise TypeError(f"read_many takes a list of paths or entries, not one path ({items!r})")
+        if self._container.zero_copy:
+            read, read_path = self.read, self.read_path
+            return [read_path(item) if isinstance(item, (str, bytes, os.PathLike)) else read(operator.index(item))
+                    for item in items]
+        results: list[bytes] = [b""] * len(items)
+        for position, data in self._read_located(items):
+            results[position] = data
+        return results
+
+    def _locate(self, item: int | PathArg) -> tuple[int, int, int]:
+        """(record, start, end) of the regular file ``item`` names (an entry or a path),
+        its table values checked."""
+        if isinstance(item, (str, bytes, os.PathLike)):
+            return self._path_span(item)
+        entry = operator.index(item)
+        if not 0 <= entry < self._entry_count or self._mode_items[entry] & S_IFMT != S_IFREG:
+            self._regular_file(entry)  # raises, saying what the entry is
+        return self._file_span(entry)
+
+    def _read_located(self, items: Sequence[int | PathArg] | np.ndarray) -> Iterator[tuple[int, bytes]]:
+        """(position in ``items``, contents) of each file, in offset order, fetched from a
+        source without a map by :func:`read_spans` and checked under the policy before
+        it is yielded.  Every item is located (and refused) before anything is fetched."""
+        container = self._container
+        try:
+            self._prefetch_pages(items)
+            located, names = [], []  # names: what a ChecksumError names (the path asked, or the entry)
+            for position, item in enumerate(items):
+                where = item if isinstance(item, (str, bytes, os.PathLike)) else operator.index(item)
+                record, start, end = self._locate(where)
+                located.append((start, end, record, position))
+                names.append(where)
+            located.sort()
+            for group, contents in read_spans(container.source, [(start, end) for start, end, _, _ in located]):
+                # Unchanged after the fetch: the bytes, and every table value used above,
+                # are the archive's as it was opened.
+                container.check_unchanged()
+                for k, data in zip(group, contents):
+                    _, _, record, position = located[k]
+                    if self._needs_check(record, names[position]):
+                        self._checked_sound(record, data, names[position])
+                    yield position, data
+        except PackfsError:
+            container.changed_instead()
+            raise
+
+    def _prefetch_pages(self, items: Sequence[int | PathArg] | np.ndarray) -> None:
+        """Before a batch's files are located one by one: the table pages they need,
+        fetched at once from a remote 1.4 archive (its lookup-index pages for paths;
+        for entries, their columns' pages, then their records' offsets and CRCs), so a
+        cold batch waits two round trips for its pages, not one for each.  Items that
+        are no file are left to be refused where they are located."""
+        fetch_many = getattr(self._container.source, "read_ranges", None)
+        if fetch_many is None or not len(items):
+            return
+        keys, entries = [], []
+        for item in items:
+            if isinstance(item, (str, bytes, os.PathLike)):
+                try:
+                    keys.append(lookup_key(item))
+                except PackfsError:
+                    pass
+            else:
+                entries.append(operator.index(item))
+        self._table.prefetch_paths(keys, fetch_many)
+        if not entries:
+            return
+        prefetch_pages([(self._mode_items, entries), (self._record_items, entries), (self._size_items, entries)],
+                       fetch_many)
+        count, records = self._data_record_count, []
+        for entry in entries:
+            if 0 <= entry < self._entry_count:
+                record = self._record_items[entry]
+                if record < count:
+                    records.append(record)
+        prefetch_pages([(self._offset_items, records + [record + 1 for record in records]),
+                        (self._crc_items, records)], fetch_many)
 
     def read_chunks(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """File ``entry``'s contents in chunks of ``chunk_size`` bytes, read with pread

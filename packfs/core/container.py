@@ -100,6 +100,8 @@ class Container:
         # Reads copy small records out of a guarded map; a source without a map (a
         # remote one, whose reads cannot fault) is read through ``read``.
         self.guarded = self.source.guarded and self.source.mapping is not None
+        # A source that reads ahead of sequential readers takes the end of the file read.
+        self.reads_ahead = bool(getattr(self.source, "reads_ahead", False))
         self.check_data = check_data
         self.allow_legacy_header = allow_legacy_header
         self.use_tail = use_tail
@@ -470,10 +472,21 @@ class Container:
         if not self.closed:
             self.source.check_unchanged()
 
-    def pread(self, start: int, end: int) -> bytes:
+    def pread(self, start: int, end: int, limit: Optional[int] = None) -> bytes:
         """Bytes [start, end) from the source (pread for a local file: no page joins
-        this process's RSS)."""
+        this process's RSS).  ``limit``: the end of the file being read, past which a
+        source that reads ahead of sequential readers does not (a mount reading one
+        large file); without it a stream reads ahead across files (a scan)."""
+        if limit is not None and self.reads_ahead:
+            return self.source.read(start, end, limit)  # type: ignore[call-arg]
         return self.source.read(start, end)
+
+    def readinto(self, buffer: memoryview, start: int, limit: Optional[int] = None) -> None:
+        """Fill ``buffer`` from ``start`` on, as :meth:`pread`."""
+        if limit is not None and self.reads_ahead:
+            self.source.readinto(buffer, start, limit)  # type: ignore[call-arg]
+        else:
+            self.source.readinto(buffer, start)
 
     def release(self, start: int, end: int) -> None:
         """Drop mapped pages of [start, end) from this process (a memory hint)."""

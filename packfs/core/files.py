@@ -1,11 +1,12 @@
 """Reading files of an archive in more than one call: file objects over one record,
-and a batch of records read in archive order."""
+and a batch of records read in archive order (from a local file with joined preads,
+from a URL with ranged GETs in flight at once)."""
 
 from __future__ import annotations
 
 import io
 import os
-from typing import TYPE_CHECKING, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Iterator, List, NoReturn, Sequence, Tuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -15,10 +16,11 @@ if TYPE_CHECKING:
 
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
 from ..format import S_IFMT, S_IFREG, crc32
+from ..source import ByteSource
 from .container import Container
 
 __all__ = ["PackedFile", "MemoryFile", "StreamFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
-           "STREAM_BUFFER_BYTES", "read_entries"]
+           "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE"]
 
 # Archive.open reads a file of at most SMALL_FILE_BYTES whole, with one pread, checks
 # those bytes and serves them from memory, where its CRC is checked at open ("always",
@@ -41,6 +43,11 @@ STREAM_BUFFER_BYTES = 32 << 10
 # large allocation, faulted in page by page and then copied again into the files'
 # own bytes objects, which cost more than the calls saved (bench/dataloader.py).
 _BATCH_RUN_BYTES = 64 << 10
+# A batch from a source without a map (a URL) is fetched in groups of at most this
+# share of the source's memory cap (a group's GETs all in flight at once), so a batch
+# of huge files holds one group's bytes, not the batch's, while it is fetched; a file
+# larger than that is a group of its own.
+BATCH_GROUP_SHARE = 4
 
 
 class PackedFile:
@@ -140,7 +147,7 @@ class _RecordReader(io.RawIOBase):
         container = self._open_container()
         start = min(self._position, self._length)
         try:
-            data = container.pread(self._start + start, self._start + self._length)
+            data = container.pread(self._start + start, self._start + self._length, self._start + self._length)
         except PackfsError:
             container.changed_instead()
             raise
@@ -161,7 +168,8 @@ class _RecordReader(io.RawIOBase):
         if count <= 0:
             return 0
         try:
-            container.source.readinto(buffer if count == len(buffer) else buffer[:count], self._start + start)
+            container.readinto(buffer if count == len(buffer) else buffer[:count], self._start + start,
+                               self._start + self._length)
         except PackfsError:
             container.changed_instead()
             raise
@@ -259,3 +267,23 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
         view.release()
         i = j
 
+
+
+def read_spans(source: ByteSource, spans: Sequence[Tuple[int, int]]) -> Iterator[Tuple[range, List[bytes]]]:
+    """The bytes of ``spans`` (sorted by start) from a source without a map, in groups:
+    (the group's indexes into ``spans``, each one's bytes).  A group is as many
+    consecutive spans as add up to a BATCH_GROUP_SHARE-th of the source's memory cap,
+    fetched with one ``read_ranges`` call (neighbours share a ranged GET, many in
+    flight), or read one by one from a source without ``read_ranges``."""
+    limit = max(1, getattr(source, "memory_cap", 256 << 20) // BATCH_GROUP_SHARE)
+    read_ranges = getattr(source, "read_ranges", None)
+    first, count = 0, len(spans)
+    while first < count:
+        last, total = first + 1, spans[first][1] - spans[first][0]
+        while last < count and total + spans[last][1] - spans[last][0] <= limit:
+            total += spans[last][1] - spans[last][0]
+            last += 1
+        group = spans[first:last]
+        contents = read_ranges(group) if read_ranges is not None else [source.read(start, end) for start, end in group]
+        yield range(first, last), contents
+        first = last

@@ -8,11 +8,11 @@ stats and reads a file with two requests, the page and the file, whatever its si
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from ..errors import FormatError
 from ..format import INDEX_ROW, NO_RECORD, crc32
-from .tail import PageCache, Tail
+from .tail import FetchMany, PageCache, Tail
 
 __all__ = ["IndexRow", "LookupIndex"]
 
@@ -55,6 +55,20 @@ class LookupIndex:
             if path == key:
                 return row
         return None
+
+    def prefetch(self, keys: Iterable[bytes], fetch_many: FetchMany) -> None:
+        """Fetch at once (one ``fetch_many`` call: GETs in flight together) the pages
+        that can hold the paths ``keys`` and are not cached, each checked and cached as
+        :meth:`find` would, up to half the cache's capacity."""
+        pages = sorted({page for page in (self._tail.index_page_for(crc32(key)) for key in keys) if page >= 0
+                        and page not in self._parsed and not self._cache.holds((-1, page))})
+        if len(pages) < 2:
+            return  # one page costs a round trip either way, when it is used
+        pages = pages[:max(1, self._cache.capacity // 2 // self._tail.page_size)]
+        spans = [(located.start, located.end) for located in (self._tail.index_page(page) for page in pages)]
+        for page, data in zip(pages, fetch_many(spans)):
+            self._tail.check_index_page(page, data)
+            self._cache.put((-1, page), data)
 
     def _rows(self, page: int) -> dict[int, list[tuple[bytes, IndexRow]]]:
         parsed = self._parsed.get(page)

@@ -8,11 +8,11 @@ is ``tablebuild``."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from .container import Container
 from .lookupindex import LookupIndex
-from .tail import PagedColumn, section_region
+from .tail import FetchMany, PagedColumn, section_region
 
 from ..errors import ChecksumError, ClosedArchiveError, FormatError
 from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
@@ -330,6 +330,12 @@ class PathTable:
                     return entry
             j += 1
         return -1
+
+    def prefetch_paths(self, keys: Iterable[bytes], fetch_many: FetchMany) -> None:
+        """Before looking up ``keys`` one by one: fetch the lookup-index pages they need
+        at once, with ``fetch_many`` (a remote 1.4 table's; nothing for any other)."""
+        if self.__dict__.get("_paged"):
+            self._index.prefetch(keys, fetch_many)
 
     def _find_in_index(self, key: bytes) -> int:
         """A remote 1.4 table's lookup: one page of the lookup index (format 4d), whose

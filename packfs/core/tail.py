@@ -18,14 +18,17 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Callable, NamedTuple, Union
+from typing import Callable, Iterable, List, NamedTuple, Sequence, Tuple, Union
 
 from ..errors import ChecksumError, FormatError
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
                       TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc)
 
 __all__ = ["Tail", "PageCache", "PagedColumn", "IndexPage", "HEADER_CRCS", "HEADER_OFFSETS", "section_region",
-           "has_tail"]
+           "has_tail", "prefetch_pages", "FetchMany"]
+
+# A source's read_ranges: the bytes of each (start, end) span, in the order given.
+FetchMany = Callable[[Sequence[Tuple[int, int]]], List[bytes]]
 
 # The tail's paged regions: the header's two arrays, then sections 0 .. 20.
 HEADER_CRCS = 0
@@ -267,6 +270,11 @@ class PageCache:
                 self.misses += 1
             return page
 
+    def holds(self, key: tuple[int, int]) -> bool:
+        """Whether a page is kept under ``key`` (not counted as a hit or a miss)."""
+        with self._lock:
+            return key in self._pages
+
     def put(self, key: tuple[int, int], page: bytes) -> None:
         """Keep ``page`` under ``key``, dropping the least recently used beyond capacity."""
         with self._lock:
@@ -325,6 +333,20 @@ class PagedColumn:
                 self._on_fetch(page)
         return memoryview(data).cast(self._code) if self._code != "B" else memoryview(data)
 
+    def _missing_pages(self, indices: Iterable[int]) -> set[int]:
+        """The pages holding items ``indices`` (those in range and not hinted) that the
+        cache does not hold."""
+        hints, length, per_page = self._hints, self._length, self._per_page
+        pages = {index // per_page for index in indices if 0 <= index < length and index not in hints}
+        return {page for page in pages if not self._cache.holds((self._region, page))}
+
+    def _accept(self, page: int, data: bytes) -> None:
+        """Page ``page``, fetched elsewhere: checked, then kept as :meth:`_page` keeps one."""
+        self._tail.check_page(self._region, page, data)
+        self._cache.put((self._region, page), data)
+        if self._on_fetch is not None:
+            self._on_fetch(page)
+
     def __getitem__(self, index: Union[int, slice]) -> object:
         if isinstance(index, slice):
             start, stop, step = index.indices(self._length)
@@ -363,3 +385,26 @@ class PagedColumn:
 
     def release(self) -> None:
         """Nothing to release (a memoryview's method, called when a table closes)."""
+
+
+def prefetch_pages(wanted: Sequence[Tuple[object, Iterable[int]]], fetch_many: FetchMany) -> None:
+    """Fetch at once the pages holding the items a batch will use: for each (column,
+    item indexes) in ``wanted``, the pages of a :class:`PagedColumn` (other columns, in
+    memory already, are skipped) that are neither cached nor hinted, with one
+    ``fetch_many`` call (a remote source's read_ranges: its GETs in flight together),
+    each checked and cached as a use would.  Up to half the page cache's capacity: a
+    batch whose pages need more leaves the rest to be fetched as they are used."""
+    jobs: List[Tuple[PagedColumn, int]] = []
+    budget = None
+    for column, indices in wanted:
+        if not isinstance(column, PagedColumn):
+            continue
+        if budget is None:
+            budget = max(1, column._cache.capacity // 2 // column._tail.page_size)
+        jobs += [(column, page) for page in sorted(column._missing_pages(indices))]
+    if len(jobs) < 2:
+        return  # one page costs a round trip either way, when it is used
+    jobs = jobs[:budget]
+    spans = [column._tail.page_span(column._region, page) for column, page in jobs]
+    for (column, page), data in zip(jobs, fetch_many(spans)):
+        column._accept(page, data)

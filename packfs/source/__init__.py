@@ -5,11 +5,10 @@ whether a file changed: it asks its byte source.  A source is anything with the
 interface of :class:`ByteSource`: :class:`LocalFile` (a descriptor and a memory map)
 and :class:`RemoteFile` (``packfs.source.remote``: ranged GETs over HTTP or S3;
 ``identity`` is (URL, ETag or version, size), every GET carries If-Match, ``mapping``
-is None); :func:`open_source` picks one for a path or URL.  The next one fits the same
-interface:
-
-- a block cache wrapping any source: ``read`` is served from fixed-size blocks kept
-  in a bounded cache, and every other member is the wrapped source's.
+is None); :func:`open_source` picks one for a path or URL, and puts a RemoteFile
+behind :class:`CachedSource` (``packfs.source.cache``: a disk cache of fixed blocks
+shared by every process on the node, which also reads ahead of sequential readers),
+whose interface is the same.
 
 The core reads the header and the path table through ``mapping`` where a source has
 one (zero-copy), and otherwise through ``read``.
@@ -18,7 +17,7 @@ one (zero-copy), and otherwise through ``read``.
 from __future__ import annotations
 
 import os
-from typing import Hashable, Optional, Protocol, Union
+from typing import Any, Hashable, Mapping, Optional, Protocol, Union
 
 from ..errors import RemoteArchiveError
 from .local import GUARDED, LocalFile, is_url, release_pages, url_error
@@ -30,22 +29,45 @@ __all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", 
 _REMOTE_SCHEMES = ("s3", "http", "https")
 
 
-def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[dict] = None,
+# The storage options that are the disk cache's, not the server's.
+CACHE_OPTIONS = ("cache_dir", "cache_size")
+
+
+def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None,
                 **remote_options: object) -> "ByteSource":
-    """The byte source for ``name``: a RemoteFile for an ``s3://``, ``http://`` or
-    ``https://`` URL (``storage_options`` and ``remote_options`` go to it), else a
-    LocalFile.  Another scheme (``gs://``, ``file://``, ...) that is no local path is a
-    RemoteArchiveError naming what packfs reads."""
+    """The byte source for ``name``: for an ``s3://``, ``http://`` or ``https://`` URL a
+    RemoteFile (``storage_options`` and ``remote_options`` go to it) behind the disk
+    cache, else a LocalFile.  Two storage options are the cache's: ``cache_dir`` (a
+    directory; None or absent: :func:`packfs.source.cache.default_cache_dir`; False: no
+    disk cache) and ``cache_size`` (bytes).  Another scheme (``gs://``, ``file://``,
+    ...) that is no local path is a RemoteArchiveError naming what packfs reads."""
+    options = dict(storage_options or {})
+    cache_dir = options.pop("cache_dir", None)
+    cache_size = options.pop("cache_size", None)
     if isinstance(name, str) and is_url(name) and not os.path.exists(name):
         scheme = name.split(":", 1)[0].lower()
         if scheme in _REMOTE_SCHEMES:
+            from .cache import DEFAULT_CACHE_SIZE, CachedSource, default_cache_dir
             from .remote import RemoteFile
 
-            return RemoteFile(name, storage_options=storage_options, **remote_options)  # type: ignore[arg-type]
+            size = DEFAULT_CACHE_SIZE if cache_size is None else _size(cache_size, name)
+            remote = RemoteFile(name, storage_options=options or None, **remote_options)  # type: ignore[arg-type]
+            if cache_dir is None:
+                cache_dir = default_cache_dir()
+            if cache_dir is False or cache_dir is None:
+                return remote
+            return CachedSource(remote, os.fspath(cache_dir), size)  # type: ignore[arg-type]
         raise url_error(name) or RemoteArchiveError(f"{name!r}: not a URL packfs reads")
+    storage_options = options
     if storage_options:
         raise RemoteArchiveError(f"{os.fspath(name)!r}: storage_options are for s3:// URLs, not local paths")
     return LocalFile(name)
+
+
+def _size(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise RemoteArchiveError(f"{name!r}: cache_size={value!r}: expected a number of bytes above 0")
+    return value
 
 
 def __getattr__(name: str) -> object:

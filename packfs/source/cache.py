@@ -1,0 +1,636 @@
+"""A disk cache of a remote archive's bytes, shared by every process on a node, and
+the detection of sequential scans.
+
+:class:`CachedSource` wraps a :class:`~packfs.source.remote.RemoteFile` and keeps its
+interface.  Each read is served from fixed blocks of ``BLOCK_BYTES`` kept on disk; the
+missing ones are fetched, nearby ones coalesced into one ranged GET, many in flight,
+and written for the next reader: another DataLoader worker, another training process,
+a mount, the next epoch.
+
+On disk (``cache_dir``, by default ``$PACKFS_CACHE_DIR``, else
+``$XDG_CACHE_HOME/packfs``, else ``~/.cache/packfs``)::
+
+    cache_dir/v1/<key>/identity     the archive's URL, tag and size, for people
+    cache_dir/v1/<key>/c<N>         chunk N: bytes [N * CHUNK_BYTES, (N + 1) * CHUNK_BYTES)
+
+``key`` hashes the archive's identity (URL, ETag or version id, size) *and* the bytes
+its open fetched (the footer and the tail, which hold a CRC of every other page of
+the archive): a server whose ETag does not change with the bytes (nginx's is the
+modification second and the size) still never serves one archive's blocks for
+another's.  A chunk file starts with a slot per block, (CRC-32, length) as two
+little-endian u32; the block's bytes follow at ``SLOTS_BYTES + i * BLOCK_BYTES`` (a
+sparse file: blocks never fetched take no space).
+
+Why it is safe with many processes at once, and after crashes:
+
+- A block is written before its slot, and a slot says (CRC, length): a block whose
+  writer died half-way has no slot, and one whose bytes did not reach the disk (a
+  power cut) fails its CRC when read back.  Every block is checked against its slot
+  each time it is read; one that fails is fetched again.
+- Blocks never change once written (the key fixes the bytes), so readers take no lock.
+- Single flight: a process that misses blocks takes an open-file-description lock
+  (``F_OFD_SETLK``, per descriptor, so threads of one process exclude each other too)
+  on their byte range, looks again, and only then fetches.  Another process that
+  misses the same blocks waits for the lock, finds them written and sends nothing.
+  The kernel drops the lock of a process that dies.  A wait is bounded
+  (``LOCK_WAIT``): a holder stopped in a debugger costs a duplicate GET, not a hang.
+- The size is bounded: a process that has written an eighth of ``cache_size`` since
+  it last looked adds up the cache (``st_blocks``), and removes the least recently used
+  chunks until it is under 90% of the bound, and until 5% of the file system is free.
+  A chunk removed while another process writes to it loses those writes, nothing else.
+- Nothing here fails a read: a cache that cannot be written (full disk, read-only) is
+  read around, and the bytes come from the server.
+
+Sequential scans: reads that continue where an earlier one ended (a whole archive in
+order, a large file read in 128 KiB READs by a mount) make a stream, which fetches
+ahead of its reader into the cache, in parts of ``part_bytes`` in parallel, a window
+that doubles with each refill up to ``MAX_WINDOW``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import struct
+import threading
+import time
+from bisect import bisect_right
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+from zlib import crc32
+
+__all__ = ["CachedSource", "default_cache_dir", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES", "CHUNK_BYTES"]
+
+log = logging.getLogger("packfs.cache")
+
+# 16 KiB: a shuffled read of a 110 KB file fetches about 1.15x its bytes (a block at
+# each end, half-used on average), where 64 KiB blocks would fetch 1.6x; a block costs
+# one CRC and one slot.
+BLOCK_BYTES = 16 << 10
+# A chunk file per 64 MiB of archive (4,096 blocks, a 32 KiB slot table): what
+# eviction removes at once.
+CHUNK_BYTES = 64 << 20
+BLOCKS_PER_CHUNK = CHUNK_BYTES // BLOCK_BYTES
+SLOT = struct.Struct("<II")  # (CRC-32 of the block, its length; 0: not there)
+SLOTS_BYTES = BLOCKS_PER_CHUNK * SLOT.size
+LAYOUT = "v1"  # a change of the layout above is a new directory, never a misread
+DEFAULT_CACHE_SIZE = 32 << 30
+KEEP_FREE = 0.05  # of the file system, whatever the cache's bound
+# How long a process waits for another's fetch of the same blocks before fetching them
+# itself: longer than any one GET takes with its retries, so it happens only when the
+# holder is stopped.
+LOCK_WAIT = 120.0
+# Streams: a window starts at FIRST_WINDOW and doubles up to MAX_WINDOW; a read that
+# starts within STREAM_SLACK of where a stream's last read ended continues it (a mount's
+# READs of one file arrive a few at a time, slightly out of order).
+FIRST_WINDOW = 1 << 20
+MAX_WINDOW = 64 << 20
+STREAM_SLACK = 256 << 10
+STREAMS = 8
+# Reads that must continue a stream before it reads ahead: shuffled reads of neighbours
+# continue one by chance now and then, twice in a row almost never.
+STREAM_CONFIRMED = 2
+
+# Descriptors a thread holds a lock on, closed in a forked child: the child shares the
+# descriptor (and so the lock) with its parent, and the thread that would have closed it
+# does not exist there; left open, it would hold the lock for the child's lifetime.
+_HELD: Dict[int, None] = {}
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
+
+
+def default_cache_dir() -> Optional[str]:
+    """The disk cache's directory when none is given: ``$PACKFS_CACHE_DIR`` (``off``: no
+    disk cache), else ``$XDG_CACHE_HOME/packfs``, else ``~/.cache/packfs``."""
+    chosen = os.environ.get("PACKFS_CACHE_DIR")
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off", "none", "0", "false") else chosen
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "packfs")
+
+
+def cache_key(identity: object, suffix: bytes) -> str:
+    """The directory name of one archive's blocks (see the module's docstring)."""
+    digest = hashlib.sha256(repr(identity).encode("utf-8", "surrogateescape"))
+    digest.update(hashlib.sha256(suffix).digest())
+    return digest.hexdigest()[:40]
+
+
+class _Blocks:
+    """The blocks of one run being served: (first byte, bytes) segments sorted by start."""
+
+    def __init__(self) -> None:
+        self.starts: List[int] = []
+        self.data: List[bytes] = []
+
+    def add(self, start: int, data: bytes) -> None:
+        self.starts.append(start)
+        self.data.append(data)
+
+    def sort(self) -> None:
+        order = sorted(range(len(self.starts)), key=self.starts.__getitem__)
+        self.starts = [self.starts[k] for k in order]
+        self.data = [self.data[k] for k in order]
+
+    def take(self, start: int, end: int) -> bytes:
+        """Bytes [start, end), which the segments cover."""
+        k = bisect_right(self.starts, start) - 1
+        first, data = self.starts[k], self.data[k]
+        if end <= first + len(data):
+            return data[start - first:end - first] if (start, end) != (first, first + len(data)) else data
+        pieces = []
+        at = start
+        while at < end:
+            k = bisect_right(self.starts, at) - 1
+            first, data = self.starts[k], self.data[k]
+            stop = min(end, first + len(data))
+            pieces.append(data[at - first:stop - first])
+            at = stop
+        return b"".join(pieces)
+
+
+class _Stream:
+    """A sequential reader: where its next read should start, what is fetched ahead."""
+
+    __slots__ = ("next", "ahead", "window", "used", "hits", "seen")
+
+    def __init__(self, end: int, seen: int) -> None:
+        self.hits = 0  # reads in a row that continued it
+        self.seen = seen  # the number of the read that last did
+        self.next = end
+        self.ahead = end  # fetched (or asked for) up to here
+        self.window = FIRST_WINDOW
+        self.used = time.monotonic()
+
+
+class CachedSource:
+    """``remote``'s bytes through the disk cache in ``directory`` (None: no disk cache;
+    streams then read ahead only through the remote's own parallel parts), bounded to
+    ``cache_size`` bytes.  Every member it does not define is ``remote``'s."""
+
+    mapping = None
+    guarded = True
+
+    def __init__(self, remote, directory: Optional[str], cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self.remote = remote
+        self.cache_size = int(cache_size)
+        self.cache_root: Optional[str] = None
+        self.directory: Optional[str] = None
+        if directory is not None:
+            root = os.path.join(os.path.abspath(os.path.expanduser(os.fspath(directory))), LAYOUT)
+            where = os.path.join(root, cache_key(remote.identity, remote.suffix))
+            try:
+                os.makedirs(where, exist_ok=True)
+                self._write_identity(where)
+                self.cache_root, self.directory = root, where
+            except OSError as error:
+                log.warning("packfs: the cache directory %r cannot be used (%s): %s is read without a disk cache",
+                            directory, error.strerror or error, remote.name)
+        self._stats = {"cache_hits": 0, "cache_misses": 0, "cache_waits": 0, "readahead_bytes": 0}
+        self._written = 0  # since eviction last looked
+        self._touched: Dict[int, float] = {}  # chunk -> when this process last marked it used
+        self._warned = False
+        self._streams: List[_Stream] = []
+        self._reads = 0  # reads through read(), numbered for the streams
+        self._own()
+
+    def _own(self) -> None:
+        # As RemoteFile: threads and locks belong to the process that made them.
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._ahead: List[List[Future]] = []  # the windows fetched ahead, each a list of runs
+        self._pid = os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        if self._pid != os.getpid():
+            self._own()
+        return self._lock
+
+    def _write_identity(self, where: str) -> None:
+        path = os.path.join(where, "identity")
+        if not os.path.exists(path):
+            temporary = f"{path}.{os.getpid()}.tmp"
+            with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as out:
+                out.write(f"{self.remote.identity!r}\n")
+            os.replace(temporary, path)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__") or name == "remote":
+            raise AttributeError(name)
+        return getattr(self.remote, name)
+
+    # -- the source's interface ------------------------------------------------------------
+
+    reads_ahead = True
+
+    def read(self, start: int, end: int, limit: Optional[int] = None) -> bytes:
+        """Bytes [start, end): from the cache, the missing blocks fetched.  A read that
+        continues a stream has the stream's next bytes fetched ahead, up to ``limit``
+        (the end of the file read) when given, else across files (a scan)."""
+        remote = self.remote
+        if start >= remote.suffix_start or end <= start or self.directory is None:
+            return remote.read(start, end)
+        remote.check_span(start, end)
+        self._follow(start, end, remote.suffix_start if limit is None else min(limit, remote.suffix_start))
+        return self._serve([(start, end)])[0]
+
+    def readinto(self, buffer: memoryview, start: int, limit: Optional[int] = None) -> None:
+        """Fill ``buffer`` with the bytes from ``start`` on, as :meth:`read`."""
+        target = buffer.cast("B") if buffer.format != "B" else buffer
+        target[:] = self.read(start, start + len(target), limit)
+
+    def read_ranges(self, spans: Sequence[Tuple[int, int]]) -> List[bytes]:
+        """The bytes of each (start, end) span, in the order given: from the cache, the
+        missing blocks of all of them fetched at once (nearby ones coalesced, up to the
+        remote's ``in_flight`` GETs in flight)."""
+        if self.directory is None:
+            return self.remote.read_ranges(spans)
+        for start, end in spans:
+            self.remote.check_span(start, end)
+        return self._serve(spans)
+
+    def stats(self) -> Dict[str, int]:
+        """The remote's counters and the cache's: ``cache_hits`` and ``cache_misses``
+        (blocks read from the disk cache, blocks fetched), ``cache_waits`` (blocks another
+        thread or process was fetching, waited for rather than fetched again) and
+        ``readahead_bytes`` (fetched ahead of a sequential reader)."""
+        counters = dict(self.remote.stats())
+        with self._locked():
+            counters.update(self._stats)
+        return counters
+
+    def close(self) -> None:
+        """Close the remote; fetches ahead in flight finish unread."""
+        with self._locked():
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.remote.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self.remote.closed
+
+    def __repr__(self) -> str:
+        return f"CachedSource({self.remote!r}, {self.directory!r})"
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def _serve(self, spans: Sequence[Tuple[int, int]]) -> List[bytes]:
+        """The bytes of ``spans``: each block they cover read from the disk (checked), the
+        missing ones fetched and written."""
+        needed = sorted({b for start, end in spans if end > start
+                         for b in range(start // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1)})
+        blocks = _Blocks()
+        missing = self._read_cached(needed, blocks)
+        if missing:
+            self._fetch(missing, blocks, cached=set(needed).difference(missing))
+        blocks.sort()
+        return [blocks.take(start, end) if end > start else b"" for start, end in spans]
+
+    def _read_cached(self, needed: List[int], into: Optional[_Blocks]) -> List[int]:
+        """Read the blocks of ``needed`` the cache holds into ``into`` (each checked;
+        None: only look for their slots); the others, in order."""
+        missing: List[int] = []
+        hits = 0
+        for chunk, members in _by_chunk(needed):
+            fd = self._open_chunk(chunk, create=False)
+            if fd < 0:
+                missing += members
+                continue
+            try:
+                found = self._read_chunk_blocks(fd, chunk, members, into)
+            finally:
+                os.close(fd)
+            hits += len(found)
+            if len(found) < len(members):
+                missing += [b for b in members if b not in found]
+            if found:
+                self._touch(chunk)
+        if hits and into is not None:
+            self._count("cache_hits", hits)
+        return missing
+
+    def _read_chunk_blocks(self, fd: int, chunk: int, members: List[int], into: Optional[_Blocks]) -> set:
+        """The blocks of ``members`` (all in ``chunk``) whose slot is there and whose
+        bytes match it, added to ``into`` (None: those whose slot is there, unread)."""
+        base = chunk * BLOCKS_PER_CHUNK
+        low, high = members[0] - base, members[-1] - base + 1
+        table = os.pread(fd, (high - low) * SLOT.size, low * SLOT.size)
+        found = set()
+        for run in _runs(members):
+            first, last = run[0] - base, run[-1] - base + 1
+            slots = []
+            for i in range(first, last):
+                at = (i - low) * SLOT.size
+                slots.append(SLOT.unpack_from(table, at) if at + SLOT.size <= len(table) else (0, 0))
+            # Read the stretch from the first block with a slot to the last one.
+            present = [k for k, (_, length) in enumerate(slots) if length]
+            if into is None:
+                found.update(base + first + k for k in present)
+                continue
+            if not present:
+                continue
+            lo, hi = present[0], present[-1]
+            data = os.pread(fd, (hi - lo) * BLOCK_BYTES + min(slots[hi][1], BLOCK_BYTES),
+                            SLOTS_BYTES + (first + lo) * BLOCK_BYTES)
+            view = memoryview(data)
+            for k in present:
+                value, length = slots[k]
+                piece = view[(k - lo) * BLOCK_BYTES:(k - lo) * BLOCK_BYTES + length]
+                if length <= BLOCK_BYTES and len(piece) == length and crc32(piece) == value \
+                        and length == self._block_length(base + first + k):
+                    into.add((base + first + k) * BLOCK_BYTES, bytes(piece))
+                    found.add(base + first + k)
+        return found
+
+    def _block_length(self, block: int) -> int:
+        return min(BLOCK_BYTES, self.remote.size - block * BLOCK_BYTES)
+
+    def _fetch(self, missing: List[int], into: _Blocks, cached: Set[int]) -> None:
+        """Fetch the blocks of ``missing`` (sorted) and write them to the cache, once per
+        node: runs (see :meth:`_plan`) are each locked, looked for again, and fetched by
+        whoever holds the lock; the others wait for it and find them written."""
+        runs = self._plan(missing, cached)
+        if len(runs) == 1:
+            self._fetch_run(runs[0], into)
+            return
+        pool = self._executor()
+        futures = [pool.submit(self._fetch_run, run, into) for run in runs]
+        for future in futures:
+            future.result()
+
+    def _plan(self, missing: List[int], cached: Set[int]) -> List[List[int]]:
+        """``missing`` (sorted) as runs, each fetched with one GET: blocks of one chunk,
+        at most the remote's ``part_bytes``, joined across a gap of blocks nobody asked
+        for when it is under the remote's ``coalesce_gap`` (one GET instead of two), but
+        never across a block the cache holds (it would be fetched again)."""
+        gap = max(0, getattr(self.remote, "coalesce_gap", 0)) // BLOCK_BYTES
+        most = max(1, getattr(self.remote, "part_bytes", 8 << 20) // BLOCK_BYTES)
+        runs: List[List[int]] = []
+        for b in missing:
+            if runs and b // BLOCKS_PER_CHUNK == runs[-1][0] // BLOCKS_PER_CHUNK \
+                    and b - runs[-1][-1] <= gap + 1 and b - runs[-1][0] < most \
+                    and not any(between in cached for between in range(runs[-1][-1] + 1, b)):
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        return runs
+
+    def _fetch_run(self, run: List[int], into: Optional[_Blocks]) -> None:
+        """One run: lock its blocks, read what another process wrote meanwhile, fetch the
+        rest from the first missing block to the last with one GET, write, unlock; the
+        blocks go to ``into`` (None: a read ahead, which only writes them)."""
+        chunk = run[0] // BLOCKS_PER_CHUNK
+        first, last = run[0], run[-1] + 1
+        fd = self._open_chunk(chunk, create=True)
+        if fd < 0:  # no cache to write: fetch and serve
+            self._fetch_plain(first, last, run, into)
+            return
+        _HELD[fd] = None
+        try:
+            waited = not self._lock_range(fd, first, last)
+            base = chunk * BLOCKS_PER_CHUNK
+            found = self._read_chunk_blocks(fd, chunk, run, into)
+            if found and into is not None:
+                self._count("cache_waits" if waited else "cache_hits", len(found))
+            # What is still missing, split where another process's blocks now are.
+            for left in self._plan([b for b in run if b not in found], found) if found else [run]:
+                start, end = left[0] * BLOCK_BYTES, min(self.remote.size, left[-1] * BLOCK_BYTES + BLOCK_BYTES)
+                data = self.remote.read(start, end)
+                if into is None:
+                    self._count("readahead_bytes", len(data))
+                else:
+                    self._count("cache_misses", len(left))
+                    into.add(start, data)
+                self._store(fd, base, left[0], data)
+        finally:
+            _HELD.pop(fd, None)
+            os.close(fd)  # drops the lock
+
+    def _fetch_plain(self, first: int, last: int, run: List[int], into: Optional[_Blocks]) -> None:
+        if into is None:
+            return  # nowhere to keep what a read ahead would fetch
+        start, end = first * BLOCK_BYTES, min(self.remote.size, last * BLOCK_BYTES)
+        into.add(start, self.remote.read(start, end))
+        self._count("cache_misses", len(run))
+
+    def _store(self, fd: int, base: int, first: int, data: bytes) -> None:
+        """Write blocks from ``first`` on with ``data``: every block's bytes, then the slots
+        (a block without its slot is not there)."""
+        try:
+            os.pwrite(fd, data, SLOTS_BYTES + (first - base) * BLOCK_BYTES)
+            view = memoryview(data)
+            slots = bytearray()
+            for at in range(0, len(data), BLOCK_BYTES):
+                piece = view[at:at + BLOCK_BYTES]
+                slots += SLOT.pack(crc32(piece), len(piece))
+            os.pwrite(fd, bytes(slots), (first - base) * SLOT.size)
+        except OSError as error:
+            self._write_failed(error)
+            return
+        self._note_written(len(data))
+
+    def _lock_range(self, fd: int, first: int, last: int) -> bool:
+        """Lock blocks [first, last) of the chunk open as ``fd`` (bytes of the lock
+        space, not of the file); True if free at once, False after waiting for another
+        holder (or giving up waiting after LOCK_WAIT)."""
+        request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, first, last - first, 0)
+        try:
+            fcntl.fcntl(fd, _SETLK, request)
+            return True
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                return True  # no locks here (a file system without them): fetch
+        deadline = time.monotonic() + LOCK_WAIT
+        pause = 0.0005
+        while time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+            try:
+                fcntl.fcntl(fd, _SETLK, request)
+                return False
+            except OSError as error:
+                if error.errno not in (errno.EAGAIN, errno.EACCES):
+                    return False
+        log.warning("packfs: waited %.0f s for another process's fetch of %s; fetching it here", LOCK_WAIT,
+                    self.remote.name)
+        return False
+
+    def _open_chunk(self, chunk: int, create: bool) -> int:
+        if self.directory is None:
+            return -1
+        path = os.path.join(self.directory, f"c{chunk}")
+        try:
+            return os.open(path, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            if create:  # the directory was removed (a cache cleared by hand): make it again
+                try:
+                    os.makedirs(self.directory, exist_ok=True)
+                    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as error:
+                    self._write_failed(error)
+            return -1
+        except OSError as error:
+            self._write_failed(error)
+            return -1
+
+    def _write_failed(self, error: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("packfs: the cache in %r cannot be written (%s): reading around it", self.directory,
+                        error.strerror or error)
+        if error.errno == errno.ENOSPC:
+            self._evict()
+
+    def _count(self, name: str, value: int) -> None:
+        with self._locked():
+            self._stats[name] += value
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._locked():
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max(2, getattr(self.remote, "in_flight", 16)),
+                                                thread_name_prefix="packfs-cache")
+            return self._pool
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def _follow(self, start: int, end: int, limit: int) -> None:
+        """Note a read of [start, end): one that continues a stream refills its window
+        ahead when less than half of it is left; one that does not starts a stream."""
+        with self._locked():
+            self._reads += 1
+            stream = next((s for s in self._streams if s.next - STREAM_SLACK <= start <= s.next + STREAM_SLACK), None)
+            if stream is None:
+                if len(self._streams) >= STREAMS:
+                    self._streams.remove(min(self._streams, key=lambda s: s.used))
+                self._streams.append(_Stream(end, self._reads))
+                return
+            stream.next, stream.used = max(stream.next, end), time.monotonic()
+            stream.ahead = max(stream.ahead, end)
+            # In a row: among the last few reads (several streams may interleave).
+            stream.hits = stream.hits + 1 if self._reads - stream.seen <= STREAMS else 1
+            stream.seen = self._reads
+            if stream.hits < STREAM_CONFIRMED or stream.ahead - end >= stream.window // 2 or stream.ahead >= limit:
+                return
+            # Two windows in flight at most: what is fetched ahead stays bounded.
+            self._ahead = [window for window in self._ahead if not all(f.done() for f in window)]
+            if len(self._ahead) >= 2:
+                return
+            begin, stop = stream.ahead, min(limit, stream.ahead + stream.window)
+            stream.ahead = stop
+            # A window is at most an eighth of the cache: it must not evict what it reads ahead.
+            stream.window = min(MAX_WINDOW, max(BLOCK_BYTES, self.cache_size // 8), stream.window * 2)
+        wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
+        missing = self._read_cached(wanted, None)
+        pool = self._executor()
+        window = [pool.submit(self._read_ahead, run) for run in self._plan(missing, set(wanted).difference(missing))]
+        with self._locked():
+            self._ahead.append(window)
+
+    def _read_ahead(self, run: List[int]) -> None:
+        try:
+            self._fetch_run(run, None)
+        except Exception as error:  # a read ahead that fails is only a read not saved
+            log.debug("packfs: reading ahead in %s failed: %s", self.remote.name, error)
+
+    # -- the bound -----------------------------------------------------------------------------
+
+    def _touch(self, chunk: int) -> None:
+        # What eviction reads as "last used": a chunk's mtime, set at most every 10 s.
+        now = time.monotonic()
+        if now - self._touched.get(chunk, -1e9) >= 10.0:
+            self._touched[chunk] = now
+            try:
+                os.utime(os.path.join(self.directory, f"c{chunk}"))  # type: ignore[arg-type]
+            except OSError:
+                pass
+
+    def _note_written(self, count: int) -> None:
+        with self._locked():
+            self._written += count
+            due = self._written >= self.cache_size // 8
+            if due:
+                self._written = 0
+        if due:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Remove the least recently used chunks of every archive in the cache until it
+        is under 90% of its bound and 5% of the file system is free."""
+        root = self.cache_root
+        if root is None:
+            return
+        chunks = []
+        total = 0
+        try:
+            keys = list(os.scandir(root))
+        except OSError:
+            return
+        for key in keys:
+            try:
+                for entry in os.scandir(key.path):
+                    if entry.name.startswith("c"):
+                        st = entry.stat()
+                        chunks.append((st.st_mtime, entry.path, st.st_blocks * 512))
+                        total += st.st_blocks * 512
+            except OSError:
+                continue
+        try:
+            fs = os.statvfs(root)
+            short = int(fs.f_blocks * fs.f_frsize * KEEP_FREE) - fs.f_bavail * fs.f_frsize
+        except OSError:
+            short = 0
+        excess = max(total - int(self.cache_size * 0.9) if total > self.cache_size else 0, short)
+        if excess <= 0:
+            return
+        for _, path, size in sorted(chunks):
+            if excess <= 0:
+                break
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            excess -= size
+
+
+def _by_chunk(blocks: List[int]):
+    """(chunk, its blocks) for sorted ``blocks``."""
+    start = 0
+    while start < len(blocks):
+        chunk = blocks[start] // BLOCKS_PER_CHUNK
+        end = start
+        while end < len(blocks) and blocks[end] // BLOCKS_PER_CHUNK == chunk:
+            end += 1
+        yield chunk, blocks[start:end]
+        start = end
+
+
+def _runs(blocks: List[int]) -> List[List[int]]:
+    """Sorted ``blocks`` as runs of consecutive ones."""
+    runs: List[List[int]] = []
+    for b in blocks:
+        if runs and b == runs[-1][-1] + 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
+_SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)

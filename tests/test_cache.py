@@ -1,0 +1,312 @@
+"""The disk cache of archives at URLs (packfs.source.cache), against nginx on loopback:
+what a second reader fetches, single flight across processes, crash safety, the
+bound, a replaced object, sequential reads fetched ahead.  Requests and bytes are
+counted from nginx's own log."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from packfs import PackedFolder
+from packfs.core import Archive
+from packfs.source import cache as cache_module
+from packfs.source import open_source
+from packfs.source.cache import BLOCK_BYTES, SLOT, CachedSource
+from packfs import pack_folder
+from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _make_archive(directory: Path, files: dict, name: str = "data.ffr") -> Path:
+    source = directory / f"{name}.src"
+    for path, contents in files.items():
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_bytes(contents)
+    out = directory / name
+    pack_folder(source, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple:
+    """An archive of 300 files of 1-150 KB and one of 24 MiB, and its files."""
+    rng = random.Random(25)
+    files = {f"train/{k:04d}.bin": rng.randbytes(rng.randint(1000, 150_000)) for k in range(300)}
+    files["big/weights.bin"] = rng.randbytes(24 << 20)
+    return _make_archive(tmp_path_factory.mktemp("dataset"), files), files
+
+
+@pytest.fixture
+def served(nginx, dataset) -> str:  # noqa: F811
+    nginx.put("data.ffr", dataset[0].read_bytes())
+    nginx.clear_log()
+    return nginx.url("data.ffr")
+
+
+def _data_gets(nginx) -> list:  # noqa: F811
+    """The ranged GETs after the opens' suffix requests, as (start, end) byte spans."""
+    spans = []
+    for request in nginx.requests():
+        if request.method == "GET" and request.range.startswith("bytes=") and "=-" not in request.range:
+            first, last = request.range[len("bytes="):].split("-")
+            spans.append((int(first), int(last) + 1))
+    return spans
+
+
+def _overlap(spans: list) -> int:
+    """Bytes requested more than once."""
+    twice, end = 0, 0
+    for start, stop in sorted(spans):
+        if start < end:
+            twice += min(end, stop) - start
+        end = max(end, stop)
+    return twice
+
+
+def _cached_bytes(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("c*"):
+        try:
+            total += path.stat().st_blocks * 512
+        except FileNotFoundError:  # evicted meanwhile
+            pass
+    return total
+
+
+def test_a_second_reader_is_served_from_the_cache(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    _, files = dataset
+    names = sorted(files)
+    random.Random(1).shuffle(names)
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        assert isinstance(folder.archive.source, CachedSource)
+        for name in names:
+            assert folder.read(name) == files[name]
+        first = folder.archive.stats()
+    assert first["cache_misses"] > 0 and _overlap(_data_gets(nginx)) == 0
+    nginx.clear_log()
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        for name in reversed(names):
+            assert folder.read(name) == files[name]
+        again = folder.archive.stats()
+    assert _data_gets(nginx) == []  # only the open's suffix request went out
+    assert again["cache_misses"] == 0 and again["cache_hits"] > 0 and again["bytes_fetched"] <= 256 << 10
+    assert (tmp_path / "cache" / "v1").is_dir()
+
+
+def test_without_a_cache_directory_nothing_is_written(nginx, served, dataset, tmp_path, monkeypatch) -> None:  # noqa: F811
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PACKFS_CACHE_DIR", "off")
+    with PackedFolder(served) as folder:
+        assert folder.read("train/0001.bin") == dataset[1]["train/0001.bin"]
+        assert "cache_hits" not in folder.archive.stats()
+    with PackedFolder(served, cache_dir=False) as folder:
+        assert folder.read("train/0002.bin") == dataset[1]["train/0002.bin"]
+    assert not (tmp_path / "home").exists()
+
+
+def test_the_default_directory_is_the_users_cache(nginx, served, tmp_path, monkeypatch) -> None:  # noqa: F811
+    monkeypatch.delenv("PACKFS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    with PackedFolder(served) as folder:
+        folder.read("train/0003.bin")
+    assert _cached_bytes(tmp_path / "xdg" / "packfs") > 0
+
+
+def test_a_cache_that_cannot_be_written_is_read_around(nginx, served, dataset, tmp_path, caplog) -> None:  # noqa: F811
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="packfs.cache"), \
+            PackedFolder(served, cache_dir=blocker / "cache") as folder:
+        assert folder.read("train/0004.bin") == dataset[1]["train/0004.bin"]
+    assert "cannot be used" in caplog.text and "without a disk cache" in caplog.text
+
+
+def _read_all(url: str, cache_dir: str, names: list, seed: int, start, results) -> None:
+    """A process reading ``names`` shuffled by ``seed``, after ``start`` (a barrier)."""
+    try:
+        order = list(names)
+        random.Random(seed).shuffle(order)
+        with PackedFolder(url, cache_dir=cache_dir) as folder:
+            start.wait(30)
+            digests = {name: hash(folder.read(name)) for name in order}
+            results.put((seed, digests, folder.archive.stats()))
+    except BaseException as error:  # reported to the test, which fails on it
+        results.put((seed, repr(error), {}))
+
+
+def test_processes_missing_the_same_blocks_send_one_get(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    from bench.proxy import Proxy
+
+    _, files = dataset
+    names = [name for name in sorted(files) if name.startswith("train/")]
+    with Proxy(nginx.port, rtt=0.02) as proxy:
+        url = served.replace(f":{nginx.port}/", f":{proxy.port}/")
+        start, results = FORK.Barrier(4), FORK.Queue()
+        workers = [FORK.Process(target=_read_all, args=(url, str(tmp_path / "cache"), names, seed, start, results))
+                   for seed in range(4)]
+        for worker in workers:
+            worker.start()
+        try:
+            outcomes = [results.get(timeout=120) for _ in workers]
+        finally:
+            for worker in workers:
+                worker.join(10)
+                if worker.is_alive():
+                    worker.kill()
+    expected = {name: hash(files[name]) for name in names}
+    for seed, digests, _ in outcomes:
+        assert digests == expected, seed
+    spans = _data_gets(nginx)
+    assert _overlap(spans) == 0  # no block fetched twice, across four processes
+    assert sum(stats["cache_waits"] for _, _, stats in outcomes) > 0  # they did miss the same blocks at once
+    total = sum(len(files[name]) for name in names)
+    assert sum(stop - start for start, stop in spans) < 1.3 * total
+
+
+def test_torn_and_damaged_blocks_are_fetched_again(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """What a writer killed mid-write leaves (bytes without their slot), what a power
+    cut leaves (a slot whose bytes did not reach the disk) and a slot that lies."""
+    _, files = dataset
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        folder.read("big/weights.bin")
+        entry = folder.archive.lookup("big/weights.bin")
+        start = folder.archive.extent(entry)[0]
+    [chunk_file] = [path for path in (tmp_path / "cache").rglob("c*")
+                    if path.stat().st_size > start % cache_module.CHUNK_BYTES]
+    first = start // BLOCK_BYTES + 1  # a block wholly inside the file
+    local = first % cache_module.BLOCKS_PER_CHUNK
+    with open(chunk_file, "r+b") as out:
+        out.seek(local * SLOT.size)  # torn: the slot gone, the bytes there
+        out.write(bytes(SLOT.size))
+        out.seek(cache_module.SLOTS_BYTES + (local + 1) * BLOCK_BYTES + 100)  # bytes that changed under their slot
+        out.write(b"\xff\x00\xff")
+        out.seek((local + 2) * SLOT.size)  # a slot that claims a block longer than blocks are
+        out.write(SLOT.pack(0, BLOCK_BYTES + 1))
+    nginx.clear_log()
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        assert folder.read("big/weights.bin") == files["big/weights.bin"]
+        assert folder.archive.stats()["cache_misses"] == 3
+    assert sorted(_data_gets(nginx)) == [(first * BLOCK_BYTES, (first + 3) * BLOCK_BYTES)]
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:  # repaired
+        assert folder.read("big/weights.bin") == files["big/weights.bin"]
+        assert folder.archive.stats()["cache_misses"] == 0
+
+
+def _read_forever(url: str, cache_dir: str, names: list, seed: int, wrong) -> None:
+    rng = random.Random(seed)
+    choices = sorted(names)
+    with PackedFolder(url, cache_dir=cache_dir) as folder:
+        while True:
+            name = rng.choice(choices)
+            data = folder.read(name)
+            if hash(data) != names[name]:
+                wrong.put(name)
+
+
+def test_a_process_killed_mid_write_leaves_no_wrong_bytes(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """Four processes share a cache through a slow link; one is killed with SIGKILL
+    again and again while it fetches and writes.  Nobody is ever served a wrong byte,
+    nobody waits for the dead one's lock, and the cache then reads back right."""
+    from bench.proxy import Proxy
+
+    _, files = dataset
+    expected = {name: hash(contents) for name, contents in files.items()}
+    wrong = FORK.Queue()
+    cache_dir = str(tmp_path / "cache")
+    with Proxy(nginx.port, rtt=0.004, bandwidth=64 << 20) as proxy:
+        url = served.replace(f":{nginx.port}/", f":{proxy.port}/")
+        readers = [FORK.Process(target=_read_forever, args=(url, cache_dir, expected, seed, wrong), daemon=True)
+                   for seed in range(3)]
+        for reader in readers:
+            reader.start()
+        try:
+            for round_ in range(8):
+                victim = FORK.Process(target=_read_forever, args=(url, cache_dir, expected, 100 + round_, wrong),
+                                      daemon=True)
+                victim.start()
+                time.sleep(0.3 + 0.1 * round_)
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.join(10)
+            time.sleep(0.5)
+            assert all(reader.is_alive() for reader in readers)  # no reader died, none is stuck (below)
+        finally:
+            for reader in readers:
+                reader.kill()
+                reader.join(10)
+    assert wrong.empty()
+    with PackedFolder(url.replace(f":{proxy.port}/", f":{nginx.port}/"), cache_dir=cache_dir) as folder:
+        for name, contents in files.items():
+            assert folder.read(name) == contents
+
+
+def test_the_cache_stays_within_its_bound(nginx, served, dataset, tmp_path, monkeypatch) -> None:  # noqa: F811
+    # Chunks of 1 MiB, so that the bound acts on this small archive as on a large one.
+    monkeypatch.setattr(cache_module, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(cache_module, "BLOCKS_PER_CHUNK", (1 << 20) // BLOCK_BYTES)
+    monkeypatch.setattr(cache_module, "SLOTS_BYTES", (1 << 20) // BLOCK_BYTES * SLOT.size)
+    _, files = dataset
+    bound = 4 << 20
+    names = sorted(name for name in files if name.startswith("train/"))
+    random.Random(3).shuffle(names)
+    assert sum(len(files[name]) for name in names) > 4 * bound
+    with PackedFolder(served, cache_dir=tmp_path / "cache", storage_options={"cache_size": bound}) as folder:
+        for name in names:
+            assert folder.read(name) == files[name]
+            # An eighth of the bound written between looks, a chunk removed at a time.
+            assert _cached_bytes(tmp_path / "cache") <= bound + bound // 8 + (1 << 20)
+        assert folder.read("train/0000.bin") == files["train/0000.bin"]  # evicted or not: right
+    assert _cached_bytes(tmp_path / "cache") > 0
+
+
+def test_a_bad_cache_size_is_refused(nginx, served) -> None:  # noqa: F811
+    with pytest.raises(ValueError, match="cache_size"):
+        open_source(served, storage_options={"cache_size": -1})
+
+
+def test_a_replaced_object_with_the_same_etag_is_not_served_from_the_cache(nginx, tmp_path) -> None:  # noqa: F811
+    """nginx's ETag is the modification second and the size: an archive replaced by
+    another of the same size within the same second keeps it.  The cache's key holds
+    the bytes the open fetched (the tail's CRCs of everything), so it changes."""
+    rng = random.Random(7)
+    first = {f"f{k}.bin": rng.randbytes(40_000) for k in range(20)}
+    second = {name: rng.randbytes(40_000) for name in first}
+    a = _make_archive(tmp_path, first, "a.ffr")
+    b = _make_archive(tmp_path, second, "b.ffr")
+    assert a.stat().st_size == b.stat().st_size
+    nginx.put("same.ffr", a.read_bytes())
+    os.utime(nginx.data / "same.ffr", (1_700_000_000, 1_700_000_000))
+    with PackedFolder(nginx.url("same.ffr"), cache_dir=tmp_path / "cache") as folder:
+        etag = folder.archive.identity
+        assert all(folder.read(name) == contents for name, contents in first.items())
+    nginx.put("same.ffr", b.read_bytes())
+    os.utime(nginx.data / "same.ffr", (1_700_000_000, 1_700_000_000))
+    with PackedFolder(nginx.url("same.ffr"), cache_dir=tmp_path / "cache") as folder:
+        assert folder.archive.identity == etag  # what the server says did not change
+        assert all(folder.read(name) == contents for name, contents in second.items())
+
+
+def test_a_sequential_read_is_fetched_ahead_in_growing_windows(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    _, files = dataset
+    contents = files["big/weights.bin"]
+    with Archive(served, cache_dir=tmp_path / "cache") as archive:
+        entry = archive.lookup("big/weights.bin")
+        nginx.clear_log()
+        step = 128 << 10  # as a mount's READs come
+        data = b"".join(archive.read(entry, offset, step) for offset in range(0, len(contents), step))
+        stats = archive.stats()
+    assert data == contents
+    spans = _data_gets(nginx)
+    assert stats["readahead_bytes"] > len(contents) // 2
+    assert len(spans) < len(contents) // step // 4  # not one GET per READ
+    assert max(stop - start for start, stop in spans) >= 4 << 20  # the window grew
+    fetched = sum(stop - start for start, stop in spans)
+    assert _overlap(spans) == 0 and fetched <= 1.05 * len(contents) + (64 << 20) // 16
