@@ -151,6 +151,7 @@ def work_shuffled(url: str, files: int, seed: int) -> dict:
     random.Random(seed).shuffle(order)
     batches = [order[at:at + BATCH] for at in range(0, files, BATCH)]
     nbytes = 0
+    cpu = time.process_time()
     started = time.perf_counter()
     for number, batch in enumerate(batches):
         got = read_many([file_path(i) for i in batch])
@@ -158,7 +159,8 @@ def work_shuffled(url: str, files: int, seed: int) -> dict:
         if number in (0, len(batches) - 1):  # two batches checked: a check of each costs the client's CPU
             assert got == [contents(i) for i in batch], "wrong bytes"
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "files": files, "bytes": nbytes, "api": api, "in_flight": in_flight_of(archive)}
+    return {"seconds": seconds, "cpu_s": time.process_time() - cpu, "files": files, "bytes": nbytes, "api": api,
+            "in_flight": in_flight_of(archive)}
 
 
 def work_scan_api(url: str, files: int, deadline: float) -> dict:
@@ -312,11 +314,14 @@ class Bench:
                 json.dumps(arguments)]
 
     def run(self, kind: str, *arguments, env: Optional[dict] = None, timeout: float = 3600) -> dict:
+        cpu = _children_cpu()
         result = subprocess.run(self.command(kind, *arguments), capture_output=True, text=True, timeout=timeout,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO)
         if result.returncode:
             raise RuntimeError(f"{kind} {arguments}: {result.stderr[-3000:]}")
-        return json.loads(result.stdout.splitlines()[-1])
+        figures = json.loads(result.stdout.splitlines()[-1])
+        figures["client_cpu_s"] = _children_cpu() - cpu  # the worker's and its children's, start-up included
+        return figures
 
     def gets(self) -> list:
         """The GETs logged so far, once the log stopped growing for 50 ms (nginx logs a
@@ -352,6 +357,7 @@ class Bench:
                 "files_per_s": statistics.median(run["files_per_s"] for run in runs),
                 "requests_per_s": statistics.median(run["requests_per_s"] for run in runs),
                 "drift": again["files_per_s"] / runs[0]["files_per_s"],
+                "busy": statistics.median(run["cpu_s"] / run["seconds"] for run in runs),
                 "api": runs[0]["api"], "in_flight": runs[0]["in_flight"]}
 
     # -- b ---------------------------------------------------------------------------
@@ -360,6 +366,7 @@ class Bench:
         """A command's seconds and the archive's bytes; stopped (SIGTERM, which it
         cleans up after) at ``--scan-deadline``, then with the bytes nginx sent meanwhile."""
         cache = self.fresh_cache()
+        cpu = _children_cpu()
         started = time.perf_counter()
         process = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-m", "packfs", *arguments],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -375,6 +382,7 @@ class Bench:
             process.communicate()
             figures = {"seconds": seconds, "bytes": sum(request.bytes_sent for request in self.gets()),
                        "complete": False}
+        figures["client_cpu_s"] = _children_cpu() - cpu
         shutil.rmtree(cache, ignore_errors=True)
         return figures
 
@@ -411,11 +419,14 @@ class Bench:
                 runs[variant].append(self.scan_once(variant))
         again = self.scan_once(variants[0])
         rate = {variant: statistics.median(run["rate"] for run in found) for variant, found in runs.items()}
+        # Whether the client's one CPU was the limit: its CPU seconds over the wall's.
+        busy = {variant: statistics.median(run["client_cpu_s"] / run["seconds"] for run in found)
+                for variant, found in runs.items()}
         fetched = {variant: statistics.median(run["fetched"] for run in found) / self.size
                    for variant, found in runs.items()}
         best = max(("4 threads", "8 threads", "16 threads"), key=rate.__getitem__)
         finished = {variant: all(run["complete"] for run in found) for variant, found in runs.items()}
-        return {"rate": rate, "fetched": fetched, "best_parallel": best, "finished": finished,
+        return {"rate": rate, "busy": busy, "fetched": fetched, "best_parallel": best, "finished": finished,
                 "drift": again["rate"] / runs[variants[0]][0]["rate"], "runs": runs, "again": again}
 
     # -- c ---------------------------------------------------------------------------
@@ -550,6 +561,14 @@ class Bench:
         return results
 
 
+def _children_cpu() -> float:
+    """User and system CPU seconds of this process's children waited for so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _span(header: str) -> Tuple[int, int]:
     first, _, last = header[len("bytes="):].partition("-")
     return int(first), int(last) + 1
@@ -616,7 +635,8 @@ def render(results: dict) -> str:
             f">= {need_rps:,.0f} requests/s (0.8 x {a['in_flight']} in flight / r); >= {need_fps:,.0f} files/s "
             f"(5,000, or what {a['in_flight']} connections at the cap allow: {allowed:,.0f}) | "
             f"{a['requests_per_s']:,.0f} requests/s, {a['files_per_s']:,.0f} files/s "
-            f"({a['runs'][0]['requests']:,} GETs for {results['files']:,} files; drift {a['drift']:.2f}) | "
+            f"({a['runs'][0]['requests']:,} GETs for {results['files']:,} files; client CPU {a['busy']:.0%} busy; "
+            f"drift {a['drift']:.2f}) | "
             f"{_met(a['requests_per_s'] >= need_rps and a['files_per_s'] >= need_fps)} |")
     if "scan" in results:
         b = results["scan"]
@@ -632,10 +652,12 @@ def render(results: dict) -> str:
                 f"| b. whole-archive scan: {label} | >= 0.9x best parallel ({b['best_parallel']} of 8 MiB: "
                 f"{best / MIB:,.0f} MiB/s), >= 4x one GET ({one / MIB:,.0f} MiB/s); <= 1.05x size fetched | "
                 f"{rate / MIB:,.0f} MiB/s = {rate / best:.2f}x best, {rate / one:.1f}x one GET; "
-                f"{b['fetched'][variant]:.3f}x fetched{partial} | {_met(ok and not partial)} |")
+                f"{b['fetched'][variant]:.3f}x fetched; client CPU {b['busy'][variant]:.0%} busy{partial} | "
+                f"{_met(ok and not partial)} |")
         lines.append(f"| b. (baselines) | | 4/8/16 threads: " + ", ".join(
             f"{b['rate'][v] / MIB:,.0f}" for v in ("4 threads", "8 threads", "16 threads")) +
-            f" MiB/s; one GET {one / MIB:,.0f} MiB/s; drift {b['drift']:.2f} | |")
+            f" MiB/s (client CPU {b['busy'][b['best_parallel']]:.0%} busy); one GET {one / MIB:,.0f} MiB/s; "
+            f"drift {b['drift']:.2f} | |")
     if "dataloader" in results:
         c = results["dataloader"]
         lines.append(
