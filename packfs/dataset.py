@@ -34,6 +34,7 @@ import numpy as np
 from .errors import ClosedArchiveError, FormatError, NotADirectoryPathError, PathNotFoundError
 from .folder import PackedFolder, PathArg
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from .source import with_cache_dir
 
 __all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory"]
 
@@ -235,6 +236,10 @@ class PackedFiles(Sequence):
         The selection itself, as entry indices (instead of ``pattern``).
     storage_options
         For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
+    cache_dir
+        For a URL: the disk cache shared by every process on the node
+        (:mod:`packfs.source.cache`; None: ``$PACKFS_CACHE_DIR``, else
+        ``~/.cache/packfs``; False: none).
 
     Raises
     ------
@@ -244,7 +249,8 @@ class PackedFiles(Sequence):
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*", check_data: bool = True,
                  entries: Sequence[int] | np.ndarray | None = None, links: dict[int, str] | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None) -> None:
+        storage_options = with_cache_dir(storage_options, cache_dir)
         self._storage_options = storage_options  # a worker re-opens a URL with them
         if isinstance(archive, PackedFolder):
             self._folder: PackedFolder | None = archive

@@ -35,6 +35,7 @@ except ImportError as error:
 
 from .dataset import PackedFiles, files_by_directory
 from .folder import PackedFolder, PathArg
+from .source import with_cache_dir
 
 __all__ = ["PackedDataset", "PackedImageFolder", "ResumableDistributedSampler", "IMG_EXTENSIONS", "decode_pil",
            "decode_cv2"]
@@ -64,6 +65,10 @@ class PackedDataset(Dataset):
         Check each file's CRC as it is read.
     storage_options
         For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
+    cache_dir
+        For a URL: the disk cache shared by every process on the node
+        (:mod:`packfs.source.cache`; None: ``$PACKFS_CACHE_DIR``, else
+        ``~/.cache/packfs``; False: none).
 
     Raises
     ------
@@ -73,8 +78,8 @@ class PackedDataset(Dataset):
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*",
                  transform: Callable[[bytes], Any] | None = None, check_data: bool = True,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
-        self.files = PackedFiles(archive, pattern, check_data, storage_options=storage_options)
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None) -> None:
+        self.files = PackedFiles(archive, pattern, check_data, storage_options=storage_options, cache_dir=cache_dir)
         self.transform = transform
 
     @property
@@ -244,6 +249,10 @@ class PackedImageFolder(PackedDataset):
         Check each file's CRC as it is read.
     storage_options
         For a URL: credentials, endpoint and client options (:mod:`packfs.source.remote`).
+    cache_dir
+        For a URL: the disk cache shared by every process on the node
+        (:mod:`packfs.source.cache`; None: ``$PACKFS_CACHE_DIR``, else
+        ``~/.cache/packfs``; False: none).
 
     Raises
     ------
@@ -258,7 +267,8 @@ class PackedImageFolder(PackedDataset):
                  extensions: tuple[str, ...] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, check_data: bool = True,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None) -> None:
+        storage_options = with_cache_dir(storage_options, cache_dir)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("give extensions or is_valid_file, not both")
         if isinstance(loader, str):

@@ -29,6 +29,14 @@ def _contents(name: str, size: int) -> bytes:
     return (name.encode() + b":" + os.urandom(size))[:size]
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batches as the remote source sends them, each GET exactly the bytes asked:
+    without the disk cache, whose 16 KiB blocks round each range (tests/test_cache.py
+    tests batches through it)."""
+    monkeypatch.setenv("PACKFS_CACHE_DIR", "off")
+
+
 @pytest.fixture(scope="module")
 def batch_tree(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
     """An archive of small files side by side, a few files far apart, a symlink and

@@ -21,6 +21,7 @@ from packfs.source import cache as cache_module
 from packfs.source import open_source
 from packfs.source.cache import BLOCK_BYTES, SLOT, CachedSource
 from packfs import pack_folder
+from tests.conftest import require_extra
 from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
 
 FORK = multiprocessing.get_context("fork")
@@ -310,3 +311,45 @@ def test_a_sequential_read_is_fetched_ahead_in_growing_windows(nginx, served, da
     assert max(stop - start for start, stop in spans) >= 4 << 20  # the window grew
     fetched = sum(stop - start for start, stop in spans)
     assert _overlap(spans) == 0 and fetched <= 1.05 * len(contents) + (64 << 20) // 16
+
+
+def test_a_batch_through_the_cache_is_coalesced_and_then_served_from_it(nginx, served, dataset,  # noqa: F811
+                                                                          tmp_path) -> None:
+    _, files = dataset
+    names = [name for name in sorted(files) if name.startswith("train/")][:40]  # neighbours in the archive
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        folder.read_many(names[:1])  # the table's pages
+        nginx.clear_log()
+        shuffled = random.Random(4).sample(names, len(names))
+        assert folder.read_many(shuffled) == [files[name] for name in shuffled]
+        gets = _data_gets(nginx)
+        total = sum(len(files[name]) for name in names)
+        # 40 side by side: a few GETs (runs end at a chunk's edge, or at part_bytes), each
+        # block once.
+        assert len(gets) <= 3 and _overlap(gets) == 0
+        assert sum(stop - start for start, stop in gets) <= total + 2 * BLOCK_BYTES
+        nginx.clear_log()
+        assert folder.read_many(shuffled[::-1]) == [files[name] for name in shuffled[::-1]]
+        assert _data_gets(nginx) == []
+
+
+def test_dataloader_workers_share_the_cache_and_epoch_two_fetches_nothing(nginx, served, dataset,  # noqa: F811
+                                                                           tmp_path) -> None:
+    torch = require_extra("torch", "torch")
+    from packfs.torch import PackedDataset
+
+    _, files = dataset
+    data = PackedDataset(served, "train/**", cache_dir=tmp_path / "cache")
+    loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True, num_workers=4,
+                                         collate_fn=lambda batch: [hash(item) for item in batch],
+                                         multiprocessing_context="fork",
+                                         generator=torch.Generator().manual_seed(0))
+    expected = sorted(hash(files[name]) for name in files if name.startswith("train/"))
+    nginx.clear_log()
+    assert sorted(h for batch in loader for h in batch) == expected
+    first = _data_gets(nginx)
+    assert first and _overlap(first) == 0  # four workers, no block fetched twice
+    nginx.clear_log()
+    assert sorted(h for batch in loader for h in batch) == expected
+    assert _data_gets(nginx) == []  # epoch 2: the workers' opens only
+    data.close()

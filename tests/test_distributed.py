@@ -40,13 +40,16 @@ def samples_url(nginx, tmp_path_factory) -> tuple[str, int]:  # noqa: F811
     return nginx.url("samples.ffr"), total
 
 
-def _run_ranks(url: str, world: int, epochs: int, out: Path, *extra_per_rank) -> list[dict]:
+def _run_ranks(url: str, world: int, epochs: int, out: Path, *extra_per_rank, cache: str = "off") -> list[dict]:
+    """Run ``world`` ranks; ``cache``: "off" (nodes without a disk cache: what each rank
+    fetches is what it reads) or "shared" (the ranks of one node, one cache)."""
     processes = []
     for rank in range(world):
         extra = list(extra_per_rank[rank]) if extra_per_rank else []
+        env = dict(os.environ, PACKFS_CACHE_DIR="off" if cache == "off" else str(out / "cache"))
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "tests.distributed_rank", url, str(rank), str(world), str(SEED), str(epochs),
-             str(out / f"rank{rank}.json"), *extra], cwd=REPO, stderr=subprocess.PIPE, text=True))
+             str(out / f"rank{rank}.json"), *extra], cwd=REPO, stderr=subprocess.PIPE, text=True, env=env))
     for process in processes:
         _, errors = process.communicate(timeout=120)
         assert process.returncode == 0, errors[-3000:]
@@ -112,3 +115,16 @@ def test_a_state_from_another_world_is_refused() -> None:
             other.load_state_dict(state)
     with pytest.raises(ValueError, match="starts at sample 7"):
         ResumableDistributedSampler(range(12), num_replicas=2, rank=1).load_state_dict({**state, "start": 7})
+
+
+def test_the_ranks_of_one_node_share_one_cache(samples_url, tmp_path: Path) -> None:
+    """Four ranks on one node, two epochs, one cache directory: the dataset is fetched
+    about once in all (each block by one rank; the second epoch from the cache)."""
+    require_extra("torch", "torch")
+    url, total = samples_url
+    results = _run_ranks(url, 4, 2, tmp_path, cache="shared")
+    for epoch in ("0", "1"):
+        assert sorted(number for result in results for number in result["epochs"][epoch]) == list(range(SAMPLES))
+    fetched = sum(result["bytes_fetched"] for result in results)
+    print(f"4 ranks, 2 epochs, one cache: fetched {fetched / total:.3f} x the dataset")
+    assert fetched <= 1.15 * total + 4 * (1 << 20)  # + each rank's open and table pages

@@ -37,7 +37,7 @@ from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotADirect
                       PathNotFoundError, RecordFileError)
 from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
                       symlink_length_problem, symlink_target_problem, unpack_footer)
-from ..source import ByteSource
+from ..source import ByteSource, with_cache_dir
 from . import legacy, recordfile
 from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, PackedFile, StreamFile, read_entries,
@@ -154,8 +154,7 @@ class Archive:
             source = os.fsdecode(source)
         # A legacy header (checksum 0) is refused below, once the file was told apart
         # from a record file, which is then named as what it is.
-        if cache_dir is not None:
-            storage_options = {**(storage_options or {}), "cache_dir": cache_dir}
+        storage_options = with_cache_dir(storage_options, cache_dir)
         self._container = container = Container(source, check_data=check_data, allow_legacy_header=True,
                                                  use_tail=True, storage_options=storage_options)
         self.path: str = container.path

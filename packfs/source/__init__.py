@@ -22,7 +22,8 @@ from typing import Any, Hashable, Mapping, Optional, Protocol, Union
 from ..errors import RemoteArchiveError
 from .local import GUARDED, LocalFile, is_url, release_pages, url_error
 
-__all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url", "open_source"]
+__all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url", "open_source",
+           "with_cache_dir"]
 
 # The schemes RemoteFile reads (packfs.source.remote.REMOTE_SCHEMES, which imports
 # nothing it does not need; repeated here so that a local open imports nothing remote).
@@ -62,6 +63,15 @@ def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[
     if storage_options:
         raise RemoteArchiveError(f"{os.fspath(name)!r}: storage_options are for s3:// URLs, not local paths")
     return LocalFile(name)
+
+
+def with_cache_dir(storage_options: Optional[Mapping[str, Any]], cache_dir: object) -> Optional[Mapping[str, Any]]:
+    """``storage_options`` with ``cache_dir`` among them (unchanged when it is None: the
+    default directory): the front ends' ``cache_dir=`` travels with the storage options,
+    which every worker process re-opens a URL with."""
+    if cache_dir is None:
+        return storage_options
+    return {**(storage_options or {}), "cache_dir": cache_dir}
 
 
 def _size(value: object, name: str) -> int:

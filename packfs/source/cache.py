@@ -205,6 +205,10 @@ class CachedSource:
         self._touched: Dict[int, float] = {}  # chunk -> when this process last marked it used
         self._warned = False
         self._streams: List[_Stream] = []
+        # Two windows in flight, each at most an eighth of the memory cap (their bodies
+        # are held until written) and of the cache (which must not evict what they fetch).
+        self._max_window = max(BLOCK_BYTES, min(MAX_WINDOW, getattr(remote, "memory_cap", MAX_WINDOW * 8) // 8,
+                                                self.cache_size // 8))
         self._reads = 0  # reads through read(), numbered for the streams
         self._own()
 
@@ -535,8 +539,7 @@ class CachedSource:
                 return
             begin, stop = stream.ahead, min(limit, stream.ahead + stream.window)
             stream.ahead = stop
-            # A window is at most an eighth of the cache: it must not evict what it reads ahead.
-            stream.window = min(MAX_WINDOW, max(BLOCK_BYTES, self.cache_size // 8), stream.window * 2)
+            stream.window = min(self._max_window, stream.window * 2)
         wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
         missing = self._read_cached(wanted, None)
         pool = self._executor()
