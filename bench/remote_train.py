@@ -405,7 +405,9 @@ class Bench:
             figures = self.run("download", self.url, self.size, 1)
         else:  # "N threads"
             figures = self.run("download", self.url, self.size, int(variant.split()[0]))
-        figures["fetched"] = sum(request.bytes_sent for request in self.gets())
+        logged = self.gets()
+        figures["fetched"] = sum(request.bytes_sent for request in logged)
+        figures["gets"] = len(logged)
         figures["rate"] = figures["bytes"] / figures["seconds"]
         return figures
 
@@ -424,9 +426,10 @@ class Bench:
                 for variant, found in runs.items()}
         fetched = {variant: statistics.median(run["fetched"] for run in found) / self.size
                    for variant, found in runs.items()}
+        gets = {variant: statistics.median(run["gets"] for run in found) for variant, found in runs.items()}
         best = max(("4 threads", "8 threads", "16 threads"), key=rate.__getitem__)
         finished = {variant: all(run["complete"] for run in found) for variant, found in runs.items()}
-        return {"rate": rate, "busy": busy, "fetched": fetched, "best_parallel": best, "finished": finished,
+        return {"rate": rate, "busy": busy, "fetched": fetched, "gets": gets, "best_parallel": best, "finished": finished,
                 "drift": again["rate"] / runs[variants[0]][0]["rate"], "runs": runs, "again": again}
 
     # -- c ---------------------------------------------------------------------------
@@ -652,7 +655,7 @@ def render(results: dict) -> str:
                 f"| b. whole-archive scan: {label} | >= 0.9x best parallel ({b['best_parallel']} of 8 MiB: "
                 f"{best / MIB:,.0f} MiB/s), >= 4x one GET ({one / MIB:,.0f} MiB/s); <= 1.05x size fetched | "
                 f"{rate / MIB:,.0f} MiB/s = {rate / best:.2f}x best, {rate / one:.1f}x one GET; "
-                f"{b['fetched'][variant]:.3f}x fetched; client CPU {b['busy'][variant]:.0%} busy{partial} | "
+                f"{b['fetched'][variant]:.3f}x fetched in {b['gets'][variant]:,.0f} GETs; client CPU {b['busy'][variant]:.0%} busy{partial} | "
                 f"{_met(ok and not partial)} |")
         lines.append(f"| b. (baselines) | | 4/8/16 threads: " + ", ".join(
             f"{b['rate'][v] / MIB:,.0f}" for v in ("4 threads", "8 threads", "16 threads")) +
