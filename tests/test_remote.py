@@ -81,6 +81,18 @@ def test_stats_count_what_the_server_answered(nginx, served: str, archive: Path)
     assert "requests" in info.stdout and "fetched bytes" in info.stdout
 
 
+def test_info_prints_the_disk_caches_counters_when_there_is_one(served: str) -> None:
+    counters = ("cache hits ", "cache misses ", "cache waits ", "readahead bytes ")
+    cached = packfs_cli("info", served)  # through the test's own cache directory
+    assert cached.returncode == 0, cached.stderr
+    lines = cached.stdout.splitlines()
+    assert all(any(line.startswith(counter) for line in lines) for counter in counters), cached.stdout
+    uncached = subprocess.run([sys.executable, "-m", "packfs", "info", served], capture_output=True, text=True,
+                              env={**os.environ, "PACKFS_CACHE_DIR": "off"}, timeout=60)
+    assert uncached.returncode == 0 and "fetched bytes" in uncached.stdout
+    assert not any(counter in uncached.stdout for counter in counters), uncached.stdout
+
+
 def test_an_archive_in_s3_reads_as_a_local_one(moto, in_bucket: str, archive: Path) -> None:  # noqa: F811
     with PackedFolder(in_bucket) as remote, PackedFolder(archive) as local:
         for path, contents in FILES.items():
