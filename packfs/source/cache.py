@@ -63,7 +63,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
 
-__all__ = ["CachedSource", "default_cache_dir", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES", "CHUNK_BYTES"]
+__all__ = ["CachedSource", "default_cache_dir", "default_cache_size", "parse_size", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES",
+           "CHUNK_BYTES"]
 
 log = logging.getLogger("packfs.cache")
 
@@ -122,6 +123,30 @@ def default_cache_dir() -> Optional[str]:
         return None if chosen.strip().lower() in ("", "off", "none", "0", "false") else chosen
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "packfs")
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"20G"``, ``"512M"``, ``"1.5T"`` or a plain number (units of 1024);
+    ValueError if it is none of those or not above 0."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = cleaned[-1:] if cleaned[-1:] in _UNITS else ""
+    try:
+        value = float(cleaned[:len(cleaned) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = 0
+    if not value >= 1:
+        raise ValueError(f"{text!r} is not a size: expected bytes, or a number with K, M, G or T (as 20G)")
+    return int(value)
+
+
+def default_cache_size() -> int:
+    """The disk cache's bound when none is given: ``$PACKFS_CACHE_SIZE`` (as 20G), else
+    DEFAULT_CACHE_SIZE."""
+    chosen = os.environ.get("PACKFS_CACHE_SIZE")
+    return parse_size(chosen) if chosen else DEFAULT_CACHE_SIZE
 
 
 def cache_key(identity: object, suffix: bytes) -> str:
