@@ -375,3 +375,35 @@ def test_a_mount_reads_a_large_file_ahead(nginx, served, dataset, tmp_path) -> N
     print(f"\n24 MiB through the mount: {len(gets)} GETs, {sum(b - a for a, b in gets) / len(contents):.3f}x its size")
     assert len(gets) < len(contents) // (128 << 10) // 4, len(gets)
     assert _overlap(gets) == 0 and sum(stop - start for start, stop in gets) <= 1.1 * len(contents)
+
+
+def test_a_closed_or_replaced_archive_is_not_served_from_the_cache(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    from packfs import ArchiveChangedError, ClosedArchiveError
+
+    _, files = dataset
+    source = open_source(served, storage_options={"cache_dir": tmp_path / "cache"})
+    archive = Archive(source)
+    archive.read_path("train/0007.bin")
+    start, end = archive.extent(archive.lookup("train/0007.bin"))
+    assert source.read(start, end) == files["train/0007.bin"]  # cached
+    source.close()
+    with pytest.raises(ClosedArchiveError):
+        source.read(start, end)
+    with pytest.raises(ClosedArchiveError):
+        source.read_ranges([(start, end)])
+    archive.close()
+    # Replaced: the first GET that shows it makes every later read, cached or not, fail.
+    with Archive(served, cache_dir=tmp_path / "cache") as archive:
+        archive.read_path("train/0007.bin")
+        _replace_keeping_size(nginx, dataset[0])
+        with pytest.raises(ArchiveChangedError):
+            archive.read_path("train/0100.bin")  # not cached: its GET says so
+        with pytest.raises(ArchiveChangedError):
+            archive.read_path("train/0007.bin")  # cached, still refused
+
+
+def _replace_keeping_size(nginx, archive: Path) -> None:  # noqa: F811
+    data = bytearray(archive.read_bytes())
+    data[100] ^= 1
+    time.sleep(1.05 - time.time() % 1)  # nginx's ETag: the modification second and the size
+    nginx.put("data.ffr", bytes(data))

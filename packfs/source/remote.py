@@ -417,7 +417,9 @@ class RemoteFile:
         return results
 
     def check_span(self, start: int, end: int) -> None:
-        """FormatError unless [start, end) lies inside the object."""
+        """FormatError unless [start, end) lies inside the object; ClosedArchiveError
+        after close(), ArchiveChangedError once an answer showed another object."""
+        self._check_open()
         # The object's size is fixed at open: bytes past it are not there to fetch (a
         # server would answer with fewer, which is no reason to try again).
         if not 0 <= start <= end or end > self.size:
