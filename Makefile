@@ -6,8 +6,9 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 # nginx: the HTTP server the remote-source tests start on loopback (tests/remote_servers.py
-# runs its own, as the user, on a free port; the system's service is not used).
-SYSTEM_PACKAGES := fuse3 libfuse2 nginx
+# runs its own, as the user, on a free port; the system's service is not used), and openssl
+# to make its https certificate.
+SYSTEM_PACKAGES := fuse3 libfuse2 nginx openssl
 # What pip needs to build packfs's C extensions: _sigbus, which keeps readers alive when
 # an archive is overwritten in place, and _lowlevel, the compiled mount daemon (libfuse3's
 # headers, found by pkg-config, and zlib's).  Optional: without them (and not root) the

@@ -109,6 +109,15 @@ http {{
         # The same files, one redirect away (302 to /data/).
         location /moved/ {{ rewrite ^/moved/(.*)$ /data/$1 redirect; }}
     }}
+    # The same files over TLS (a certificate for 127.0.0.1 made at start: certificate()).
+    server {{
+        listen 127.0.0.1:{tls_port} ssl;
+        ssl_certificate {root}/tls.crt;
+        ssl_certificate_key {root}/tls.key;
+        access_log {root}/access.log counted;
+        root {root}/www;
+        location /data/ {{ }}
+    }}
 }}
 """
 
@@ -120,11 +129,17 @@ class Nginx:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.data = root / "www" / "data"
-        self.port = 0
+        self.port = self.tls_port = 0
+        self.certificate = root / "tls.crt"
         self.process: Optional[subprocess.Popen] = None
 
     def url(self, name: str, location: str = "data", port: Optional[int] = None) -> str:
         return f"http://127.0.0.1:{port or self.port}/{location}/{name}"
+
+    def tls_url(self, name: str) -> str:
+        """``name`` over https, whose certificate :attr:`certificate` is (a client trusts it
+        with ``SSL_CERT_FILE``)."""
+        return f"https://127.0.0.1:{self.tls_port}/data/{name}"
 
     def put(self, name: str, contents: bytes) -> None:
         """Create or replace (by a rename, as a deploy does: a new ETag) a file."""
@@ -161,9 +176,14 @@ class Nginx:
             raise FileNotFoundError("nginx is not installed (apt-get install nginx; make setup does as root)")
         for sub in ("www/data", "www/denied", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.certificate = self.root / "tls.crt"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(self.root / "tls.key"),
+                        "-out", str(self.certificate)], check=True, capture_output=True)
         for attempt in range(5):
-            self.port = free_port()
-            (self.root / "nginx.conf").write_text(NGINX_CONF.format(root=self.root, port=self.port))
+            self.port, self.tls_port = free_port(), free_port()
+            (self.root / "nginx.conf").write_text(NGINX_CONF.format(root=self.root, port=self.port,
+                                                                    tls_port=self.tls_port))
             log = self.root / "stderr.log"
             with open(log, "wb") as out:
                 self.process = subprocess.Popen([NGINX, "-c", str(self.root / "nginx.conf"), "-p", str(self.root)],

@@ -178,7 +178,7 @@ def test_a_batch_is_fetched_in_groups_bounded_in_bytes(nginx, served: str, batch
     assert all(size <= cap // 4 or count == 1 for count, size in calls)  # groups, or one larger file alone
 
 
-@pytest.mark.parametrize("fault", ["503", "kill"])
+@pytest.mark.parametrize("fault", ["503", "kill", "truncate", "wrong_range", "longer"])
 def test_a_failed_get_in_a_batch_is_tried_again(proxy, nginx, served: str, batch_tree, fault: str) -> None:  # noqa: F811
     _, files = batch_tree
     paths = [f"spread/{i}/file.bin" for i in range(SPREAD)] + [f"small/{i:04d}.bin" for i in range(0, SMALL, 7)]
@@ -245,3 +245,42 @@ def test_a_cold_batch_fetches_its_table_pages_together(many_url, kind: str, monk
     assert len([call for call in calls if call[0] == "read"]) <= 1, calls
     batched = [count for kind, count in calls if kind == "read_ranges"]
     assert len(batched) <= 3 and sum(batched[:-1]) > 2 and batched[-1] == 256, calls  # pages, then the files
+
+
+def test_https_batches_take_the_fast_path_and_single_reads_the_slow_one(nginx, batch_tree,  # noqa: F811
+                                                                          monkeypatch) -> None:
+    """Over TLS (nginx with a certificate the client trusts through SSL_CERT_FILE): a
+    batch's GETs go out on the non-blocking connections of packfs.source.multiget,
+    single reads through urllib3; both give the same checked bytes."""
+    archive_path, files = batch_tree
+    monkeypatch.setenv("SSL_CERT_FILE", str(nginx.certificate))
+    nginx.put("batch.ffr", archive_path.read_bytes())
+    paths = sorted(path for path in files if path.startswith("small/"))
+    with PackedFolder(nginx.tls_url("batch.ffr")) as folder:
+        assert folder.read(paths[5]) == files[paths[5]]
+        nginx.clear_log()
+        shuffled = random.Random(9).sample(paths, len(paths))
+        assert folder.read_many(shuffled) == [files[path] for path in shuffled]
+        stats = folder.stats()
+    assert stats["retries"] == 0  # nothing was left to the slow path
+    assert _data_gets(nginx)  # and it went out over TLS (the https server logs to the same file)
+
+
+def test_an_untrusted_certificate_is_refused_on_both_paths(nginx, batch_tree, monkeypatch) -> None:  # noqa: F811
+    archive_path, _ = batch_tree
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    nginx.put("batch.ffr", archive_path.read_bytes())
+    with pytest.raises(packfs.RemoteArchiveError, match="(?i)certificate|TLS|SSL"):
+        PackedFolder(nginx.tls_url("batch.ffr"))
+
+
+def test_a_stalled_get_in_a_batch_is_given_up_and_tried_again(proxy, nginx, served: str, batch_tree) -> None:  # noqa: F811
+    """A server that never answers one GET of a batch: the batch's other GETs finish,
+    the stalled one is given up after the timeout and fetched again."""
+    _, files = batch_tree
+    paths = [f"spread/{i}/file.bin" for i in range(SPREAD)]
+    with Archive(open_source(nginx.url("batch.ffr", port=proxy.port), timeout=1.0)) as archive:
+        archive.read_many(paths)  # the table's pages cached
+        proxy.fault("stall", count=1)
+        assert archive.read_many(paths) == [files[path] for path in paths]
+        assert archive.stats()["retries"] == 1

@@ -21,7 +21,7 @@ from packfs.source import cache as cache_module
 from packfs.source import open_source
 from packfs.source.cache import BLOCK_BYTES, SLOT, CachedSource
 from packfs import pack_folder
-from tests.conftest import require_extra
+from tests.conftest import mounted, require_extra, require_fuse
 from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
 
 FORK = multiprocessing.get_context("fork")
@@ -353,3 +353,57 @@ def test_dataloader_workers_share_the_cache_and_epoch_two_fetches_nothing(nginx,
     assert sorted(h for batch in loader for h in batch) == expected
     assert _data_gets(nginx) == []  # epoch 2: the workers' opens only
     data.close()
+
+
+@pytest.mark.fuse
+def test_a_mount_reads_a_large_file_ahead(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """A mount of a URL (the Python daemon) reading a 24 MiB file in the kernel's
+    128 KiB READs: the stream is fetched ahead in growing windows, not one GET per
+    READ, and nothing past the file."""
+    require_fuse()
+    _, files = dataset
+    contents = files["big/weights.bin"]
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    with mounted(served, mountpoint):  # type: ignore[arg-type]
+        os.stat(mountpoint / "big" / "weights.bin")
+        nginx.clear_log()
+        with open(mountpoint / "big" / "weights.bin", "rb", buffering=0) as file:
+            data = b"".join(iter(lambda: file.read(128 << 10), b""))
+        assert data == contents
+        gets = _data_gets(nginx)
+    print(f"\n24 MiB through the mount: {len(gets)} GETs, {sum(b - a for a, b in gets) / len(contents):.3f}x its size")
+    assert len(gets) < len(contents) // (128 << 10) // 4, len(gets)
+    assert _overlap(gets) == 0 and sum(stop - start for start, stop in gets) <= 1.1 * len(contents)
+
+
+def test_a_closed_or_replaced_archive_is_not_served_from_the_cache(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    from packfs import ArchiveChangedError, ClosedArchiveError
+
+    _, files = dataset
+    source = open_source(served, storage_options={"cache_dir": tmp_path / "cache"})
+    archive = Archive(source)
+    archive.read_path("train/0007.bin")
+    start, end = archive.extent(archive.lookup("train/0007.bin"))
+    assert source.read(start, end) == files["train/0007.bin"]  # cached
+    source.close()
+    with pytest.raises(ClosedArchiveError):
+        source.read(start, end)
+    with pytest.raises(ClosedArchiveError):
+        source.read_ranges([(start, end)])
+    archive.close()
+    # Replaced: the first GET that shows it makes every later read, cached or not, fail.
+    with Archive(served, cache_dir=tmp_path / "cache") as archive:
+        archive.read_path("train/0007.bin")
+        _replace_keeping_size(nginx, dataset[0])
+        with pytest.raises(ArchiveChangedError):
+            archive.read_path("train/0100.bin")  # not cached: its GET says so
+        with pytest.raises(ArchiveChangedError):
+            archive.read_path("train/0007.bin")  # cached, still refused
+
+
+def _replace_keeping_size(nginx, archive: Path) -> None:  # noqa: F811
+    data = bytearray(archive.read_bytes())
+    data[100] ^= 1
+    time.sleep(1.05 - time.time() % 1)  # nginx's ETag: the modification second and the size
+    nginx.put("data.ffr", bytes(data))

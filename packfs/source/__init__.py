@@ -48,10 +48,14 @@ def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[
     if isinstance(name, str) and is_url(name) and not os.path.exists(name):
         scheme = name.split(":", 1)[0].lower()
         if scheme in _REMOTE_SCHEMES:
-            from .cache import DEFAULT_CACHE_SIZE, CachedSource, default_cache_dir
+            from .cache import CachedSource, default_cache_dir, default_cache_size
             from .remote import RemoteFile
 
-            size = DEFAULT_CACHE_SIZE if cache_size is None else _size(cache_size, name)
+            try:
+                size = default_cache_size() if cache_size is None else _size(cache_size, name)
+            except ValueError as error:  # $PACKFS_CACHE_SIZE
+                raise RemoteArchiveError(f"{name!r}: PACKFS_CACHE_SIZE={os.environ.get('PACKFS_CACHE_SIZE')!r}: "
+                                         f"{error}") from None
             remote = RemoteFile(name, storage_options=options or None, **remote_options)  # type: ignore[arg-type]
             if cache_dir is None:
                 cache_dir = default_cache_dir()

@@ -53,16 +53,18 @@ import errno
 import fcntl
 import hashlib
 import logging
+import mmap
 import os
 import struct
 import threading
 import time
 from bisect import bisect_right
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Set, Tuple
-from zlib import crc32
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from ..format import crc32
 
-__all__ = ["CachedSource", "default_cache_dir", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES", "CHUNK_BYTES"]
+__all__ = ["CachedSource", "default_cache_dir", "default_cache_size", "parse_size", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES",
+           "CHUNK_BYTES"]
 
 log = logging.getLogger("packfs.cache")
 
@@ -121,6 +123,30 @@ def default_cache_dir() -> Optional[str]:
         return None if chosen.strip().lower() in ("", "off", "none", "0", "false") else chosen
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "packfs")
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"20G"``, ``"512M"``, ``"1.5T"`` or a plain number (units of 1024);
+    ValueError if it is none of those or not above 0."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = cleaned[-1:] if cleaned[-1:] in _UNITS else ""
+    try:
+        value = float(cleaned[:len(cleaned) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = 0
+    if not value >= 1:
+        raise ValueError(f"{text!r} is not a size: expected bytes, or a number with K, M, G or T (as 20G)")
+    return int(value)
+
+
+def default_cache_size() -> int:
+    """The disk cache's bound when none is given: ``$PACKFS_CACHE_SIZE`` (as 20G), else
+    DEFAULT_CACHE_SIZE."""
+    chosen = os.environ.get("PACKFS_CACHE_SIZE")
+    return parse_size(chosen) if chosen else DEFAULT_CACHE_SIZE
 
 
 def cache_key(identity: object, suffix: bytes) -> str:
@@ -366,18 +392,83 @@ class CachedSource:
     def _block_length(self, block: int) -> int:
         return min(BLOCK_BYTES, self.remote.size - block * BLOCK_BYTES)
 
-    def _fetch(self, missing: List[int], into: _Blocks, cached: Set[int]) -> None:
-        """Fetch the blocks of ``missing`` (sorted) and write them to the cache, once per
-        node: runs (see :meth:`_plan`) are each locked, looked for again, and fetched by
-        whoever holds the lock; the others wait for it and find them written."""
-        runs = self._plan(missing, cached)
-        if len(runs) == 1:
-            self._fetch_run(runs[0], into)
+    def _fetch(self, missing: List[int], into: Optional[_Blocks], cached: Set[int]) -> None:
+        """Fetch the blocks of ``missing`` (sorted) into ``into`` (None: a read ahead,
+        which only writes them) and write them to the cache, once per node: the runs
+        (see :meth:`_plan`) are locked, looked for again, and what is still missing is
+        fetched with one batch of GETs; runs another thread or process holds are waited
+        for after, and found written."""
+        held: List[Tuple[List[int], int]] = []  # (run, its chunk's descriptor; -1: no cache)
+        busy: List[Tuple[List[int], int]] = []
+        try:
+            for run in self._plan(missing, cached):
+                fd = self._open_chunk(run[0] // BLOCKS_PER_CHUNK, create=True)
+                if fd >= 0:
+                    _HELD[fd] = None
+                (held if fd < 0 or self._try_lock(fd, run[0], run[-1] + 1) else busy).append((run, fd))
+            self._fill(held, into, waited=False)
+        finally:
+            self._release(held)
+        try:
+            for run, fd in busy:
+                self._wait_lock(fd, run[0], run[-1] + 1)
+                self._fill([(run, fd)], into, waited=True)
+        finally:
+            self._release(busy)
+
+    def _fill(self, runs: List[Tuple[List[int], int]], into: Optional[_Blocks], waited: bool) -> None:
+        """Of ``runs`` (locked by this thread), read what another wrote meanwhile, and
+        fetch the rest in one batch, each stretch still missing one GET; write it."""
+        gets: List[Tuple[List[int], int]] = []
+        for run, fd in runs:
+            if fd < 0:
+                if into is not None:  # no cache: fetched only to be served
+                    gets.append((run, fd))
+                continue
+            found = self._read_chunk_blocks(fd, run[0] // BLOCKS_PER_CHUNK, run, into)
+            if found and into is not None:
+                self._count("cache_waits" if waited else "cache_hits", len(found))
+            gets += [(left, fd) for left in (self._plan([b for b in run if b not in found], found) if found else [run])]
+        if not gets:
             return
-        pool = self._executor()
-        futures = [pool.submit(self._fetch_run, run, into) for run in runs]
-        for future in futures:
-            future.result()
+        size = self.remote.size
+        spans = [(left[0] * BLOCK_BYTES, min(size, (left[-1] + 1) * BLOCK_BYTES)) for left, _ in gets]
+        if into is None:
+            # A read ahead only writes what it fetches: received into an anonymous map,
+            # unmapped once written (tens of MiB through malloc would stay in this
+            # process's RSS, its arenas fragmented).
+            area = mmap.mmap(-1, sum(end - start for start, end in spans))
+            whole = memoryview(area)
+            views: List[memoryview] = []
+            try:
+                at = 0
+                for start, end in spans:
+                    views.append(whole[at:at + end - start])
+                    at += end - start
+                self.remote.read_ranges_into(spans, views)
+                for (left, fd), view in zip(gets, views):
+                    self._count("readahead_bytes", len(view))
+                    self._store(fd, left[0] // BLOCKS_PER_CHUNK * BLOCKS_PER_CHUNK, left[0], view)
+            finally:
+                for view in views:
+                    view.release()
+                whole.release()
+                area.close()
+            return
+        # Not joined across a gap: _plan did what was worth it, and a gap here may be
+        # blocks the cache holds.
+        for (left, fd), (start, _), data in zip(gets, spans, self.remote.read_ranges(spans, gap=0)):
+            self._count("cache_misses", len(left))
+            into.add(start, data)
+            if fd >= 0:
+                self._store(fd, left[0] // BLOCKS_PER_CHUNK * BLOCKS_PER_CHUNK, left[0], data)
+
+    @staticmethod
+    def _release(runs: List[Tuple[List[int], int]]) -> None:
+        for _, fd in runs:
+            if fd >= 0:
+                _HELD.pop(fd, None)
+                os.close(fd)  # drops the lock
 
     def _plan(self, missing: List[int], cached: Set[int]) -> List[List[int]]:
         """``missing`` (sorted) as runs, each fetched with one GET: blocks of one chunk,
@@ -396,45 +487,7 @@ class CachedSource:
                 runs.append([b])
         return runs
 
-    def _fetch_run(self, run: List[int], into: Optional[_Blocks]) -> None:
-        """One run: lock its blocks, read what another process wrote meanwhile, fetch the
-        rest from the first missing block to the last with one GET, write, unlock; the
-        blocks go to ``into`` (None: a read ahead, which only writes them)."""
-        chunk = run[0] // BLOCKS_PER_CHUNK
-        first, last = run[0], run[-1] + 1
-        fd = self._open_chunk(chunk, create=True)
-        if fd < 0:  # no cache to write: fetch and serve
-            self._fetch_plain(first, last, run, into)
-            return
-        _HELD[fd] = None
-        try:
-            waited = not self._lock_range(fd, first, last)
-            base = chunk * BLOCKS_PER_CHUNK
-            found = self._read_chunk_blocks(fd, chunk, run, into)
-            if found and into is not None:
-                self._count("cache_waits" if waited else "cache_hits", len(found))
-            # What is still missing, split where another process's blocks now are.
-            for left in self._plan([b for b in run if b not in found], found) if found else [run]:
-                start, end = left[0] * BLOCK_BYTES, min(self.remote.size, left[-1] * BLOCK_BYTES + BLOCK_BYTES)
-                data = self.remote.read(start, end)
-                if into is None:
-                    self._count("readahead_bytes", len(data))
-                else:
-                    self._count("cache_misses", len(left))
-                    into.add(start, data)
-                self._store(fd, base, left[0], data)
-        finally:
-            _HELD.pop(fd, None)
-            os.close(fd)  # drops the lock
-
-    def _fetch_plain(self, first: int, last: int, run: List[int], into: Optional[_Blocks]) -> None:
-        if into is None:
-            return  # nowhere to keep what a read ahead would fetch
-        start, end = first * BLOCK_BYTES, min(self.remote.size, last * BLOCK_BYTES)
-        into.add(start, self.remote.read(start, end))
-        self._count("cache_misses", len(run))
-
-    def _store(self, fd: int, base: int, first: int, data: bytes) -> None:
+    def _store(self, fd: int, base: int, first: int, data: Union[bytes, memoryview]) -> None:
         """Write blocks from ``first`` on with ``data``: every block's bytes, then the slots
         (a block without its slot is not there)."""
         try:
@@ -450,31 +503,28 @@ class CachedSource:
             return
         self._note_written(len(data))
 
-    def _lock_range(self, fd: int, first: int, last: int) -> bool:
-        """Lock blocks [first, last) of the chunk open as ``fd`` (bytes of the lock
-        space, not of the file); True if free at once, False after waiting for another
-        holder (or giving up waiting after LOCK_WAIT)."""
-        request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, first, last - first, 0)
+    def _try_lock(self, fd: int, first: int, last: int) -> bool:
+        """Lock blocks [first, last) of the chunk open as ``fd`` (bytes of the lock space,
+        not of the file) if no other holds them; True if locked (or if the file system
+        has no locks: then fetch)."""
         try:
-            fcntl.fcntl(fd, _SETLK, request)
+            fcntl.fcntl(fd, _SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, first, last - first, 0))
             return True
         except OSError as error:
-            if error.errno not in (errno.EAGAIN, errno.EACCES):
-                return True  # no locks here (a file system without them): fetch
+            return error.errno not in (errno.EAGAIN, errno.EACCES)
+
+    def _wait_lock(self, fd: int, first: int, last: int) -> None:
+        """Lock blocks [first, last), waiting for their holder; after LOCK_WAIT, go on
+        without (a duplicate GET, not a hang)."""
         deadline = time.monotonic() + LOCK_WAIT
         pause = 0.0005
-        while time.monotonic() < deadline:
+        while not self._try_lock(fd, first, last):
+            if time.monotonic() >= deadline:
+                log.warning("packfs: waited %.0f s for another process's fetch of %s; fetching it here", LOCK_WAIT,
+                            self.remote.name)
+                return
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
-            try:
-                fcntl.fcntl(fd, _SETLK, request)
-                return False
-            except OSError as error:
-                if error.errno not in (errno.EAGAIN, errno.EACCES):
-                    return False
-        log.warning("packfs: waited %.0f s for another process's fetch of %s; fetching it here", LOCK_WAIT,
-                    self.remote.name)
-        return False
 
     def _open_chunk(self, chunk: int, create: bool) -> int:
         if self.directory is None:
@@ -509,7 +559,7 @@ class CachedSource:
     def _executor(self) -> ThreadPoolExecutor:
         with self._locked():
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max(2, getattr(self.remote, "in_flight", 16)),
+                self._pool = ThreadPoolExecutor(2,  # the two windows read ahead
                                                 thread_name_prefix="packfs-cache")
             return self._pool
 
@@ -543,13 +593,13 @@ class CachedSource:
         wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
         missing = self._read_cached(wanted, None)
         pool = self._executor()
-        window = [pool.submit(self._read_ahead, run) for run in self._plan(missing, set(wanted).difference(missing))]
+        window = [pool.submit(self._read_ahead, missing, set(wanted).difference(missing))] if missing else []
         with self._locked():
             self._ahead.append(window)
 
-    def _read_ahead(self, run: List[int]) -> None:
+    def _read_ahead(self, missing: List[int], cached: Set[int]) -> None:
         try:
-            self._fetch_run(run, None)
+            self._fetch(missing, None, cached)
         except Exception as error:  # a read ahead that fails is only a read not saved
             log.debug("packfs: reading ahead in %s failed: %s", self.remote.name, error)
 

@@ -39,6 +39,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from ..errors import (ArchiveChangedError, ClosedArchiveError, FormatError, PackfsError, RemoteAccessError,
                       RemoteArchiveError, RemoteIOError, RemoteNotFoundError, RemoteProtocolError, RemoteTimeoutError,
                       missing_dependency)
+from .multiget import MultiGet
 from .s3config import s3_settings
 from .sigv4 import canonical_query, encode_key, sign_v4
 
@@ -267,6 +268,8 @@ class RemoteFile:
         tag = self._version or self._etag or f"last-modified {modified.isoformat()}"  # type: ignore[union-attr]
         self.identity: Tuple[str, str, int] = (self.name, tag, self.size)
         self.owner = (os.getuid(), os.getgid(), int(modified.timestamp()) * 10**9 if modified else 0)
+        # The batches' fast path (packfs.source.multiget): what it does not take, _get does.
+        self._multi = MultiGet(self._endpoint.url, self._request_head, self._accepts, self.in_flight, self._timeout)
 
     def _own(self) -> None:
         """Connections, a lock and (on first use) threads of this process's own.  In a
@@ -314,55 +317,109 @@ class RemoteFile:
             return
         parts = [(at, min(at + self.part_bytes, end)) for at in range(start, end, self.part_bytes)]
         target = buffer.cast("B") if buffer.format != "B" else buffer
+        if len(parts) == 1:
+            target[:] = self._get(start, end)
+            return
+        # Parts received straight into the buffer, PARTS_IN_FLIGHT at a time (what is
+        # in flight stays bounded).
+        for first in range(0, len(parts), PARTS_IN_FLIGHT):
+            group = parts[first:first + PARTS_IN_FLIGHT]
+            self._fetch_spans(group, [target[a - start:b - start] for a, b in group])
 
-        def fill(part: Tuple[int, int]) -> None:
-            target[part[0] - start:part[1] - start] = self._get(*part)
+    def _request_head(self, start: int, end: int) -> bytes:
+        """A ranged GET's head, as _fetch_once sends it (for the fast path)."""
+        url = self._endpoint.url
+        parts = urlsplit(url)
+        headers = {"Host": self._endpoint.host, "Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity",
+                   **{CONDITION_HEADERS[name]: value for name, value in self._options.items()},
+                   **self._endpoint.signed(url)}
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        return (f"GET {target} HTTP/1.1\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+                + "\r\n").encode("latin-1")
 
-        self._run(fill, parts, min(PARTS_IN_FLIGHT, self.in_flight))
+    def _accepts(self, headers: Dict[str, str], total: str) -> bool:
+        """Whether an answer's headers are the object's as it was opened (else the slow
+        path asks again, and tells what changed)."""
+        return (total == str(self.size) and (not self._etag or headers.get("etag") == self._etag)
+                and (not self._version or headers.get("x-amz-version-id") == self._version))
 
-    def read_ranges(self, spans: Sequence[Tuple[int, int]]) -> List[bytes]:
+    def _fetch_spans(self, spans: Sequence[Tuple[int, int]], into: Optional[Sequence[memoryview]] = None
+                     ) -> List[object]:
+        """Each span's bytes (or, with ``into``, each received into its buffer): all of
+        them through the fast path, then what it left one GET each through _get, up to
+        ``in_flight`` at once."""
+        if self._pid != os.getpid():
+            self._own()
+        results, requests, received = self._multi.get(spans, into)
+        left = [k for k, got in enumerate(results) if got is None]
+        with self._locked():
+            self._stats["requests"] += requests
+            self._stats["bytes_fetched"] += received
+            # A span the fast path left was asked for (or could not be): asked again.
+            self._stats["retries"] += min(len(left), requests)
+
+        def fill(k: int) -> None:
+            data = self._get(*spans[k])
+            if into is not None:
+                into[k][:] = data
+                results[k] = into[k]
+            else:
+                results[k] = data
+
+        self._run(fill, left, self.in_flight)
+        return results
+
+    def read_ranges_into(self, spans: Sequence[Tuple[int, int]], buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers[k]`` with the bytes of ``spans[k]`` (as long as it), up to
+        ``in_flight`` GETs at once, each received straight into its buffer."""
+        self._check_open()
+        for (start, end), buffer in zip(spans, buffers):
+            self.check_span(start, end)
+            if len(buffer) != end - start:
+                raise ValueError(f"a buffer of {len(buffer)} bytes for the span {start}-{end}")
+        self._fetch_spans(spans, buffers)
+
+    def read_ranges(self, spans: Sequence[Tuple[int, int]], gap: Optional[int] = None) -> List[bytes]:
         """The bytes of each (start, end) span, in the order given: spans closer than
-        ``coalesce_gap`` share one GET, up to ``in_flight`` GETs at once."""
+        ``gap`` (None: ``coalesce_gap``) share one GET, up to ``in_flight`` GETs at once."""
         self._check_open()
         for start, end in spans:
             self.check_span(start, end)
+        gap = self.coalesce_gap if gap is None else gap
         order = sorted(range(len(spans)), key=lambda k: spans[k])
         groups: List[List[int]] = []  # runs of span indexes fetched by one GET
         bounds: List[List[int]] = []  # each run's [first, last) byte
         for k in order:
             start, end = spans[k]
-            if groups and start - bounds[-1][1] <= self.coalesce_gap \
+            if groups and start - bounds[-1][1] <= gap \
                     and max(end, bounds[-1][1]) - bounds[-1][0] <= self.part_bytes:
                 groups[-1].append(k)
                 bounds[-1][1] = max(end, bounds[-1][1])
             else:
                 groups.append([k])
                 bounds.append([start, end])
-        # Every GET at one level of the pool (a task that waited on parts it queued
-        # behind itself could wait forever): each group's buffer filled part by part.
-        buffers = []
-        parts = []
+        # Each group's parts: the suffix's bytes from memory, the others fetched all at once.
+        parts: List[Tuple[int, int]] = []
         for first, last in bounds:
-            buffer = memoryview(bytearray(last - first))
-            buffers.append((first, buffer))
-            parts += [(buffer, first, at, min(at + self.part_bytes, last)) for at in range(first, last, self.part_bytes)]
-
-        def fill(part: Tuple[memoryview, int, int, int]) -> None:
-            buffer, first, start, end = part
-            if start >= self.suffix_start:
-                buffer[start - first:end - first] = self.suffix[start - self.suffix_start:end - self.suffix_start]
-            else:
-                buffer[start - first:end - first] = self._get(start, end)
-
-        self._run(fill, parts, self.in_flight)
+            parts += [(at, min(at + self.part_bytes, last)) for at in range(first, last, self.part_bytes)
+                      if at < self.suffix_start]
+        fetched = dict(zip(parts, self._fetch_spans(parts)))
         results: List[bytes] = [b""] * len(spans)
-        for group, (first, buffer) in zip(groups, buffers):
+        for group, (first, last) in zip(groups, bounds):
+            pieces = [fetched[(at, min(at + self.part_bytes, last))] if at < self.suffix_start else
+                      self.suffix[at - self.suffix_start:min(at + self.part_bytes, last) - self.suffix_start]
+                      for at in range(first, last, self.part_bytes)]
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # type: ignore[arg-type]
             for k in group:
-                results[k] = bytes(buffer[spans[k][0] - first:spans[k][1] - first])
+                start, end = spans[k]
+                # bytes sliced whole is the same object: a group of one span is not copied.
+                results[k] = data[start - first:end - first]  # type: ignore[index]
         return results
 
     def check_span(self, start: int, end: int) -> None:
-        """FormatError unless [start, end) lies inside the object."""
+        """FormatError unless [start, end) lies inside the object; ClosedArchiveError
+        after close(), ArchiveChangedError once an answer showed another object."""
+        self._check_open()
         # The object's size is fixed at open: bytes past it are not there to fetch (a
         # server would answer with fewer, which is no reason to try again).
         if not 0 <= start <= end or end > self.size:
@@ -635,6 +692,7 @@ class RemoteFile:
         if pool is not None:
             pool.shutdown(wait=False)
         http.clear()  # the idle connections; those in use are closed as they come back
+        self._multi.close()
 
     @property
     def closed(self) -> bool:
