@@ -49,33 +49,37 @@ Results are printed as markdown and written with the raw figures as JSON (``--ou
 
 Bandwidth: the cap is per connection (the proxy paces each response); there is no
 aggregate cap, and none is needed for these ratios: the proxy's one core is the
-aggregate limit (746-798 MiB/s with 16 connections, the best-parallel baseline every
-scan is compared with), about a 6 Gb/s link.
+aggregate limit (725-835 MiB/s with 16 connections in the run below, the best-parallel
+baseline every scan is compared with), about a 7 Gb/s link.
 
-Last full run (2026-11-24, commit d8f145d: main at 45b9643 with the disk cache and
-read_many, plus this branch), ``.venv/bin/python bench/remote_train.py``, 10 minutes::
+Last full run (2026-11-24, commit 45fdd1a: main at c1d6a97, with the disk cache,
+read_many and multiget, plus this branch), ``.venv/bin/python bench/remote_train.py``,
+10 minutes::
 
     Archive: 20,000 files of 100-120 KB, 2102 MiB, served by nginx through bench/proxy.py at r = 20 ms and 100 MiB/s per connection (no aggregate cap); nginx and the proxy on CPU 0, clients (and their workers) on CPU 1; medians of 5; disk cache present: True.
 
     | figure | goal | measured | met? |
     |---|---|---|---|
-    | a. shuffled reads of 20,000 files, batches of 256 (read_many) | >= 2,560 requests/s (0.8 x 64 in flight / r); >= 3,040 files/s (5,000, or what 64 connections at the cap allow: 3,040) | 1,752 requests/s, 1,772 files/s (19,766 GETs for 20,000 files; client CPU 67% busy; drift 1.05) | **no** |
-    | b. whole-archive scan: `packfs verify URL` | >= 0.9x best parallel (16 threads of 8 MiB: 746 MiB/s), >= 4x one GET (91 MiB/s); <= 1.05x size fetched | 140 MiB/s = 0.19x best, 1.5x one GET; 1.000x fetched in 301 GETs; client CPU 62% busy | **no** |
-    | b. whole-archive scan: `packfs unpack URL /dev/shm/...` | >= 0.9x best parallel (16 threads of 8 MiB: 746 MiB/s), >= 4x one GET (91 MiB/s); <= 1.05x size fetched | 152 MiB/s = 0.20x best, 1.7x one GET; 1.000x fetched in 306 GETs; client CPU 63% busy | **no** |
-    | b. whole-archive scan: every file in archive order, one thread (Archive.read) | >= 0.9x best parallel (16 threads of 8 MiB: 746 MiB/s), >= 4x one GET (91 MiB/s); <= 1.05x size fetched | 160 MiB/s = 0.21x best, 1.8x one GET; 1.000x fetched in 347 GETs; client CPU 60% busy | **no** |
-    | b. (baselines) | | 4/8/16 threads: 299, 571, 746 MiB/s (client CPU 28% busy); one GET 91 MiB/s; drift 1.00 | |
-    | c. DataLoader, 8 workers, 2 epochs, one cache dir | 0 duplicate GETs for a block; epoch 2 fetches 0 bytes | duplicate GETs: 0 in epoch 1 (0.0 MiB fetched twice), 0 over both (0.0 MiB; 17 opens' suffix GETs apart); epoch 2: 0.0 MiB in 0 GETs (epoch 1: 2,107 MiB in 19818, 12.6 s; __getitems__: True) | yes |
+    | a. shuffled reads of 20,000 files, batches of 256 (read_many) | >= 2,560 requests/s (0.8 x 64 in flight / r); >= 3,040 files/s (5,000, or what 64 connections at the cap allow: 3,040) | 2,405 requests/s, 2,434 files/s (19,766 GETs for 20,000 files; client CPU 24% busy; drift 1.19) | **no** |
+    | b. whole-archive scan: `packfs verify URL` | >= 0.9x best parallel (16 threads of 8 MiB: 809 MiB/s), >= 4x one GET (85 MiB/s); <= 1.05x size fetched | 142 MiB/s = 0.18x best, 1.7x one GET; 1.000x fetched in 377 GETs; client CPU 47% busy | **no** |
+    | b. whole-archive scan: `packfs unpack URL /dev/shm/...` | >= 0.9x best parallel (16 threads of 8 MiB: 809 MiB/s), >= 4x one GET (85 MiB/s); <= 1.05x size fetched | 133 MiB/s = 0.16x best, 1.6x one GET; 1.000x fetched in 382 GETs; client CPU 70% busy | **no** |
+    | b. whole-archive scan: every file in archive order, one thread (Archive.read) | >= 0.9x best parallel (16 threads of 8 MiB: 809 MiB/s), >= 4x one GET (85 MiB/s); <= 1.05x size fetched | 157 MiB/s = 0.19x best, 1.8x one GET; 1.000x fetched in 404 GETs; client CPU 49% busy | **no** |
+    | b. (baselines) | | 4/8/16 threads: 301, 579, 809 MiB/s (client CPU 28% busy); one GET 85 MiB/s; drift 1.00 | |
+    | c. DataLoader, 8 workers, 2 epochs, one cache dir | 0 duplicate GETs for a block; epoch 2 fetches 0 bytes | duplicate GETs: 0 in epoch 1 (0.0 MiB fetched twice), 0 over both (0.0 MiB; 17 opens' suffix GETs apart); epoch 2: 0.0 MiB in 0 GETs (epoch 1: 2,107 MiB in 19791, 11.9 s; __getitems__: True) | yes |
     | d. 4 processes, one cache dir, one SIGKILLed as the cache grows (3 rounds) | 0 wrong bytes | 0 wrong bytes, 0 errors (3 killed) | yes |
-    | e. peak RSS, 1000 files open, parent + 8 forked workers | each < 256 MiB | max 154 MiB (parent 154, workers 149-152) | yes |
+    | e. peak RSS, 1000 files open, parent + 8 forked workers | each < 256 MiB | max 155 MiB (parent 155, workers 148-152) | yes |
 
-Per run: (a) 1,725-1,785 files/s, the first run again 1,860; (b) the
-baselines' 5 runs within 0.78-1.04x of their medians (16 threads: 580-779 MiB/s),
-verify 124-147, unpack 148-160, archive order 157-169 MiB/s; (d) killed with 1,130,
-534 and 1,225 MiB in the cache; (e) every process 149-154 MiB.  The scans fetch parts
-of about 7 MiB (301 GETs for 2.1 GiB); one takes about 0.1 s at the cap (r and 7 MiB at
-100 MiB/s), so 140-160 MiB/s is under two in flight on average, with the client's core
-60% busy: the readahead's parallelism, not the CPU, keeps them at 0.2x the best
-parallel download (inferred from these figures, not traced).
+Per run: (a) 2,036, then 2,432-2,456 files/s, the first run again 2,426 (the drift of
+1.19 is the first run's alone: the other four and the repeat agree within 1%); the
+client's core 24% busy; (b) the baselines within 0.90-1.05x of their medians,
+verify 134-161, unpack 129-154, archive order 151-180 MiB/s; (c) epoch 1 11.9 s
+(1,680 files/s), epoch 2 3.2 s from the cache; (d) killed with 1,130, 537 and 1,227
+MiB in the cache; (e) every process 148-155 MiB.  The scans fetch parts of about
+5.5 MiB (377-404 GETs for 2.1 GiB); one takes about 0.08 s at the cap (r plus 5.5 MiB
+at 100 MiB/s), so 133-157 MiB/s is about two in flight, consistent with the two
+readahead windows in flight that docs/remote.md describes, with the client's core half
+busy: the readahead's parallelism, not the CPU, keeps scans at 0.2x the best parallel
+download (inferred from these figures, not traced).
 """
 
 from __future__ import annotations
@@ -91,7 +95,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
