@@ -55,11 +55,12 @@ import hashlib
 import logging
 import mmap
 import os
+import queue
 import struct
 import threading
 import time
+import weakref
 from bisect import bisect_right
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
 
@@ -90,6 +91,10 @@ LOCK_WAIT = 120.0
 # READs of one file arrive a few at a time, slightly out of order).
 FIRST_WINDOW = 1 << 20
 MAX_WINDOW = 64 << 20
+# A window is fetched in parts of this size, each one GET in a thread of its own: a scan
+# then keeps up to 16 GETs in flight (64 MiB), about what the best parallel download
+# of the object keeps (bench/remote_train.py).
+AHEAD_PART = 4 << 20
 STREAM_SLACK = 256 << 10
 STREAMS = 8
 # Reads that must continue a stream before it reads ahead: shuffled reads of neighbours
@@ -231,18 +236,20 @@ class CachedSource:
         self._touched: Dict[int, float] = {}  # chunk -> when this process last marked it used
         self._warned = False
         self._streams: List[_Stream] = []
-        # Two windows in flight, each at most an eighth of the memory cap (their bodies
-        # are held until written) and of the cache (which must not evict what they fetch).
-        self._max_window = max(BLOCK_BYTES, min(MAX_WINDOW, getattr(remote, "memory_cap", MAX_WINDOW * 8) // 8,
-                                                self.cache_size // 8))
+        # What is fetched ahead, in flight at once: at most a quarter of the memory cap
+        # (the parts' bodies are held until written) and an eighth of the cache (which
+        # must not evict what they fetch).
+        self._max_window = max(AHEAD_PART, min(MAX_WINDOW, getattr(remote, "memory_cap", MAX_WINDOW * 4) // 4,
+                                               self.cache_size // 8))
         self._reads = 0  # reads through read(), numbered for the streams
         self._own()
 
     def _own(self) -> None:
         # As RemoteFile: threads and locks belong to the process that made them.
         self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._ahead: List[List[Future]] = []  # the windows fetched ahead, each a list of runs
+        self._parts: Optional[queue.SimpleQueue] = None  # the parts to fetch ahead, for the threads below
+        self._workers = 0  # threads fetching ahead (daemons: exit never waits for them)
+        self._in_flight = 0  # parts queued or being fetched
         self._pid = os.getpid()
 
     def _locked(self) -> threading.Lock:
@@ -306,9 +313,10 @@ class CachedSource:
     def close(self) -> None:
         """Close the remote; fetches ahead in flight finish unread."""
         with self._locked():
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            parts, self._parts = self._parts, None
+            workers = self._workers
+        for _ in range(workers if parts is not None else 0):
+            parts.put(None)  # type: ignore[union-attr]  # each thread's last item
         self.remote.close()
 
     @property
@@ -394,27 +402,56 @@ class CachedSource:
 
     def _fetch(self, missing: List[int], into: Optional[_Blocks], cached: Set[int]) -> None:
         """Fetch the blocks of ``missing`` (sorted) into ``into`` (None: a read ahead,
-        which only writes them) and write them to the cache, once per node: the runs
-        (see :meth:`_plan`) are locked, looked for again, and what is still missing is
-        fetched with one batch of GETs; runs another thread or process holds are waited
-        for after, and found written."""
-        held: List[Tuple[List[int], int]] = []  # (run, its chunk's descriptor; -1: no cache)
+        which only writes them) and write them to the cache, once per node.
+
+        The runs (see :meth:`_plan`) are locked, looked for again, and what is still
+        missing is fetched with one batch of GETs.  A run whose lock another thread or
+        process holds (most often for one block it shares with a neighbour the other
+        is fetching) is locked block by block: the free blocks are fetched now with the
+        others, and the rest waited for together, then looked for again and what is
+        left fetched in one batch (never one GET after another)."""
+        descriptors: Dict[int, int] = {}  # chunk -> its file, open for this call (-1: no cache)
+        held: List[Tuple[List[int], int]] = []  # (run, its chunk's descriptor)
         busy: List[Tuple[List[int], int]] = []
         try:
             for run in self._plan(missing, cached):
-                fd = self._open_chunk(run[0] // BLOCKS_PER_CHUNK, create=True)
+                chunk = run[0] // BLOCKS_PER_CHUNK
+                if chunk not in descriptors:
+                    descriptors[chunk] = fd = self._open_chunk(chunk, create=True)
+                    if fd >= 0:
+                        _HELD[fd] = None
+                fd = descriptors[chunk]
+                if fd < 0 or self._try_lock(fd, run[0], run[-1] + 1):
+                    held.append((run, fd))
+                    continue
+                free = [b for b in run if self._try_lock(fd, b, b + 1)]
+                held += [(part, fd) for part in _runs(free)]
+                busy += [(part, fd) for part in _runs(sorted(set(run).difference(free)))]
+            try:
+                self._fill(held, into, waited=False)
+            finally:
+                self._unlock(held)
+            deadline, pause = time.monotonic() + LOCK_WAIT, 0.0005
+            while busy:
+                ready = [(run, fd) for run, fd in busy if self._try_lock(fd, run[0], run[-1] + 1)]
+                if not ready and time.monotonic() < deadline:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.01)
+                    continue
+                if not ready:
+                    log.warning("packfs: waited %.0f s for another process's fetch of %s; fetching it here",
+                                LOCK_WAIT, self.remote.name)
+                    ready = busy
+                busy = [item for item in busy if item not in ready]
+                try:
+                    self._fill(ready, into, waited=True)
+                finally:
+                    self._unlock(ready)
+        finally:
+            for fd in descriptors.values():
                 if fd >= 0:
-                    _HELD[fd] = None
-                (held if fd < 0 or self._try_lock(fd, run[0], run[-1] + 1) else busy).append((run, fd))
-            self._fill(held, into, waited=False)
-        finally:
-            self._release(held)
-        try:
-            for run, fd in busy:
-                self._wait_lock(fd, run[0], run[-1] + 1)
-                self._fill([(run, fd)], into, waited=True)
-        finally:
-            self._release(busy)
+                    _HELD.pop(fd, None)
+                    os.close(fd)  # drops whatever lock is left
 
     def _fill(self, runs: List[Tuple[List[int], int]], into: Optional[_Blocks], waited: bool) -> None:
         """Of ``runs`` (locked by this thread), read what another wrote meanwhile, and
@@ -464,11 +501,10 @@ class CachedSource:
                 self._store(fd, left[0] // BLOCKS_PER_CHUNK * BLOCKS_PER_CHUNK, left[0], data)
 
     @staticmethod
-    def _release(runs: List[Tuple[List[int], int]]) -> None:
-        for _, fd in runs:
+    def _unlock(runs: List[Tuple[List[int], int]]) -> None:
+        for run, fd in runs:
             if fd >= 0:
-                _HELD.pop(fd, None)
-                os.close(fd)  # drops the lock
+                fcntl.fcntl(fd, _SETLK, struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, run[0], run[-1] + 1 - run[0], 0))
 
     def _plan(self, missing: List[int], cached: Set[int]) -> List[List[int]]:
         """``missing`` (sorted) as runs, each fetched with one GET: blocks of one chunk,
@@ -513,19 +549,6 @@ class CachedSource:
         except OSError as error:
             return error.errno not in (errno.EAGAIN, errno.EACCES)
 
-    def _wait_lock(self, fd: int, first: int, last: int) -> None:
-        """Lock blocks [first, last), waiting for their holder; after LOCK_WAIT, go on
-        without (a duplicate GET, not a hang)."""
-        deadline = time.monotonic() + LOCK_WAIT
-        pause = 0.0005
-        while not self._try_lock(fd, first, last):
-            if time.monotonic() >= deadline:
-                log.warning("packfs: waited %.0f s for another process's fetch of %s; fetching it here", LOCK_WAIT,
-                            self.remote.name)
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 0.01)
-
     def _open_chunk(self, chunk: int, create: bool) -> int:
         if self.directory is None:
             return -1
@@ -556,18 +579,25 @@ class CachedSource:
         with self._locked():
             self._stats[name] += value
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _submit_ahead(self, parts: List[Tuple[int, int]]) -> None:
+        """Queue ``parts`` for the threads that fetch ahead, started as needed (up to one
+        a part in flight)."""
         with self._locked():
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(2,  # the two windows read ahead
-                                                thread_name_prefix="packfs-cache")
-            return self._pool
+            if self._parts is None:
+                self._parts = queue.SimpleQueue()
+            for part in parts:
+                self._parts.put(part)
+            while self._workers < min(self._in_flight, MAX_WINDOW // AHEAD_PART):
+                self._workers += 1
+                threading.Thread(target=_fetch_ahead, args=(weakref.ref(self), self._parts), daemon=True,
+                                 name="packfs-ahead").start()
 
     # -- streams -----------------------------------------------------------------------------
 
     def _follow(self, start: int, end: int, limit: int) -> None:
-        """Note a read of [start, end): one that continues a stream refills its window
-        ahead when less than half of it is left; one that does not starts a stream."""
+        """Note a read of [start, end): one that continues a stream keeps its window
+        ahead of it fetched, in parts of AHEAD_PART, each its own GET, as many in flight
+        as the window holds; one that does not starts a stream."""
         with self._locked():
             self._reads += 1
             stream = next((s for s in self._streams if s.next - STREAM_SLACK <= start <= s.next + STREAM_SLACK), None)
@@ -581,25 +611,26 @@ class CachedSource:
             # In a row: among the last few reads (several streams may interleave).
             stream.hits = stream.hits + 1 if self._reads - stream.seen <= STREAMS else 1
             stream.seen = self._reads
-            if stream.hits < STREAM_CONFIRMED or stream.ahead - end >= stream.window // 2 or stream.ahead >= limit:
+            if stream.hits < STREAM_CONFIRMED or stream.ahead >= min(limit, end + stream.window // 2):
                 return
-            # Two windows in flight at most: what is fetched ahead stays bounded.
-            self._ahead = [window for window in self._ahead if not all(f.done() for f in window)]
-            if len(self._ahead) >= 2:
-                return
-            begin, stop = stream.ahead, min(limit, stream.ahead + stream.window)
-            stream.ahead = stop
+            # What is fetched ahead stays bounded: at most a window's worth of parts in
+            # flight, whatever the number of streams.
+            parts = []
+            while self._in_flight < self._max_window // AHEAD_PART and stream.ahead < min(limit, end + stream.window):
+                stop = min(limit, stream.ahead + AHEAD_PART)
+                parts.append((stream.ahead, stop))
+                stream.ahead = stop
+                self._in_flight += 1
             stream.window = min(self._max_window, stream.window * 2)
-        wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
-        missing = self._read_cached(wanted, None)
-        pool = self._executor()
-        window = [pool.submit(self._read_ahead, missing, set(wanted).difference(missing))] if missing else []
-        with self._locked():
-            self._ahead.append(window)
+        if parts:
+            self._submit_ahead(parts)
 
-    def _read_ahead(self, missing: List[int], cached: Set[int]) -> None:
+    def _read_ahead(self, begin: int, stop: int) -> None:
         try:
-            self._fetch(missing, None, cached)
+            wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
+            missing = self._read_cached(wanted, None)
+            if missing:
+                self._fetch(missing, None, set(wanted).difference(missing))
         except Exception as error:  # a read ahead that fails is only a read not saved
             log.debug("packfs: reading ahead in %s failed: %s", self.remote.name, error)
 
@@ -661,6 +692,35 @@ class CachedSource:
             except OSError:
                 continue
             excess -= size
+
+
+AHEAD_IDLE = 30.0  # seconds a thread that fetches ahead waits for work before it ends
+
+
+def _fetch_ahead(ref, parts: queue.SimpleQueue) -> None:
+    """A thread that fetches ahead the parts queued for the CachedSource ``ref`` refers
+    to; it ends at close (a None), when idle for AHEAD_IDLE, or once the source is gone
+    (it holds no reference between parts, so an archive never closed is still freed)."""
+    while True:
+        try:
+            part = parts.get(timeout=AHEAD_IDLE)
+        except queue.Empty:
+            part = False
+        source = ref()
+        if source is None or part is None:
+            return
+        with source._locked():
+            if part is False:
+                if parts.empty():  # idle: end (a later part starts a thread again)
+                    source._workers -= 1
+                    return
+                continue
+        try:
+            source._read_ahead(*part)
+        finally:
+            with source._locked():
+                source._in_flight -= 1
+        del source
 
 
 def _by_chunk(blocks: List[int]):
