@@ -26,6 +26,35 @@ from .write import SkippedPath, pack_folder, remove_unfinished
 ARCHIVE_PATH = click.Path()
 
 
+def _cache_setting(variable: str, check: Callable[[str], object] | None = None) -> Callable[..., Any]:
+    """A callback that puts an option's value into ``variable`` of the environment: the
+    disk cache reads it there, in this process and in a mount's daemon alike."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is None:
+            return
+        if check is not None:
+            try:
+                check(value)
+            except ValueError as error:
+                raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+        os.environ[variable] = value
+
+    return callback
+
+
+def _cache_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--cache-dir and --cache-size, for every command that reads an archive (at a URL)."""
+    from .source.cache import parse_size
+
+    command = click.option("--cache-size", metavar="SIZE", expose_value=False,
+                           callback=_cache_setting("PACKFS_CACHE_SIZE", parse_size),
+                           help="For a URL: bound the disk cache (as 20G; default: $PACKFS_CACHE_SIZE, else 32G).")(command)
+    return click.option("--cache-dir", metavar="DIR", expose_value=False, callback=_cache_setting("PACKFS_CACHE_DIR"),
+                        help="For a URL: the disk cache shared by every process on the node ('off': none; default: "
+                             "$PACKFS_CACHE_DIR, else ~/.cache/packfs).")(command)
+
+
 def human_size(n: float) -> str:
     """A byte count as people read it (``1.5 MiB``)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -491,6 +520,7 @@ def _ls_line(name: bytes, item: Any, folder: PackedFolder, path: bytes, formatte
 
 @main.command(context_settings={"help_option_names": ["--help"]})  # -h is --human-readable, as in ls
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.argument("path", default="")
 @click.option("-l", "long", is_flag=True, help="Long listing: mode, links, owner, group, size, mtime.")
 @click.option("-n", "--numeric-uid-gid", "numeric", is_flag=True,
@@ -627,6 +657,7 @@ class _FindCommand(click.Command):
 
 @main.command(cls=_FindCommand)
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.argument("path", default="")
 @click.option("-name", "--name", "pattern", metavar="GLOB", help="Only entries whose name matches GLOB (as find -name).")
 @click.option("-type", "--type", "kind", type=click.Choice(sorted(_FIND_TYPES)),
@@ -676,6 +707,7 @@ def find(archive: str, path: str, pattern: str | None, kind: str | None, print0:
 
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.argument("paths", nargs=-1, required=True)
 def cat(archive: str, paths: tuple[str, ...]) -> None:
     """Write the contents of files in ARCHIVE to standard output.
@@ -695,6 +727,7 @@ def cat(archive: str, paths: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def info(archive: str, as_json: bool) -> None:
     """Show counts, sizes and the format version of ARCHIVE.
@@ -774,6 +807,7 @@ def _mount_daemon(folder: PackedFolder) -> str:
 
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_progress_option
 @click.option("--json", "as_json", is_flag=True,
@@ -880,6 +914,7 @@ def _verify_record_file(path: str, quiet: bool, force_progress: bool, as_json: b
 
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.argument("paths", nargs=-1)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
@@ -958,6 +993,7 @@ def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
 
 @main.command()
 @click.argument("archive", type=ARCHIVE_PATH)
+@_cache_options
 @click.argument("mountpoint", type=click.Path())
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground; log to stderr.")
 @click.option("-d", "--debug", "fuse_debug", is_flag=True, help="Show FUSE's own debug output (implies -f).")

@@ -258,3 +258,24 @@ def test_mount_a_url(nginx, served: str, tmp_path: Path, tree: Path) -> None:  #
         with pytest.raises(OSError) as raised:
             (mountpoint / "big" / "large.bin").read_bytes()
         assert raised.value.errno == errno.EIO
+
+
+def test_cache_options_of_the_commands(nginx, served: str, tmp_path: Path) -> None:  # noqa: F811
+    """--cache-dir puts the disk cache where it says ('off': none), for the command and
+    a mount's daemon alike; --cache-size and $PACKFS_CACHE_SIZE are checked."""
+    cache = tmp_path / "cache"
+    # A file before the 3 MiB one: not in the last 256 KiB that opening fetched.
+    done = subprocess.run([sys.executable, "-m", "packfs", "cat", "--cache-dir", str(cache), served, "a/b/c/deep.bin"],
+                          capture_output=True)
+    assert done.returncode == 0 and done.stdout == FILES["a/b/c/deep.bin"]
+    assert any(path.name.startswith("c") for path in (cache / "v1").rglob("c*"))
+    off = tmp_path / "off-home"
+    done = subprocess.run([sys.executable, "-m", "packfs", "cat", "--cache-dir", "off", served, "a/b/c/deep.bin"],
+                          capture_output=True, env={**os.environ, "HOME": str(off), "XDG_CACHE_HOME": str(off)})
+    assert done.returncode == 0 and not off.exists()
+    done = packfs_cli("info", "--cache-size", "lots", served)
+    assert done.returncode == 2 and "--cache-size" in done.stderr and "not a size" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "packfs", "info", served], capture_output=True, text=True,
+                          env={**os.environ, "PACKFS_CACHE_SIZE": "-3"})
+    assert done.returncode == 1 and done.stderr.startswith("Error: ") and "PACKFS_CACHE_SIZE='-3'" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
