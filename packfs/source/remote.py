@@ -53,12 +53,12 @@ REMOTE_SCHEMES = ("s3", "http", "https")
 # connections one reader opens to a server modest (the pool holds at most this many).
 # bench/batch_inflight.py, Archive.read_many of batches of 256 shuffled 90-130 KB files
 # (3,000 in the archive) at RTT 20 ms, no bandwidth cap, client on CPU 1, nginx and the
-# proxy on CPU 0: files/s 712, 1274, 1893, 2463 at 16, 32, 64, 128 in flight (0.38,
-# 0.67, 1, 1.30 of 64's; CPU 393, 368, 344, 320 us a file; drift 1.14; run again:
-# 705, 1221, 1866, 2235, 128 at 1.20x, drift 1.04).  The client is CPU-bound (350 us
-# a file: the GET, the copies, the CRC, all under the GIL on one core), so 128 gains
-# less than twice 64's (a batch waits for its slowest GET; the Python proxy shares a
-# core with nginx): 64 stays, keeping a node's connections (workers x 64) modest.
+# proxy on CPU 0, the batch's GETs on one thread (packfs.source.multiget): files/s 773,
+# 1376, 2523, 3987, 4356 at 16, 32, 64, 128, 256 in flight (0.31, 0.55, 1, 1.58, 1.73
+# of 64's; CPU 119, 94, 92, 77, 76 us a file; drift 1.04).  Through one thread per GET
+# (urllib3) the same run gave 712, 1274, 1893, 2463 at 16-128 with 350 us of CPU a file.
+# More than 64 still pays, but every DataLoader worker of every process on a node opens
+# this many connections to the server (8 workers x 64 = 512): 64 stays the default.
 IN_FLIGHT = 64
 # Parts of one large span in flight at once: 8 x 8 MiB parts bound what is held.
 PARTS_IN_FLIGHT = 8
