@@ -162,13 +162,14 @@ def cache_key(identity: object, suffix: bytes) -> str:
 
 
 class _Blocks:
-    """The blocks of one run being served: (first byte, bytes) segments sorted by start."""
+    """The blocks of one run being served: (first byte, bytes or a view of bytes)
+    segments sorted by start."""
 
     def __init__(self) -> None:
         self.starts: List[int] = []
-        self.data: List[bytes] = []
+        self.data: List[Union[bytes, memoryview]] = []
 
-    def add(self, start: int, data: bytes) -> None:
+    def add(self, start: int, data: Union[bytes, memoryview]) -> None:
         self.starts.append(start)
         self.data.append(data)
 
@@ -178,11 +179,13 @@ class _Blocks:
         self.data = [self.data[k] for k in order]
 
     def take(self, start: int, end: int) -> bytes:
-        """Bytes [start, end), which the segments cover."""
+        """Bytes [start, end), which the segments (bytes, or views of them) cover."""
         k = bisect_right(self.starts, start) - 1
         first, data = self.starts[k], self.data[k]
         if end <= first + len(data):
-            return data[start - first:end - first] if (start, end) != (first, first + len(data)) else data
+            if type(data) is bytes:
+                return data[start - first:end - first] if (start, end) != (first, first + len(data)) else data
+            return bytes(data[start - first:end - first])
         pieces = []
         at = start
         while at < end:
@@ -388,13 +391,20 @@ class CachedSource:
             data = os.pread(fd, (hi - lo) * BLOCK_BYTES + min(slots[hi][1], BLOCK_BYTES),
                             SLOTS_BYTES + (first + lo) * BLOCK_BYTES)
             view = memoryview(data)
+            good = []
             for k in present:
                 value, length = slots[k]
                 piece = view[(k - lo) * BLOCK_BYTES:(k - lo) * BLOCK_BYTES + length]
                 if length <= BLOCK_BYTES and len(piece) == length and crc32(piece) == value \
                         and length == self._block_length(base + first + k):
-                    into.add((base + first + k) * BLOCK_BYTES, bytes(piece))
-                    found.add(base + first + k)
+                    good.append(k)
+            # Each stretch of good blocks joins ``into`` as a view of what was read (the
+            # bytes are copied once, when the spans are cut from them).
+            for stretch in _runs(good):
+                at = (stretch[0] - lo) * BLOCK_BYTES
+                stop = (stretch[-1] - lo) * BLOCK_BYTES + slots[stretch[-1]][1]
+                into.add((base + first + stretch[0]) * BLOCK_BYTES, view[at:stop])
+                found.update(base + first + k for k in stretch)
         return found
 
     def _block_length(self, block: int) -> int:
