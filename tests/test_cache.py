@@ -5,6 +5,7 @@ counted from nginx's own log."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -407,3 +408,23 @@ def _replace_keeping_size(nginx, archive: Path) -> None:  # noqa: F811
     data[100] ^= 1
     time.sleep(1.05 - time.time() % 1)  # nginx's ETag: the modification second and the size
     nginx.put("data.ffr", bytes(data))
+
+
+@pytest.mark.fuse
+def test_a_mount_with_the_cache_serves_the_archive_as_mounted_or_eio(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """An object replaced under a mount: a file the cache holds is served as the archive
+    was when mounted (its blocks are keyed by that archive's bytes), one it does not is
+    EIO (its GET says the object changed): never the new object's bytes."""
+    require_fuse()
+    _, files = dataset
+    mountpoint = tmp_path / "mnt"
+    with mounted(served, mountpoint):  # type: ignore[arg-type]
+        assert (mountpoint / "train" / "0005.bin").read_bytes() == files["train/0005.bin"]
+        _replace_keeping_size(nginx, dataset[0])
+        for name in ("train/0005.bin", "train/0200.bin"):
+            try:
+                data = (mountpoint / name).read_bytes()
+            except OSError as error:
+                assert error.errno == errno.EIO
+            else:
+                assert data == files[name]
