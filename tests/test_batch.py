@@ -284,3 +284,18 @@ def test_a_stalled_get_in_a_batch_is_given_up_and_tried_again(proxy, nginx, serv
         proxy.fault("stall", count=1)
         assert archive.read_many(paths) == [files[path] for path in paths]
         assert archive.stats()["retries"] == 1
+
+
+def test_client_options_come_with_the_storage_options(nginx, served: str, batch_tree) -> None:  # noqa: F811
+    """in_flight, timeout, retries and memory_cap are taken from storage_options for any
+    URL (an http one takes no other), so a dataset's workers re-open with them too."""
+    _, files = batch_tree
+    paths = sorted(path for path in files if path.startswith("small/"))
+    options = {"in_flight": 3, "timeout": 5.0, "retries": 0, "memory_cap": 64 << 20}
+    with PackedFolder(served, storage_options=options) as folder:
+        source = folder.archive.source
+        assert (source.in_flight, source.memory_cap) == (3, 64 << 20)
+        assert folder.read_many(paths[::-1]) == [files[path] for path in paths[::-1]]
+    for bad in ({"in_flight": 0}, {"timeout": "soon"}, {"retries": -1}, {"in_flight": True}):
+        with pytest.raises(packfs.RemoteArchiveError, match=next(iter(bad))):
+            PackedFolder(served, storage_options=bad)

@@ -30,8 +30,9 @@ __all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", 
 _REMOTE_SCHEMES = ("s3", "http", "https")
 
 
-# The storage options that are the disk cache's, not the server's.
-CACHE_OPTIONS = ("cache_dir", "cache_size")
+# The storage options that any URL takes (not the server's): the client's, checked and
+# passed to RemoteFile as keywords.
+CLIENT_OPTIONS = {"in_flight": int, "timeout": float, "retries": int, "memory_cap": int}
 
 
 def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[Mapping[str, Any]] = None,
@@ -40,11 +41,20 @@ def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[
     RemoteFile (``storage_options`` and ``remote_options`` go to it) behind the disk
     cache, else a LocalFile.  Two storage options are the cache's: ``cache_dir`` (a
     directory; None or absent: :func:`packfs.source.cache.default_cache_dir`; False: no
-    disk cache) and ``cache_size`` (bytes).  Another scheme (``gs://``, ``file://``,
-    ...) that is no local path is a RemoteArchiveError naming what packfs reads."""
+    disk cache) and ``cache_size`` (bytes); those of CLIENT_OPTIONS (``in_flight``,
+    ``timeout``, ``retries``, ``memory_cap``) are RemoteFile's, for any URL.  Another
+    scheme (``gs://``, ``file://``, ...) that is no local path is a RemoteArchiveError
+    naming what packfs reads."""
     options = dict(storage_options or {})
     cache_dir = options.pop("cache_dir", None)
     cache_size = options.pop("cache_size", None)
+    for option, kind in CLIENT_OPTIONS.items():
+        if option in options:
+            value = options.pop(option)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value < (
+                    0 if option == "retries" else 1):
+                raise RemoteArchiveError(f"{os.fspath(name)!r}: {option}={value!r}: expected a number above 0")
+            remote_options.setdefault(option, value)
     if isinstance(name, str) and is_url(name) and not os.path.exists(name):
         scheme = name.split(":", 1)[0].lower()
         if scheme in _REMOTE_SCHEMES:
