@@ -102,7 +102,7 @@ from typing import Dict, List, Optional, Tuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.remote_servers import Nginx  # noqa: E402 (the servers the tests use)
+from tests.remote_servers import Nginx, bytes_asked_twice  # noqa: E402 (the servers the tests use)
 
 MIB = 1 << 20
 BATCH = 256
@@ -493,11 +493,11 @@ class Bench:
         first = [request for request in epochs[0] if not request.range.startswith("bytes=-")]
         figures.update({
             "duplicate_ranges_epoch_1": _duplicates(first),
-            "bytes_fetched_twice_epoch_1": _overlap(sorted(_span(request.range) for request in first)),
+            "bytes_fetched_twice_epoch_1": bytes_asked_twice(_span(request.range) for request in first),
             "opens": len(opens), "requests": [len([r for r in e if not r.range.startswith("bytes=-")]) for e in epochs],
             "fetched": [sum(r.bytes_sent for r in e if not r.range.startswith("bytes=-")) for e in epochs],
             "duplicate_ranges": _duplicates(reads),
-            "bytes_fetched_twice": _overlap(sorted(_span(request.range) for request in reads)),
+            "bytes_fetched_twice": bytes_asked_twice(_span(request.range) for request in reads),
             "disk_cache": has_disk_cache()})
         return figures
 
@@ -616,16 +616,6 @@ def _duplicates(requests: list) -> int:
     for request in requests:
         seen[request.range] = seen.get(request.range, 0) + 1
     return sum(count - 1 for count in seen.values())
-
-
-def _overlap(spans: List[Tuple[int, int]]) -> int:
-    """Bytes inside more than one of the sorted ``spans``."""
-    twice, reach = 0, -1
-    for start, end in spans:
-        if start < reach:
-            twice += min(end, reach) - start
-        reach = max(reach, end)
-    return twice
 
 
 def _tree_bytes(root: Path) -> int:

@@ -267,6 +267,17 @@ class MotoServer:
             stop(self.process)
 
 
+def bytes_asked_twice(spans) -> int:
+    """Bytes inside more than one of the (start, end) byte ``spans`` (of a server's log):
+    what was fetched more than once."""
+    twice, reach = 0, -1
+    for start, end in sorted(spans):
+        if start < reach:
+            twice += min(end, reach) - start
+        reach = max(reach, end)
+    return twice
+
+
 @contextlib.contextmanager
 def servers(root: Path) -> Iterator[tuple]:
     """Both servers, stopped at the end whatever happens."""

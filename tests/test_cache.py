@@ -23,6 +23,7 @@ from packfs.source import open_source
 from packfs.source.cache import BLOCK_BYTES, SLOT, CachedSource
 from packfs import pack_folder
 from tests.conftest import mounted, require_extra, require_fuse
+from tests.remote_servers import bytes_asked_twice
 from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
 
 FORK = multiprocessing.get_context("fork")
@@ -64,16 +65,6 @@ def _data_gets(nginx) -> list:  # noqa: F811
     return spans
 
 
-def _overlap(spans: list) -> int:
-    """Bytes requested more than once."""
-    twice, end = 0, 0
-    for start, stop in sorted(spans):
-        if start < end:
-            twice += min(end, stop) - start
-        end = max(end, stop)
-    return twice
-
-
 def _cached_bytes(directory: Path) -> int:
     total = 0
     for path in directory.rglob("c*"):
@@ -93,7 +84,7 @@ def test_a_second_reader_is_served_from_the_cache(nginx, served, dataset, tmp_pa
         for name in names:
             assert folder.read(name) == files[name]
         first = folder.archive.stats()
-    assert first["cache_misses"] > 0 and _overlap(_data_gets(nginx)) == 0
+    assert first["cache_misses"] > 0 and bytes_asked_twice(_data_gets(nginx)) == 0
     nginx.clear_log()
     with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
         for name in reversed(names):
@@ -168,7 +159,7 @@ def test_processes_missing_the_same_blocks_send_one_get(nginx, served, dataset, 
     for seed, digests, _ in outcomes:
         assert digests == expected, seed
     spans = _data_gets(nginx)
-    assert _overlap(spans) == 0  # no block fetched twice, across four processes
+    assert bytes_asked_twice(spans) == 0  # no block fetched twice, across four processes
     assert sum(stats["cache_waits"] for _, _, stats in outcomes) > 0  # they did miss the same blocks at once
     total = sum(len(files[name]) for name in names)
     assert sum(stop - start for start, stop in spans) < 1.3 * total
@@ -311,7 +302,7 @@ def test_a_sequential_read_is_fetched_ahead_in_growing_windows(nginx, served, da
     assert len(spans) < len(contents) // step // 4  # not one GET per READ
     assert max(stop - start for start, stop in spans) >= 4 << 20  # the window grew
     fetched = sum(stop - start for start, stop in spans)
-    assert _overlap(spans) == 0 and fetched <= 1.05 * len(contents) + (64 << 20) // 16
+    assert bytes_asked_twice(spans) == 0 and fetched <= 1.05 * len(contents) + (64 << 20) // 16
 
 
 def test_a_batch_through_the_cache_is_coalesced_and_then_served_from_it(nginx, served, dataset,  # noqa: F811
@@ -327,7 +318,7 @@ def test_a_batch_through_the_cache_is_coalesced_and_then_served_from_it(nginx, s
         total = sum(len(files[name]) for name in names)
         # 40 side by side: a few GETs (runs end at a chunk's edge, or at part_bytes), each
         # block once.
-        assert len(gets) <= 3 and _overlap(gets) == 0
+        assert len(gets) <= 3 and bytes_asked_twice(gets) == 0
         assert sum(stop - start for start, stop in gets) <= total + 2 * BLOCK_BYTES
         nginx.clear_log()
         assert folder.read_many(shuffled[::-1]) == [files[name] for name in shuffled[::-1]]
@@ -349,7 +340,7 @@ def test_dataloader_workers_share_the_cache_and_epoch_two_fetches_nothing(nginx,
     nginx.clear_log()
     assert sorted(h for batch in loader for h in batch) == expected
     first = _data_gets(nginx)
-    assert first and _overlap(first) == 0  # four workers, no block fetched twice
+    assert first and bytes_asked_twice(first) == 0  # four workers, no block fetched twice
     nginx.clear_log()
     assert sorted(h for batch in loader for h in batch) == expected
     assert _data_gets(nginx) == []  # epoch 2: the workers' opens only
@@ -375,7 +366,7 @@ def test_a_mount_reads_a_large_file_ahead(nginx, served, dataset, tmp_path) -> N
         gets = _data_gets(nginx)
     print(f"\n24 MiB through the mount: {len(gets)} GETs, {sum(b - a for a, b in gets) / len(contents):.3f}x its size")
     assert len(gets) < len(contents) // (128 << 10) // 4, len(gets)
-    assert _overlap(gets) == 0 and sum(stop - start for start, stop in gets) <= 1.1 * len(contents)
+    assert bytes_asked_twice(gets) == 0 and sum(stop - start for start, stop in gets) <= 1.1 * len(contents)
 
 
 def test_a_closed_or_replaced_archive_is_not_served_from_the_cache(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
