@@ -36,7 +36,8 @@ Why it is safe with many processes at once, and after crashes:
   (``LOCK_WAIT``): a holder stopped in a debugger costs a duplicate GET, not a hang.
 - The size is bounded: a process that has written an eighth of ``cache_size`` since
   it last looked adds up the cache (``st_blocks``), and removes the least recently used
-  chunks until it is under 90% of the bound, and until 5% of the file system is free.
+  chunks until it is under 90% of the bound, and until 5% of the file system (at most
+  1 GiB) is free.
   A chunk removed while another process writes to it loses those writes, nothing else.
 - Nothing here fails a read: a cache that cannot be written (full disk, read-only) is
   read around, and the bytes come from the server.
@@ -81,7 +82,11 @@ SLOT = struct.Struct("<II")  # (CRC-32 of the block, its length; 0: not there)
 SLOTS_BYTES = BLOCKS_PER_CHUNK * SLOT.size
 LAYOUT = "v1"  # a change of the layout above is a new directory, never a misread
 DEFAULT_CACHE_SIZE = 32 << 30
-KEEP_FREE = 0.05  # of the file system, whatever the cache's bound
+# Room the cache leaves free on its file system, whatever its bound: 5% of it, but never
+# more than 1 GiB (a large disk 95% full still has gigabytes to spare; CI's had 12 GiB
+# free of 252 and the 5% rule alone cached nothing).
+KEEP_FREE = 0.05
+KEEP_FREE_MAX = 1 << 30
 # How long a process waits for another's fetch of the same blocks before fetching them
 # itself: longer than any one GET takes with its retries, so it happens only when the
 # holder is stopped.
@@ -667,7 +672,7 @@ class CachedSource:
 
     def _evict(self) -> None:
         """Remove the least recently used chunks of every archive in the cache until it
-        is under 90% of its bound and 5% of the file system is free."""
+        is under 90% of its bound and 5% of the file system (at most 1 GiB) is free."""
         root = self.cache_root
         if root is None:
             return
@@ -688,7 +693,8 @@ class CachedSource:
                 continue
         try:
             fs = os.statvfs(root)
-            short = int(fs.f_blocks * fs.f_frsize * KEEP_FREE) - fs.f_bavail * fs.f_frsize
+            keep = min(int(fs.f_blocks * fs.f_frsize * KEEP_FREE), KEEP_FREE_MAX)
+            short = keep - fs.f_bavail * fs.f_frsize
         except OSError:
             short = 0
         excess = max(total - int(self.cache_size * 0.9) if total > self.cache_size else 0, short)
