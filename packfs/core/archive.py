@@ -34,15 +34,15 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
-                      PathNotFoundError, RecordFileError)
-from ..format import (FOOTER_SIZE, MAX_SYMLINK_TARGET, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
+                      RecordFileError)
+from ..format import (FOOTER_SIZE, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
                       symlink_length_problem, symlink_target_problem, unpack_footer)
 from ..source import ByteSource, with_cache_dir
 from . import legacy, recordfile
 from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, PackedFile, StreamFile, read_entries,
                     read_spans)
-from .paths import PathArg, lookup_key
+from .paths import PathArg, lookup_key, resolve_path
 from .pathtable import PathTable
 from .pieces import NO_PIECES, PieceTable
 from .tail import prefetch_pages
@@ -53,13 +53,6 @@ __all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED"]
 
 CHECKSUM_POLICIES = ("always", "once", "never")
 ROOT = 0
-
-_MAX_SYMLINK_HOPS = 40  # as Linux's MAXSYMLINKS
-# One resolution expands at most this many bytes of symlink targets (40 targets of at
-# most 4,095 bytes: about 82,000 components), so a hostile archive cannot make one
-# lookup walk megabytes of "d/../d/..": the bound holds even if a target's own length
-# check were bypassed.
-_MAX_EXPANDED_BYTES = _MAX_SYMLINK_HOPS * MAX_SYMLINK_TARGET
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
 _REMOTE_WINDOW = 64 << 20  # read_chunks' read-ahead from a remote source
 
@@ -439,47 +432,11 @@ class Archive:
             raise
 
     def _resolve(self, key: bytes, follow: bool, original: PathArg) -> int:
-        """Slow path: walk ``key`` a component at a time, expanding symlinks.  Each
-        step is a binary search in one directory, so depth costs nothing extra."""
+        """Slow path: walk ``key`` a component at a time, expanding symlinks."""
         table = self._table
-        pending = key.split(b"/") if key else []
-        pending.reverse()
-        current = ROOT
-        hops = expanded = 0
-        trail: list[int] = []  # the directories above ``current``, for ".."
         shown = os.fsdecode(original)
-        while pending:
-            part = pending.pop()
-            if part in (b"", b"."):
-                continue
-            if part == b"..":
-                current = trail.pop() if trail else ROOT
-                continue
-            if table.file_type(current) != S_IFDIR:
-                raise NotADirectoryPathError(
-                    f"{shown!r}: {os.fsdecode(table.full_path(current))!r} is not a directory"
-                )
-            candidate = table.lookup_child(current, part)
-            if candidate < 0:
-                raise PathNotFoundError(f"{shown!r}: no such file or directory in {self.path!r}")
-            if table.file_type(candidate) == S_IFLNK and (pending or follow):
-                hops += 1
-                if hops > _MAX_SYMLINK_HOPS:
-                    raise PathNotFoundError(f"{shown!r}: too many levels of symbolic links")
-                target = self._link_target(candidate, shown)
-                expanded += len(target)
-                if expanded > _MAX_EXPANDED_BYTES:
-                    raise PathNotFoundError(
-                        f"{shown!r}: too many levels of symbolic links (their targets "
-                        f"add up to more than {_MAX_EXPANDED_BYTES} bytes)"
-                    )
-                if target.startswith(b"/"):
-                    raise PathNotFoundError(f"{shown!r}: symlink to {os.fsdecode(target)!r} points outside the archive")
-                pending.extend(reversed(target.split(b"/")))
-                continue
-            trail.append(current)
-            current = candidate
-        return current
+        return resolve_path(key, follow, shown, self.path, table.file_type, table.lookup_child, table.full_path,
+                            lambda entry: self._link_target(entry, shown))
 
     def lookup_kind(self, path: PathArg, kind: int) -> int:
         """:meth:`lookup`, and NotAFileError or NotADirectoryPathError unless the entry
