@@ -34,12 +34,17 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from ..errors import FormatError
+from ..format import FOOTER_SIZE, S_IFDIR
+
+if TYPE_CHECKING:
+    from .archive import Archive
 
 __all__ = ["MANIFEST_SUFFIX", "MANIFEST_VERSION", "ShardRecord", "manifest_bytes", "parse_manifest",
-           "looks_like_manifest", "depth_first_key", "shard_file_problem"]
+           "looks_like_manifest", "depth_first_key", "shard_file_problem", "leaf_range", "footer_crc",
+           "shard_record"]
 
 MANIFEST_SUFFIX = ".ffrset"
 MANIFEST_VERSION = 1
@@ -163,3 +168,34 @@ def _shard(item: object, number: int, where: str) -> ShardRecord:
     if depth_first_key(last_key) < depth_first_key(first_key):
         raise FormatError(f"{label}: its last path sorts before its first")
     return ShardRecord(file, size, footer_crc, entries, first_key, last_key)
+
+
+def leaf_range(archive: Archive) -> tuple[bytes, bytes]:
+    """(first, last): the first and last leaf of ``archive`` in depth-first order (a
+    leaf: anything but a directory with children), found by following first and last
+    children down from the root: O(depth) table reads.  An archive of the root alone
+    gives (b"", b"")."""
+    ends = []
+    for pick in (0, -1):
+        entry = 0
+        while archive.file_type(entry) == S_IFDIR:
+            children = archive.children(entry)
+            if not len(children):
+                break
+            entry = children[pick]
+        ends.append(archive.path_of(entry))
+    return ends[0], ends[1]
+
+
+def footer_crc(archive: Archive) -> int:
+    """CRC-32 of ``archive``'s last 64 bytes, its footer (in format 1.4 it holds the
+    CRC of the tail, which holds one of every table page): what a manifest names a
+    shard's bytes by."""
+    return zlib.crc32(archive.source.read(archive.size - FOOTER_SIZE, archive.size))
+
+
+def shard_record(archive: Archive, file: str) -> ShardRecord:
+    """What a manifest lists for ``archive``, stored as ``file`` (relative to the
+    manifest's directory)."""
+    first, last = leaf_range(archive)
+    return ShardRecord(file, archive.size, footer_crc(archive), archive.entry_count, first, last)
