@@ -365,6 +365,47 @@ class ShardSet:
         index, local = self._split(entry)
         return self._shard(index), local
 
+    def shard(self, index: int) -> Archive:
+        """Shard ``index``'s archive (opened, and checked against the manifest, on first use)."""
+        return self._shard(index)
+
+    @property
+    def bases(self) -> tuple[int, ...]:
+        """Each shard's first entry number in the set, and the set's entry count last."""
+        return tuple(self._bases)
+
+    @property
+    def layer_count(self) -> int:
+        """How many layers of shards with disjoint ranges the set sorted into (1 for a
+        set packed at once; more where shards were appended into the middle of the tree)."""
+        return len(self._layers)
+
+    def shared_directories(self) -> list[tuple[int, int, list[tuple[int, int]]]]:
+        """Every directory more than one shard holds, as (canonical entry, nlink, parts):
+        parts are (shard, entry in it), in range order, which for a set of one layer is
+        the order their children follow each other in the merged listing (a name shared
+        by two neighbouring parts is a directory both hold).  O(shards x depth):
+        the root and the directories above each shard's first leaf, for a one-layer set;
+        ValueError for a set of several layers, whose shared directories can lie
+        anywhere in the overlapping ranges."""
+        if len(self._layers) > 1:
+            raise ValueError(f"{self.path!r}: shards with overlapping ranges ({len(self._layers)} layers)")
+        order = {shard.index: position for position, shard in enumerate(self._layers[0].shards)} if self._layers else {}
+        paths = {b""}
+        for shard in self._shards:
+            parts = shard.first.split(b"/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                paths.add(b"/".join(parts[:depth]))
+        shared = []
+        for path in sorted(paths, key=depth_first_key):
+            found = self._found(path)
+            if len(found) < 2:
+                continue
+            found.sort(key=lambda item: order.get(item[0], -1))
+            canonical = self.find(path)
+            shared.append((canonical, self.stat(canonical).nlink, found))
+        return shared
+
     @property
     def entry_count(self) -> int:
         """Entries of all shards (a directory several hold is counted in each)."""
