@@ -100,7 +100,7 @@ static void keep(fuse_req_t request, const void *bytes, size_t size)
 
 void *fuse_req_userdata(fuse_req_t request)
 {
-    return request->tree;
+    return request->tree->alone;  /* a Tree is served as a forest of one */
 }
 
 int fuse_reply_err(fuse_req_t request, int error)
@@ -1097,9 +1097,9 @@ static void walk_tree(Walk *w)
     struct fuse_conn_info conn;
     memset(&conn, 0, sizeof conn);
     conn.capable = ~0u;
-    ll_init(w->tree, &conn);
+    ll_init(w->tree->alone, &conn);
     if (w->reference != NULL)
-        ll_init(w->reference, &conn);
+        ll_init(w->reference->alone, &conn);
     Child *children = malloc(WALK_CHILDREN * sizeof *children);
     uint64_t directories[WALK_DIRECTORIES], parents[WALK_DIRECTORIES];
     size_t pending = 0, visited = 0, budget = WALK_CHILDREN;

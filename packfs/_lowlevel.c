@@ -195,7 +195,7 @@ typedef struct {
     pthread_mutex_t log_lock;
     unsigned log_lines;
     uint8_t log_seen[8192];        /* a bit per hash of (entry, rule): bounded in bytes */
-    struct fuse_session *session;  /* between mount() and the end of run() */
+    struct Forest *alone;          /* this tree served alone: a forest of one */
     uint64_t blocks;               /* statfs */
     SearchTop *search_tops;        /* SEARCH_TOPS of them */
     pthread_mutex_t search_lock;
@@ -1435,11 +1435,330 @@ static int tree_xattrs(Tree *t, fuse_ino_t inode, XattrQuery *q)
     return 0;
 }
 
+/* -- forests: several trees served as one (a shard set, packfs.core.union) ------------- */
+
+/* A set's inode is a shard's inode offset by the shard's base (bases[s], the entries of
+ * the shards before it), so (shard, the shard's own inode) is a binary search of the
+ * bases away, and every request but those on a directory several shards hold goes to
+ * one tree unchanged.  Such a *shared* directory (the root, and the directories above
+ * where each shard begins) is reported under its canonical number (its entry in the
+ * lowest-numbered shard holding it); its listing is its parts' children, part after part
+ * in range order, a name equal to the previous part's last being a directory both hold,
+ * listed once.  A single Tree is served as a forest of one (Tree.alone), so both take
+ * the same path. */
+
+typedef struct {
+    Tree *tree;
+    unsigned shard;
+    uint64_t directory;            /* the part's entry in its tree */
+    uint64_t children;             /* its child count when the forest was made (checked at each use) */
+    uint64_t before;               /* the merged listing's children before this part's */
+    int repeats;                   /* its first child is the previous part's last: one directory both hold */
+    const uint8_t *first_name;     /* its first child's name (an empty part: the previous part's) */
+    size_t first_length;
+    int owns_name;
+} Part;
+
+typedef struct {
+    uint64_t canonical, nlink;     /* in the set's numbering; nlink counts the merged subdirectories */
+    uint64_t first_part, parts;    /* parts[first_part ...], in range order */
+    uint64_t canonical_part;
+    uint64_t children;             /* positions in the merged listing (repeated names included) */
+} Shared;
+
+typedef struct {
+    uint64_t entry;                /* a part's directory in the set's numbering */
+    uint64_t shared;
+} Alias;
+
+typedef struct Forest {
+    Tree **trees;
+    uint64_t count;
+    uint64_t *bases;               /* count + 1: the last is the set's entry count */
+    Shared *shared;
+    uint64_t shared_count;
+    Part *parts;
+    uint64_t part_count;
+    Alias *aliases;                /* every part, sorted by entry */
+    uint64_t alias_count;
+    int xattrs;                    /* some tree has extended attributes */
+    struct fuse_session *session;  /* between mount() and the end of run() */
+    Tree *one_tree;                /* a forest of one: its storage */
+    uint64_t one_bases[2];
+} Forest;
+
+/* Inode ``inode`` of the set: its tree, shard and the tree's own inode. */
+static int locate(Forest *f, fuse_ino_t inode, Tree **t, unsigned *shard, fuse_ino_t *local)
+{
+    if (inode < 1 || inode - 1 >= f->bases[f->count])
+        return EIO;  /* not an inode this daemon handed out */
+    uint64_t entry = inode - 1, low = 0, high = f->count;  /* bases[low] <= entry < bases[high] */
+    while (high - low > 1) {
+        uint64_t middle = low + (high - low) / 2;
+        if (f->bases[middle] <= entry)
+            low = middle;
+        else
+            high = middle;
+    }
+    *t = f->trees[low];
+    *shard = (unsigned) low;
+    *local = entry - f->bases[low] + 1;
+    return 0;
+}
+
+/* The shared directory whose part (or canonical entry) is the set's ``entry``, or NULL. */
+static const Shared *shared_of(Forest *f, uint64_t entry)
+{
+    uint64_t low = 0, high = f->alias_count;
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        if (f->aliases[middle].entry < entry)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < f->alias_count && f->aliases[low].entry == entry ? f->shared + f->aliases[low].shared : NULL;
+}
+
+/* A shared directory's attributes: its canonical part's, with the merged nlink.  Run
+ * inside another tree's operation, it ends its own (finished) and gives the operation's
+ * page failures back. */
+static int shared_stat(Forest *f, const Shared *d, struct stat *st)
+{
+    const Part *p = f->parts + d->canonical_part;
+    int outer_failure = page_failure;
+    page_failure = 0;
+    int error = finished(p->tree, entry_stat(p->tree, p->directory, st));
+    page_failure = outer_failure;
+    if (error)
+        return error;
+    st->st_ino = d->canonical + 1;
+    st->st_nlink = d->nlink > UINT32_MAX ? UINT32_MAX : d->nlink;
+    return 0;
+}
+
+/* Attributes a tree of shard ``shard`` made, in the set's numbering: its inode offset by
+ * the base, a shared directory's canonical (with ``attributes``, its merged attributes;
+ * if those fail, *attributes becomes 0: listed without them). */
+static void export_stat(Forest *f, unsigned shard, struct stat *st, int *attributes)
+{
+    st->st_ino += f->bases[shard];
+    if ((st->st_mode & S_IFMT) != S_IFDIR || f->shared_count == 0)
+        return;
+    const Shared *d = shared_of(f, st->st_ino - 1);
+    if (d == NULL)
+        return;
+    if (*attributes) {
+        struct stat merged;
+        if (shared_stat(f, d, &merged) == 0)
+            *st = merged;
+        else
+            *attributes = 0;
+    }
+    st->st_ino = d->canonical + 1;
+}
+
+/* Inode ``inode`` as one tree's: a shared directory is its canonical part (its
+ * attributes, its extended attributes). */
+static int resolve(Forest *f, fuse_ino_t inode, Tree **t, unsigned *shard, fuse_ino_t *local)
+{
+    int error = locate(f, inode, t, shard, local);
+    const Shared *d;
+    if (!error && f->shared_count && (d = shared_of(f, inode - 1)) != NULL) {
+        const Part *p = f->parts + d->canonical_part;
+        *t = p->tree;
+        *shard = p->shard;
+        *local = p->directory + 1;
+    }
+    return error;
+}
+
+/* GETATTR, the change check included. */
+static int forest_getattr(Forest *f, fuse_ino_t inode, struct stat *st)
+{
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = locate(f, inode, &t, &shard, &local);
+    if (error)
+        return error;
+    const Shared *d = f->shared_count ? shared_of(f, inode - 1) : NULL;
+    if (d != NULL)
+        return shared_stat(f, d, st);
+    if ((error = tree_getattr(t, local, st)) == 0) {
+        int attributes = 0;
+        export_stat(f, shard, st, &attributes);
+    }
+    return error;
+}
+
+static int compare_bytes(const uint8_t *a, size_t a_length, const uint8_t *b, size_t b_length)
+{
+    int order = memcmp(a, b, a_length < b_length ? a_length : b_length);
+    return order ? order : (a_length > b_length) - (a_length < b_length);
+}
+
+/* LOOKUP, the change check included.  In a shared directory, the one part whose
+ * children may hold ``name``: the last whose first child's name is not after it. */
+static int forest_lookup(Forest *f, fuse_ino_t parent, const uint8_t *name, size_t length, struct stat *st)
+{
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = locate(f, parent, &t, &shard, &local);
+    if (error)
+        return error;
+    const Shared *d = f->shared_count ? shared_of(f, parent - 1) : NULL;
+    if (d != NULL) {
+        if (length > MAX_NAME)
+            return ENAMETOOLONG;
+        const Part *parts = f->parts + d->first_part;
+        uint64_t low = 0, high = d->parts;  /* the first part whose first name is after ``name`` */
+        while (low < high) {
+            uint64_t middle = low + (high - low) / 2;
+            if (compare_bytes(parts[middle].first_name, parts[middle].first_length, name, length) <= 0)
+                low = middle + 1;
+            else
+                high = middle;
+        }
+        while (low > 0 && parts[low - 1].children == 0)
+            low--;  /* an empty part carries its predecessor's first name */
+        if (low == 0)
+            return ENOENT;
+        const Part *p = parts + low - 1;
+        t = p->tree;
+        shard = p->shard;
+        local = p->directory + 1;
+    }
+    if ((error = tree_lookup_stat(t, local, name, length, st)) == 0) {
+        int attributes = 1;
+        export_stat(f, shard, st, &attributes);
+        if (!attributes)
+            error = EIO;  /* a shared directory whose canonical part's attributes broke a rule */
+    }
+    return error;
+}
+
+/* What a listing hands on: 1 when the caller's buffer is full (the entry not taken). */
+typedef int (*ListingSink)(void *sink, const char *name, const struct stat *st, int attributes, uint64_t next);
+
+/* A shared directory's listing from ``offset``: positions 0 and 1 are "." and "..",
+ * 2 + i the i-th child of the parts' children in order (a repeated name keeps its
+ * position and is skipped), so offsets stay those of one fixed sequence. */
+static int shared_listing(Forest *f, const Shared *d, uint64_t offset, int plus, uint64_t limit, ListingSink sink,
+                          void *context)
+{
+    const Part *parts = f->parts + d->first_part, *canonical = f->parts + d->canonical_part;
+    char name[MAX_NAME + 1];
+    uint64_t listed = 0;
+    int error = 0;
+    for (uint64_t position = offset; listed < limit; position++) {
+        struct stat st;
+        int attributes = 0;
+        const Part *p;
+        if (position < 2) {
+            p = canonical;
+            error = finished(p->tree, listing_item(p->tree, p->directory, 0, 0, position, 0, name, &st, &attributes));
+        } else {
+            uint64_t child = position - 2;
+            if (child >= d->children)
+                break;
+            uint64_t low = 0, high = d->parts;  /* the last part with before <= child */
+            while (high - low > 1) {
+                uint64_t middle = low + (high - low) / 2;
+                if (parts[middle].before <= child)
+                    low = middle;
+                else
+                    high = middle;
+            }
+            p = parts + low;
+            uint64_t i = child - p->before, start, count;
+            if (i == 0 && p->repeats)
+                continue;
+            error = children_of(p->tree, p->directory, &start, &count);
+            if (!error && count != p->children)
+                error = broken(p->tree, p->directory, 25, "has another child count than when mounted");
+            if (!error)
+                error = listing_item(p->tree, p->directory, start, count, 2 + i, plus, name, &st, &attributes);
+            touched(p->tree, 1);
+            error = finished(p->tree, error);
+        }
+        if (error == LEFT_OUT) {
+            error = 0;
+            continue;
+        }
+        if (error)
+            break;
+        export_stat(f, p->shard, &st, &attributes);
+        if (sink(context, name, &st, attributes, position + 1))
+            break;
+        listed++;
+    }
+    return error;
+}
+
+/* READDIR (READDIRPLUS with ``plus``) of inode ``inode`` from ``offset``: at most
+ * ``limit`` entries handed to ``sink``, each with the offset after it; the change
+ * check included. */
+static int forest_listing(Forest *f, fuse_ino_t inode, uint64_t offset, int plus, uint64_t limit, ListingSink sink,
+                          void *context)
+{
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = locate(f, inode, &t, &shard, &local);
+    if (error)
+        return error;
+    const Shared *d = f->shared_count ? shared_of(f, inode - 1) : NULL;
+    if (d != NULL)
+        return shared_listing(f, d, offset, plus, limit, sink, context);
+    uint64_t directory, start, count, listed = 0;
+    error = directory_of(t, local, &directory, &start, &count);
+    char name[MAX_NAME + 1];
+    for (uint64_t position = offset; !error && listed < limit; position++) {
+        struct stat st;
+        int attributes;
+        error = listing_item(t, directory, start, count, position, plus, name, &st, &attributes);
+        if (error == LEFT_OUT) {
+            error = 0;
+            continue;
+        }
+        if (error == ENOENT) {
+            error = 0;
+            break;
+        }
+        if (error)
+            break;
+        export_stat(f, shard, &st, &attributes);
+        if (sink(context, name, &st, attributes, position + 1))
+            break;
+        listed++;
+    }
+    touched(t, listed + 1);
+    return finished(t, error);
+}
+
+/* STATFS: the trees' sums; the change check of every tree. */
+static int forest_statfs(Forest *f, struct statvfs *st)
+{
+    memset(st, 0, sizeof *st);
+    st->f_bsize = st->f_frsize = 4096;
+    st->f_files = f->bases[f->count];
+    st->f_namemax = MAX_NAME;
+    int error = 0;
+    for (uint64_t s = 0; s < f->count; s++) {
+        st->f_blocks += f->trees[s]->blocks;
+        if (finished(f->trees[s], 0))
+            error = EIO;
+    }
+    return error;
+}
+
 /* -- the FUSE callbacks: each runs an operation, then the change check -------------------- */
 
-static Tree *tree_of(fuse_req_t request)
+static Forest *forest_of(fuse_req_t request)
 {
-    return (Tree *) fuse_req_userdata(request);
+    return (Forest *) fuse_req_userdata(request);
 }
 
 /* The end of every operation: EIO if the archive changed in place or a value it used
@@ -1468,8 +1787,8 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
      * ls -l asks for, two per file, and which it would otherwise fetch on every call) and
      * enforces them, as it does a disk's; packfs mounts with default_permissions, which
      * this implies, anyway. */
-    Tree *t = userdata;
-    if (t->xattr_entries && (conn->capable & FUSE_CAP_POSIX_ACL))
+    Forest *f = userdata;
+    if (f->xattrs && (conn->capable & FUSE_CAP_POSIX_ACL))
         conn->want |= FUSE_CAP_POSIX_ACL;
     /* The archive never changes: nothing to invalidate when attributes are fetched. */
     conn->want &= ~(unsigned) FUSE_CAP_AUTO_INVAL_DATA;
@@ -1481,10 +1800,9 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn)
 
 static void ll_lookup(fuse_req_t request, fuse_ino_t parent, const char *name)
 {
-    Tree *t = tree_of(request);
     struct fuse_entry_param entry;
     memset(&entry, 0, sizeof entry);
-    int error = tree_lookup_stat(t, parent, (const uint8_t *) name, strlen(name), &entry.attr);
+    int error = forest_lookup(forest_of(request), parent, (const uint8_t *) name, strlen(name), &entry.attr);
     entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
     if (error == ENOENT) {
         fuse_reply_entry(request, &entry);  /* inode 0: a negative entry the kernel keeps */
@@ -1498,9 +1816,8 @@ static void ll_lookup(fuse_req_t request, fuse_ino_t parent, const char *name)
 
 static void ll_getattr(fuse_req_t request, fuse_ino_t inode, struct fuse_file_info *info)
 {
-    Tree *t = tree_of(request);
     struct stat st;
-    int error = tree_getattr(t, inode, &st);
+    int error = forest_getattr(forest_of(request), inode, &st);
     if (error)
         fuse_reply_err(request, error);
     else
@@ -1509,9 +1826,13 @@ static void ll_getattr(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
 
 static void ll_readlink(fuse_req_t request, fuse_ino_t inode)
 {
-    Tree *t = tree_of(request);
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
     char target[MAX_SYMLINK_TARGET + 1];
-    int error = finished(t, tree_readlink(t, inode, target));
+    int error = resolve(forest_of(request), inode, &t, &shard, &local);
+    if (!error)
+        error = finished(t, tree_readlink(t, local, target));
     if (error)
         fuse_reply_err(request, error);
     else
@@ -1520,8 +1841,7 @@ static void ll_readlink(fuse_req_t request, fuse_ino_t inode)
 
 static void ll_open(fuse_req_t request, fuse_ino_t inode, struct fuse_file_info *info)
 {
-    Tree *t = tree_of(request);
-    if (t->direct_io) {  /* -o direct_io: every read comes here, none from the page cache */
+    if (forest_of(request)->trees[0]->direct_io) {  /* -o direct_io: every read comes here, none from the page cache */
         info->direct_io = 1;
         fuse_reply_open(request, info);
         return;
@@ -1537,7 +1857,8 @@ static void ll_opendir(fuse_req_t request, fuse_ino_t inode, struct fuse_file_in
     fuse_reply_err(request, ENOSYS);
 }
 
-/* READ, from a worker thread or from the thread whose check a READ was parked on. */
+/* READ, from a worker thread or from the thread whose check a READ was parked on
+ * (``inode`` is the tree's own). */
 static void answer_read(Tree *t, fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset)
 {
     /* A parked READ is answered inside the checking thread's own operation: its pages
@@ -1565,27 +1886,60 @@ static void answer_read(Tree *t, fuse_req_t request, fuse_ino_t inode, size_t si
 
 static void ll_read(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
 {
-    answer_read(tree_of(request), request, inode, size, offset);
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = resolve(forest_of(request), inode, &t, &shard, &local);
+    if (error)
+        fuse_reply_err(request, error);
+    else
+        answer_read(t, request, local, size, offset);
 }
 
 #define FIRST_LISTING_WITH_ATTRIBUTES 3  /* ".", ".." and one entry: see reply_listing */
 
+typedef struct {
+    fuse_req_t request;
+    char *buffer;
+    size_t size, used;
+    int plus;
+} ListingReply;
+
+static int add_to_reply(void *context, const char *name, const struct stat *st, int attributes, uint64_t next)
+{
+    ListingReply *reply = context;
+    size_t room = reply->size - reply->used, added;
+    if (reply->plus) {
+        /* Without attributes (".", "..", a child whose attributes break a rule) an entry
+         * goes with inode 0: the kernel then makes no entry of it. */
+        struct fuse_entry_param entry;
+        memset(&entry, 0, sizeof entry);
+        entry.attr = *st;
+        if (attributes) {
+            entry.ino = st->st_ino;
+            entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
+        }
+        added = fuse_add_direntry_plus(reply->request, reply->buffer + reply->used, room, name, &entry, (off_t) next);
+    } else {
+        added = fuse_add_direntry(reply->request, reply->buffer + reply->used, room, name, st, (off_t) next);
+    }
+    if (added > room)
+        return 1;  /* full: the kernel asks again from this position */
+    reply->used += added;
+    return 0;
+}
+
 static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, int plus)
 {
-    Tree *t = tree_of(request);
-    uint64_t directory, start, count;
-    int error = directory_of(t, inode, &directory, &start, &count);
-    if (error || offset < 0) {
-        fuse_reply_err(request, finished(t, error ? error : EINVAL));
+    if (offset < 0) {
+        fuse_reply_err(request, EINVAL);
         return;
     }
-    char *buffer = malloc(size ? size : 1);
-    if (buffer == NULL) {
-        fuse_reply_err(request, finished(t, ENOMEM));
+    ListingReply reply = {request, malloc(size ? size : 1), size, 0, plus};
+    if (reply.buffer == NULL) {
+        fuse_reply_err(request, ENOMEM);
         return;
     }
-    size_t used = 0;
-    char name[MAX_NAME + 1];
     /* The kernel's "auto" mode asks for attributes with the first part of every listing
      * (offset 0), whether or not the program will stat what it lists; given a full
      * buffer of them, a walk (os.walk, find) made the kernel build an inode per entry:
@@ -1595,43 +1949,12 @@ static void reply_listing(fuse_req_t request, fuse_ino_t inode, size_t size, off
      * -l: its LOOKUP tells the kernel to ask for attributes again), and ls -l costs the
      * same as before (bench/cold_walk.py). */
     uint64_t limit = plus && offset == 0 ? FIRST_LISTING_WITH_ATTRIBUTES : UINT64_MAX;
-    uint64_t listed = 0;
-    for (uint64_t position = (uint64_t) offset; listed < limit; position++) {
-        struct fuse_entry_param entry;
-        int attributes;
-        memset(&entry, 0, sizeof entry);
-        error = listing_item(t, directory, start, count, position, plus, name, &entry.attr, &attributes);
-        if (error == LEFT_OUT)
-            continue;
-        if (error == ENOENT) {
-            error = 0;
-            break;
-        }
-        if (error)
-            break;
-        size_t added;
-        if (plus) {
-            /* Without attributes (".", "..", a child whose attributes break a rule) an
-             * entry goes with inode 0: the kernel then makes no entry of it. */
-            if (attributes) {
-                entry.ino = entry.attr.st_ino;
-                entry.attr_timeout = entry.entry_timeout = CACHE_SECONDS;
-            }
-            added = fuse_add_direntry_plus(request, buffer + used, size - used, name, &entry, (off_t) position + 1);
-        } else {
-            added = fuse_add_direntry(request, buffer + used, size - used, name, &entry.attr, (off_t) position + 1);
-        }
-        if (added > size - used)
-            break;  /* full: the kernel asks again from this position */
-        used += added;
-        listed++;
-    }
-    touched(t, used / 64 + 1);
-    if ((error = finished(t, error)) != 0)
+    int error = forest_listing(forest_of(request), inode, (uint64_t) offset, plus, limit, add_to_reply, &reply);
+    if (error)
         fuse_reply_err(request, error);
     else
-        fuse_reply_buf(request, buffer, used);
-    free(buffer);
+        fuse_reply_buf(request, reply.buffer, reply.used);
+    free(reply.buffer);
 }
 
 static void ll_readdir(fuse_req_t request, fuse_ino_t inode, size_t size, off_t offset, struct fuse_file_info *info)
@@ -1647,35 +1970,38 @@ static void ll_readdirplus(fuse_req_t request, fuse_ino_t inode, size_t size, of
 
 static void ll_statfs(fuse_req_t request, fuse_ino_t inode)
 {
-    Tree *t = tree_of(request);
     struct statvfs st;
-    memset(&st, 0, sizeof st);
-    st.f_bsize = st.f_frsize = 4096;
-    st.f_blocks = t->blocks;
-    st.f_files = t->entries;
-    st.f_namemax = MAX_NAME;
-    int error = finished(t, 0);
+    int error = forest_statfs(forest_of(request), &st);
     if (error)
         fuse_reply_err(request, error);
     else
         fuse_reply_statfs(request, &st);
 }
 
-/* GETXATTR.  An archive without attributes answers ENOSYS: the kernel then stops sending
+/* GETXATTR.  A set without attributes answers ENOSYS: the kernel then stops sending
  * GETXATTR for this mount (ls asks for security.selinux of each file it lists), and
  * getxattr(2) says EOPNOTSUPP. */
 static void ll_getxattr(fuse_req_t request, fuse_ino_t inode, const char *name, size_t size)
 {
-    Tree *t = tree_of(request);
-    if (t->xattr_entries == 0) {
-        fuse_reply_err(request, finished(t, ENOSYS));
+    Forest *f = forest_of(request);
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    if (!f->xattrs) {
+        int error = resolve(f, inode, &t, &shard, &local);
+        fuse_reply_err(request, error ? error : finished(t, ENOSYS));
+        return;
+    }
+    int error = resolve(f, inode, &t, &shard, &local);
+    if (error) {
+        fuse_reply_err(request, error);
         return;
     }
     XattrQuery q;
     memset(&q, 0, sizeof q);
     q.wanted = (const uint8_t *) name;
     q.wanted_length = strlen(name);
-    int error = tree_xattrs(t, inode, &q);
+    error = tree_xattrs(t, local, &q);
     if (!error && !q.found)
         error = ENODATA;
     if (!error && size && size < q.value_length)
@@ -1711,7 +2037,14 @@ static void ll_getxattr(fuse_req_t request, fuse_ino_t inode, const char *name, 
  * place in between (the reviewer's ASan run overflowed a buffer sized by the first). */
 static void ll_listxattr(fuse_req_t request, fuse_ino_t inode, size_t size)
 {
-    Tree *t = tree_of(request);
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = resolve(forest_of(request), inode, &t, &shard, &local);
+    if (error) {
+        fuse_reply_err(request, error);
+        return;
+    }
     XattrQuery q;
     memset(&q, 0, sizeof q);
     if ((q.names = malloc(XATTR_LIST_LIMIT)) == NULL) {
@@ -1719,7 +2052,7 @@ static void ll_listxattr(fuse_req_t request, fuse_ino_t inode, size_t size)
         return;
     }
     q.names_capacity = XATTR_LIST_LIMIT;
-    int error = tree_xattrs(t, inode, &q);
+    error = tree_xattrs(t, local, &q);
     if (!error && size && size < q.names_length)
         error = ERANGE;
     if ((error = finished(t, error)) != 0)
@@ -2066,6 +2399,16 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     pthread_mutex_init(&t->checks_lock, NULL);
     pthread_cond_init(&t->check_ended, NULL);
     t->blocks = (t->file_size + 4095) / 4096;
+    if ((t->alone = calloc(1, sizeof(Forest))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->alone->one_tree = t;
+    t->alone->trees = &t->alone->one_tree;
+    t->alone->count = 1;
+    t->alone->one_bases[1] = t->entries;
+    t->alone->bases = t->alone->one_bases;
+    t->alone->xattrs = t->xattr_entries != 0;
     t->initialised = 1;
     return 0;
 }
@@ -2080,9 +2423,9 @@ static void end_session(struct fuse_session *session)
 
 static void tree_dealloc(Tree *t)
 {
-    if (t->session != NULL) {  /* mounted, never run */
-        end_session(t->session);
-    }
+    if (t->alone != NULL && t->alone->session != NULL)  /* mounted, never run */
+        end_session(t->alone->session);
+    free(t->alone);
     if (t->have_map)
         PyBuffer_Release(&t->map);
     if (t->fd >= 0)
@@ -2135,16 +2478,21 @@ static PyObject *stat_tuple(const struct stat *st)
                          "st_mtime_ns", seconds * 1000000000LL + nanoseconds);
 }
 
+/* The methods below serve a Tree (as a forest of one) and a Forest alike. */
+static PyTypeObject TreeType;
+static Forest *forest_arg(PyObject *self);
+
 PyDoc_STRVAR(lookup_doc, "lookup(parent_inode, name: bytes) -> dict of st_* (LOOKUP); OSError with the errno.");
 
-static PyObject *py_lookup(Tree *t, PyObject *args)
+static PyObject *py_lookup(PyObject *self, PyObject *args)
 {
     unsigned long long parent;
     Py_buffer name;
-    if (!ready(t) || !PyArg_ParseTuple(args, "Ky*:lookup", &parent, &name))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTuple(args, "Ky*:lookup", &parent, &name))
         return NULL;
     struct stat st;
-    int error = tree_lookup_stat(t, parent, name.buf, (size_t) name.len, &st);
+    int error = forest_lookup(f, parent, name.buf, (size_t) name.len, &st);
     PyBuffer_Release(&name);
     if (error)
         return os_error(error);
@@ -2153,13 +2501,14 @@ static PyObject *py_lookup(Tree *t, PyObject *args)
 
 PyDoc_STRVAR(getattr_doc, "getattr(inode) -> dict of st_* (GETATTR); OSError with the errno.");
 
-static PyObject *py_getattr(Tree *t, PyObject *args)
+static PyObject *py_getattr(PyObject *self, PyObject *args)
 {
     unsigned long long inode;
-    if (!ready(t) || !PyArg_ParseTuple(args, "K:getattr", &inode))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTuple(args, "K:getattr", &inode))
         return NULL;
     struct stat st;
-    int error = tree_getattr(t, inode, &st);
+    int error = forest_getattr(f, inode, &st);
     if (error)
         return os_error(error);
     return stat_tuple(&st);
@@ -2171,71 +2520,78 @@ PyDoc_STRVAR(readdir_doc,
 "the attributes handed with the name (a dict of st_*), or None where none are (. and\n"
 "..; a child whose attributes break a rule).  OSError with the errno.");
 
-static PyObject *py_readdir(Tree *t, PyObject *args, PyObject *kwargs)
+typedef struct {
+    PyObject *items;               /* NULL once a Python error is set */
+    int plus;
+} ListingList;
+
+static int add_to_list(void *context, const char *name, const struct stat *st, int attributes, uint64_t next)
+{
+    ListingList *list = context;
+    if (list->items == NULL)
+        return 1;
+    PyObject *item;
+    if (list->plus) {
+        PyObject *handed = Py_None;
+        if (attributes)
+            handed = stat_tuple(st);
+        else
+            Py_INCREF(Py_None);
+        item = handed == NULL ? NULL : Py_BuildValue("(y#KIKN)", name, (Py_ssize_t) strlen(name),
+                                                     (unsigned long long) st->st_ino, (unsigned) st->st_mode,
+                                                     (unsigned long long) next, handed);
+    } else {
+        item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st->st_ino,
+                             (unsigned) st->st_mode, (unsigned long long) next);
+    }
+    if (item == NULL || PyList_Append(list->items, item) != 0)
+        Py_CLEAR(list->items);
+    Py_XDECREF(item);
+    return list->items == NULL;
+}
+
+static PyObject *py_readdir(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"inode", "offset", "plus", NULL};
     unsigned long long inode, offset = 0;
     int plus = 0;
-    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "K|Kp:readdir", keywords, &inode, &offset, &plus))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "K|Kp:readdir", keywords, &inode, &offset, &plus))
         return NULL;
-    uint64_t directory, start, count;
-    int error = directory_of(t, inode, &directory, &start, &count);
-    if (error)
-        return os_error(finished(t, error));
-    PyObject *items = PyList_New(0);
-    char name[MAX_NAME + 1];
-    for (uint64_t position = offset; items != NULL; position++) {
-        struct stat st;
-        int attributes;
-        error = listing_item(t, directory, start, count, position, plus, name, &st, &attributes);
-        if (error == LEFT_OUT)
-            continue;
-        if (error)
-            break;
-        PyObject *item;
-        if (plus) {
-            PyObject *handed = Py_None;
-            if (attributes)
-                handed = stat_tuple(&st);
-            else
-                Py_INCREF(Py_None);
-            item = handed == NULL ? NULL : Py_BuildValue("(y#KIKN)", name, (Py_ssize_t) strlen(name),
-                                                         (unsigned long long) st.st_ino, (unsigned) st.st_mode,
-                                                         (unsigned long long) position + 1, handed);
-        } else {
-            item = Py_BuildValue("(y#KIK)", name, (Py_ssize_t) strlen(name), (unsigned long long) st.st_ino,
-                                 (unsigned) st.st_mode, (unsigned long long) position + 1);
-        }
-        if (item == NULL || PyList_Append(items, item) != 0)
-            Py_CLEAR(items);
-        Py_XDECREF(item);
-    }
-    if (items == NULL) {
-        finished(t, 0);
+    ListingList list = {PyList_New(0), plus};
+    if (list.items == NULL)
         return NULL;
-    }
-    if ((error = finished(t, error == ENOENT ? 0 : error)) != 0) {
-        Py_DECREF(items);
+    int error = forest_listing(f, inode, offset, plus, UINT64_MAX, add_to_list, &list);
+    if (list.items == NULL)
+        return NULL;
+    if (error) {
+        Py_DECREF(list.items);
         return os_error(error);
     }
-    return items;
+    return list.items;
 }
 
 PyDoc_STRVAR(read_doc, "read(inode, offset, size) -> bytes (READ); OSError with the errno.");
 
-static PyObject *py_read(Tree *t, PyObject *args)
+static PyObject *py_read(PyObject *self, PyObject *args)
 {
     unsigned long long inode, offset;
     Py_ssize_t size;
-    if (!ready(t) || !PyArg_ParseTuple(args, "KKn:read", &inode, &offset, &size))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTuple(args, "KKn:read", &inode, &offset, &size))
         return NULL;
     if (size < 0 || (size_t) size > MAX_REQUEST)
         return os_error(EINVAL);
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = resolve(f, inode, &t, &shard, &local);
+    if (error)
+        return os_error(error);
     uint8_t *data = NULL;
     size_t got = 0, skip = 0;
-    int error;
     Py_BEGIN_ALLOW_THREADS
-    error = finished(t, tree_read(t, inode, offset, (size_t) size, &data, &got, &skip));
+    error = finished(t, tree_read(t, local, offset, (size_t) size, &data, &got, &skip));
     Py_END_ALLOW_THREADS
     if (error) {
         free(data);
@@ -2248,13 +2604,19 @@ static PyObject *py_read(Tree *t, PyObject *args)
 
 PyDoc_STRVAR(readlink_doc, "readlink(inode) -> bytes (READLINK); OSError with the errno.");
 
-static PyObject *py_readlink(Tree *t, PyObject *args)
+static PyObject *py_readlink(PyObject *self, PyObject *args)
 {
     unsigned long long inode;
-    if (!ready(t) || !PyArg_ParseTuple(args, "K:readlink", &inode))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTuple(args, "K:readlink", &inode))
         return NULL;
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
     char target[MAX_SYMLINK_TARGET + 1];
-    int error = finished(t, tree_readlink(t, inode, target));
+    int error = resolve(f, inode, &t, &shard, &local);
+    if (!error)
+        error = finished(t, tree_readlink(t, local, target));
     if (error)
         return os_error(error);
     return PyBytes_FromString(target);
@@ -2262,20 +2624,27 @@ static PyObject *py_readlink(Tree *t, PyObject *args)
 
 PyDoc_STRVAR(getxattr_doc, "getxattr(inode, name: bytes) -> bytes (GETXATTR); OSError with the errno.");
 
-static PyObject *py_getxattr(Tree *t, PyObject *args)
+static PyObject *py_getxattr(PyObject *self, PyObject *args)
 {
     unsigned long long inode;
     const char *name;
     Py_ssize_t length;
-    if (!ready(t) || !PyArg_ParseTuple(args, "Ky#:getxattr", &inode, &name, &length))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTuple(args, "Ky#:getxattr", &inode, &name, &length))
         return NULL;
-    if (t->xattr_entries == 0)
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = resolve(f, inode, &t, &shard, &local);
+    if (error)
+        return os_error(error);
+    if (!f->xattrs)
         return os_error(finished(t, ENOSYS));
     XattrQuery q;
     memset(&q, 0, sizeof q);
     q.wanted = (const uint8_t *) name;
     q.wanted_length = (size_t) length;
-    int error = tree_xattrs(t, inode, &q);
+    error = tree_xattrs(t, local, &q);
     if (!error && !q.found)
         error = ENODATA;
     PyObject *value = error ? NULL : PyBytes_FromStringAndSize((const char *) q.value, q.value_length);
@@ -2288,11 +2657,18 @@ static PyObject *py_getxattr(Tree *t, PyObject *args)
 
 PyDoc_STRVAR(listxattr_doc, "listxattr(inode) -> bytes, names each ending in NUL (LISTXATTR); OSError with the errno.");
 
-static PyObject *py_listxattr(Tree *t, PyObject *args)
+static PyObject *py_listxattr(PyObject *self, PyObject *args)
 {
     unsigned long long inode;
-    if (!ready(t) || !PyArg_ParseTuple(args, "K:listxattr", &inode))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTuple(args, "K:listxattr", &inode))
         return NULL;
+    Tree *t;
+    unsigned shard;
+    fuse_ino_t local;
+    int error = resolve(f, inode, &t, &shard, &local);
+    if (error)
+        return os_error(error);
     uint8_t *names = malloc(XATTR_LIST_LIMIT);
     if (names == NULL)
         return PyErr_NoMemory();
@@ -2300,7 +2676,7 @@ static PyObject *py_listxattr(Tree *t, PyObject *args)
     memset(&q, 0, sizeof q);
     q.names = names;
     q.names_capacity = XATTR_LIST_LIMIT;
-    int error = finished(t, tree_xattrs(t, inode, &q));
+    error = finished(t, tree_xattrs(t, local, &q));
     PyObject *result = error ? os_error(error) : PyBytes_FromStringAndSize((const char *) names, q.names_length);
     free(names);
     return result;
@@ -2312,25 +2688,28 @@ PyDoc_STRVAR(mount_doc,
 "SIGINT, SIGTERM and SIGHUP will end :meth:`run`.  RuntimeError if libfuse refused\n"
 "the options or could not mount (it printed why on stderr).");
 
-static PyObject *py_mount(Tree *t, PyObject *args, PyObject *kwargs)
+static PyObject *py_mount(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"mountpoint", "options", "debug", NULL};
     const char *mountpoint, *options;
     int debug = 0;
-    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "ss|p:mount", keywords, &mountpoint, &options,
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "ss|p:mount", keywords, &mountpoint, &options,
                                                   &debug))
         return NULL;
-    if (t->guard < 0) {
-        PyErr_SetString(PyExc_ValueError, "serving needs the map guarded by packfs._sigbus");
-        return NULL;
+    for (uint64_t s = 0; s < f->count; s++) {
+        if (f->trees[s]->guard < 0) {
+            PyErr_SetString(PyExc_ValueError, "serving needs the map guarded by packfs._sigbus");
+            return NULL;
+        }
     }
-    if (t->session != NULL) {
+    if (f->session != NULL) {
         PyErr_SetString(PyExc_ValueError, "already mounted");
         return NULL;
     }
     char *argv[] = {"packfs", "-o", (char *) options, debug ? "-d" : NULL, NULL};
     struct fuse_args fuse_arguments = FUSE_ARGS_INIT(debug ? 4 : 3, argv);
-    struct fuse_session *session = fuse_session_new(&fuse_arguments, &operations, sizeof operations, t);
+    struct fuse_session *session = fuse_session_new(&fuse_arguments, &operations, sizeof operations, f);
     fuse_opt_free_args(&fuse_arguments);
     if (session == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "libfuse refused the mount options");
@@ -2351,7 +2730,7 @@ static PyObject *py_mount(Tree *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "libfuse could not mount");
         return NULL;
     }
-    t->session = session;
+    f->session = session;
     Py_RETURN_NONE;
 }
 
@@ -2364,13 +2743,14 @@ PyDoc_STRVAR(run_doc,
 "loop's status: 0 when unmounted, the signal's number when stopped by one (libfuse\n"
 "3.12 or later), negative errno on failure.");
 
-static PyObject *py_run(Tree *t, PyObject *args, PyObject *kwargs)
+static PyObject *py_run(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"threads", "clone_fd", "max_idle_threads", NULL};
     int threads = 0, clone_fd = 0, idle = -1;
-    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "|ipi:run", keywords, &threads, &clone_fd, &idle))
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "|ipi:run", keywords, &threads, &clone_fd, &idle))
         return NULL;
-    struct fuse_session *session = t->session;
+    struct fuse_session *session = f->session;
     if (session == NULL) {
         PyErr_SetString(PyExc_ValueError, "not mounted");
         return NULL;
@@ -2402,13 +2782,16 @@ static PyObject *py_run(Tree *t, PyObject *args, PyObject *kwargs)
     }
     /* A check another thread runs (a Python Tree.read) may still owe READs parked on it
      * their replies: they go to this session, so it ends only after them. */
-    pthread_mutex_lock(&t->checks_lock);
-    while (t->claimed_count > 0)
-        pthread_cond_wait(&t->check_ended, &t->checks_lock);
-    pthread_mutex_unlock(&t->checks_lock);
+    for (uint64_t s = 0; s < f->count; s++) {
+        Tree *t = f->trees[s];
+        pthread_mutex_lock(&t->checks_lock);
+        while (t->claimed_count > 0)
+            pthread_cond_wait(&t->check_ended, &t->checks_lock);
+        pthread_mutex_unlock(&t->checks_lock);
+    }
     end_session(session);
     Py_END_ALLOW_THREADS
-    t->session = NULL;
+    f->session = NULL;
     return PyLong_FromLong(status);
 }
 
@@ -2418,22 +2801,26 @@ PyDoc_STRVAR(override_doc,
 "umask=, as libfuse's high-level API does; -1 keeps what the archive stores); with\n"
 "``direct_io``, files are opened so that every read reaches the daemon (-o direct_io).");
 
-static PyObject *py_override(Tree *t, PyObject *args, PyObject *kwargs)
+static PyObject *py_override(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"uid", "gid", "umask", "direct_io", NULL};
     long long uid = -1, gid = -1, umask_bits = -1;
     int direct_io = 0;
-    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "|LLLp:override", keywords, &uid, &gid, &umask_bits,
+    Forest *f = forest_arg(self);
+    if (f == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "|LLLp:override", keywords, &uid, &gid, &umask_bits,
                                                   &direct_io))
         return NULL;
     if (uid < -1 || uid >= UINT32_MAX || gid < -1 || gid >= UINT32_MAX || umask_bits < -1 || umask_bits > 07777) {
         PyErr_SetString(PyExc_ValueError, "uid and gid must be below 2**32 - 1, umask at most 0o7777");
         return NULL;
     }
-    t->uid = uid;
-    t->gid = gid;
-    t->umask = umask_bits;
-    t->direct_io = direct_io;
+    for (uint64_t s = 0; s < f->count; s++) {
+        Tree *t = f->trees[s];
+        t->uid = uid;
+        t->gid = gid;
+        t->umask = umask_bits;
+        t->direct_io = direct_io;
+    }
     Py_RETURN_NONE;
 }
 
@@ -2511,6 +2898,293 @@ static PyTypeObject TreeType = {
     .tp_methods = tree_methods,
 };
 
+/* -- the Forest type ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    Forest forest;
+    PyObject *tree_objects;        /* a tuple: the trees outlive the forest */
+    int initialised;
+} ForestObject;
+
+static PyTypeObject ForestType;
+
+static Forest *forest_arg(PyObject *self)
+{
+    if (PyObject_TypeCheck(self, &ForestType)) {
+        ForestObject *o = (ForestObject *) self;
+        if (!o->initialised) {
+            PyErr_SetString(PyExc_ValueError, "the Forest is not initialised");
+            return NULL;
+        }
+        return &o->forest;
+    }
+    Tree *t = (Tree *) self;
+    return ready(t) ? t->alone : NULL;
+}
+
+static int alias_order(const void *a, const void *b)
+{
+    uint64_t x = ((const Alias *) a)->entry, y = ((const Alias *) b)->entry;
+    return (x > y) - (x < y);
+}
+
+/* Part ``p``'s child range and first child's name (copied), read once here with the
+ * table's rules: a part that is not a directory is refused. */
+static int init_part(Part *p, uint64_t *start)
+{
+    Tree *t = p->tree;
+    uint64_t count;
+    const uint8_t *name;
+    uint64_t length = 0;
+    int error = children_of(t, p->directory, start, &count);
+    if (!error && count)
+        error = name_of(t, *start, &name, &length);
+    if (!error && count) {
+        uint8_t *copy = malloc(length ? length : 1);
+        if (copy == NULL)
+            error = ENOMEM;
+        else
+            memcpy(copy, name, length);
+        p->first_name = copy;
+        p->first_length = length;
+        p->owns_name = copy != NULL;
+    }
+    p->children = count;
+    if ((error = finished(t, error)) != 0) {
+        PyErr_Format(PyExc_ValueError, "shard %u's entry %llu is not a directory the daemon can serve (%s)", p->shard,
+                     (unsigned long long) p->directory, strerror(error));
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether part ``p``'s first child is part ``previous``'s last (a directory both hold):
+ * both must be directories. */
+static int init_repeat(const Part *previous, uint64_t previous_start, Part *p, uint64_t start)
+{
+    const uint8_t *name;
+    uint64_t length, last = previous_start + previous->children - 1;
+    int error = name_of(previous->tree, last, &name, &length);
+    if ((error = finished(previous->tree, error)) != 0) {
+        PyErr_Format(PyExc_ValueError, "shard %u's entry %llu has no name the daemon can read", previous->shard,
+                     (unsigned long long) last);
+        return -1;
+    }
+    if (compare_bytes(name, length, p->first_name, p->first_length) != 0)
+        return 0;
+    unsigned type, other;
+    error = file_type(previous->tree, last, &type);
+    error = finished(previous->tree, error);
+    if (!error)
+        error = finished(p->tree, file_type(p->tree, start, &other));
+    if (error || type != S_IFDIR || other != S_IFDIR) {
+        PyErr_Format(PyExc_ValueError, "shards %u and %u both hold entry %llu's name as something other than a "
+                     "directory", previous->shard, p->shard, (unsigned long long) last);
+        return -1;
+    }
+    p->repeats = 1;
+    return 0;
+}
+
+static int init_shared(ForestObject *o, PyObject *items)
+{
+    Forest *f = &o->forest;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    uint64_t total = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(items, k), *parts;
+        unsigned long long canonical, nlink;
+        if (!PyArg_ParseTuple(item, "KKO", &canonical, &nlink, &parts))
+            return -1;
+        Py_ssize_t length = PySequence_Length(parts);
+        if (length < 1)
+            return length < 0 ? -1 : (PyErr_SetString(PyExc_ValueError, "a shared directory without parts"), -1);
+        total += (uint64_t) length;
+    }
+    f->shared = calloc((size_t) n + 1, sizeof(Shared));
+    f->parts = calloc(total + 1, sizeof(Part));
+    f->aliases = calloc(total + 1, sizeof(Alias));
+    if (f->shared == NULL || f->parts == NULL || f->aliases == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(items, k), *parts;
+        unsigned long long canonical, nlink;
+        if (!PyArg_ParseTuple(item, "KKO", &canonical, &nlink, &parts))
+            return -1;
+        Shared *d = f->shared + k;
+        if (canonical >= f->bases[f->count] || (k > 0 && canonical <= d[-1].canonical)) {
+            PyErr_SetString(PyExc_ValueError, "shared directories: canonical entries must ascend, within the set");
+            return -1;
+        }
+        PyObject *list = PySequence_Fast(parts, "a shared directory's parts: a sequence of (shard, entry)");
+        if (list == NULL)
+            return -1;
+        d->canonical = canonical;
+        d->nlink = nlink;
+        d->first_part = f->part_count;
+        d->parts = (uint64_t) PySequence_Fast_GET_SIZE(list);
+        d->canonical_part = UINT64_MAX;
+        const Part *previous = NULL;  /* the last part with children */
+        uint64_t previous_start = 0;
+        for (uint64_t i = 0; i < d->parts; i++) {
+            unsigned shard;
+            unsigned long long entry;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(list, i), "IK", &shard, &entry)) {
+                Py_DECREF(list);
+                return -1;
+            }
+            if (shard >= f->count || entry >= f->trees[shard]->entries) {
+                Py_DECREF(list);
+                PyErr_Format(PyExc_ValueError, "a shared directory's part (%u, %llu) is outside the set", shard, entry);
+                return -1;
+            }
+            Part *p = f->parts + f->part_count;
+            p->tree = f->trees[shard];
+            p->shard = shard;
+            p->directory = entry;
+            p->before = d->children;
+            uint64_t start;
+            if (init_part(p, &start) != 0 || (previous != NULL && p->children && init_repeat(previous, previous_start,
+                                                                                              p, start) != 0)) {
+                Py_DECREF(list);
+                return -1;
+            }
+            if (p->children == 0) {  /* an empty part: searched as if it began where the one before did */
+                p->first_name = previous != NULL ? previous->first_name : (const uint8_t *) "";
+                p->first_length = previous != NULL ? previous->first_length : 0;
+            } else {
+                previous = p;
+                previous_start = start;
+            }
+            d->children += p->children;
+            if (f->bases[shard] + entry == canonical)
+                d->canonical_part = f->part_count;
+            f->aliases[f->part_count].entry = f->bases[shard] + entry;
+            f->aliases[f->part_count].shared = (uint64_t) k;
+            f->part_count++;
+        }
+        Py_DECREF(list);
+        if (d->canonical_part == UINT64_MAX) {
+            PyErr_Format(PyExc_ValueError, "shared directory %llu is none of its parts", canonical);
+            return -1;
+        }
+        f->shared_count++;
+    }
+    f->alias_count = f->part_count;
+    qsort(f->aliases, f->alias_count, sizeof(Alias), alias_order);
+    for (uint64_t i = 1; i < f->alias_count; i++) {
+        if (f->aliases[i].entry == f->aliases[i - 1].entry) {
+            PyErr_Format(PyExc_ValueError, "entry %llu is a part of two shared directories",
+                         (unsigned long long) f->aliases[i].entry);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int forest_init(ForestObject *o, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"trees", "shared", NULL};
+    PyObject *trees, *shared;
+    if (o->tree_objects != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Forest is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:Forest", keywords, &trees, &shared))
+        return -1;
+    if ((o->tree_objects = PySequence_Tuple(trees)) == NULL)
+        return -1;
+    Forest *f = &o->forest;
+    Py_ssize_t count = PyTuple_GET_SIZE(o->tree_objects);
+    if (count < 1 || (uint64_t) count > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a Forest needs 1 to 2**32 - 1 trees");
+        return -1;
+    }
+    f->trees = calloc((size_t) count, sizeof(Tree *));
+    f->bases = calloc((size_t) count + 1, sizeof(uint64_t));
+    if (f->trees == NULL || f->bases == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t s = 0; s < count; s++) {
+        PyObject *item = PyTuple_GET_ITEM(o->tree_objects, s);
+        if (!PyObject_TypeCheck(item, &TreeType)) {
+            PyErr_SetString(PyExc_TypeError, "a Forest's trees must be packfs._lowlevel.Tree objects");
+            return -1;
+        }
+        Tree *t = (Tree *) item;
+        if (!ready(t))
+            return -1;
+        f->trees[s] = t;
+        f->bases[s + 1] = f->bases[s] + t->entries;
+        f->xattrs |= t->xattr_entries != 0;
+    }
+    f->count = (uint64_t) count;
+    PyObject *items = PySequence_Fast(shared, "shared: a sequence of (canonical entry, nlink, parts)");
+    if (items == NULL)
+        return -1;
+    int status = init_shared(o, items);
+    Py_DECREF(items);
+    if (status != 0)
+        return -1;
+    o->initialised = 1;
+    return 0;
+}
+
+static void forest_dealloc(ForestObject *o)
+{
+    Forest *f = &o->forest;
+    if (f->session != NULL)  /* mounted, never run */
+        end_session(f->session);
+    for (uint64_t i = 0; i < f->part_count; i++) {
+        if (f->parts[i].owns_name)
+            free((void *) f->parts[i].first_name);
+    }
+    free(f->parts);
+    free(f->shared);
+    free(f->aliases);
+    free(f->trees);
+    free(f->bases);
+    Py_XDECREF(o->tree_objects);
+    Py_TYPE(o)->tp_free((PyObject *) o);
+}
+
+static PyMethodDef forest_methods[] = {
+    {"lookup", (PyCFunction) py_lookup, METH_VARARGS, lookup_doc},
+    {"getattr", (PyCFunction) py_getattr, METH_VARARGS, getattr_doc},
+    {"readdir", (PyCFunction) (void (*)(void)) py_readdir, METH_VARARGS | METH_KEYWORDS, readdir_doc},
+    {"read", (PyCFunction) py_read, METH_VARARGS, read_doc},
+    {"readlink", (PyCFunction) py_readlink, METH_VARARGS, readlink_doc},
+    {"getxattr", (PyCFunction) py_getxattr, METH_VARARGS, getxattr_doc},
+    {"listxattr", (PyCFunction) py_listxattr, METH_VARARGS, listxattr_doc},
+    {"mount", (PyCFunction) (void (*)(void)) py_mount, METH_VARARGS | METH_KEYWORDS, mount_doc},
+    {"run", (PyCFunction) (void (*)(void)) py_run, METH_VARARGS | METH_KEYWORDS, run_doc},
+    {"override", (PyCFunction) (void (*)(void)) py_override, METH_VARARGS | METH_KEYWORDS, override_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(forest_doc,
+"Forest(trees, shared)\n\n"
+"Several Trees served as one (a shard set): tree s's inode i is the forest's\n"
+"bases[s] + i, bases[s] the entries of the trees before it; ``shared`` lists each\n"
+"directory several trees hold as (canonical entry, nlink, [(tree, entry), ...]) with its\n"
+"parts in listing order, canonical entries ascending.  The same methods as a Tree's.");
+
+static PyTypeObject ForestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "packfs._lowlevel.Forest",
+    .tp_basicsize = sizeof(ForestObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = forest_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc) forest_init,
+    .tp_dealloc = (destructor) forest_dealloc,
+    .tp_methods = forest_methods,
+};
+
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "packfs._lowlevel",
     "The compiled, inode-based FUSE daemon on libfuse3's low-level API (see _lowlevel.c).",
@@ -2519,13 +3193,15 @@ static struct PyModuleDef module_definition = {
 
 PyMODINIT_FUNC PyInit__lowlevel(void)
 {
-    if (PyType_Ready(&TreeType) < 0)
+    if (PyType_Ready(&TreeType) < 0 || PyType_Ready(&ForestType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL)
         return NULL;
     Py_INCREF(&TreeType);
+    Py_INCREF(&ForestType);
     if (PyModule_AddObject(module, "Tree", (PyObject *) &TreeType) != 0
+        || PyModule_AddObject(module, "Forest", (PyObject *) &ForestType) != 0
         || PyModule_AddIntConstant(module, "FUSE_VERSION", fuse_version()) != 0
         || PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) != 0) {
         Py_DECREF(&TreeType);

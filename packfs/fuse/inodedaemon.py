@@ -7,7 +7,10 @@ What it needs, and what ``packfs mount`` does without it (the Python path daemon
 in one line): the extension built (a C compiler, libfuse3 3.10+ and zlib headers at
 install time), a native archive of format 1.1 or later read in place from a local file,
 and its map guarded by packfs._sigbus (the daemon must survive the archive being
-truncated under it).
+truncated under it).  A shard set (packfs.core.union) is served as a Forest of one
+Tree per shard when every shard could be served alone and the set is one layer
+(shards whose ranges do not overlap, as a set packed at once): its shared directories
+are then known at mount, O(shards x depth).
 """
 
 from __future__ import annotations
@@ -57,7 +60,22 @@ def unavailable(archive: Archive | None = None) -> str | None:
     if archive is None:
         return None
     if isinstance(archive, ShardSet):
-        return "the archive is a shard set: the Python daemon merges its shards"
+        return _set_unavailable(archive)
+    return _archive_unavailable(archive)
+
+
+def _set_unavailable(shards: ShardSet) -> str | None:
+    if shards.layer_count > 1:
+        return (f"the shard set has shards whose ranges overlap ({shards.layer_count} layers): the Python daemon "
+                f"merges them")
+    for index in range(shards.shard_count):
+        reason = _archive_unavailable(shards.shard(index))
+        if reason is not None:
+            return f"shard {index} ({shards.shard_locations[index]}): {reason}"
+    return None
+
+
+def _archive_unavailable(archive: Archive) -> str | None:
     if archive.legacy:
         return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
     if archive.footer.version_minor < 1:
@@ -82,8 +100,10 @@ def compiled_libfuse_version() -> str:
     return f"{_lowlevel.FUSE_VERSION // 100}.{_lowlevel.FUSE_VERSION % 100}"
 
 
-def tree_for(archive: Archive, log_fd: int = 2) -> Any:
-    """The compiled daemon's view of ``archive`` (a packfs._lowlevel.Tree), which reads
+def tree_for(archive: Archive | ShardSet, log_fd: int = 2) -> Any:
+    """The compiled daemon's view of ``archive`` (a packfs._lowlevel.Tree; for a shard
+    set, a packfs._lowlevel.Forest of one Tree per shard and the set's shared
+    directories, which each shard's Tree serves as it would alone), which reads
     its map, descriptor and guard in place; each record's CRC is checked at its first
     read unless the archive's policy is "never" (a record with piece CRCs, format 1.2's
     files over 1 MiB, piece by piece as reads reach them), and so, in a format 1.4
@@ -100,6 +120,18 @@ def tree_for(archive: Archive, log_fd: int = 2) -> Any:
     reason = unavailable(archive)
     if reason is not None:
         raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {reason}")
+    from .. import _lowlevel
+
+    if isinstance(archive, ShardSet):
+        trees = [_tree(archive.shard(index), log_fd) for index in range(archive.shard_count)]
+        try:
+            return _lowlevel.Forest(trees, sorted(archive.shared_directories()))
+        except ValueError as error:
+            raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {error}") from None
+    return _tree(archive, log_fd)
+
+
+def _tree(archive: Archive, log_fd: int) -> Any:
     from .. import _lowlevel
 
     source = archive.source
@@ -163,7 +195,7 @@ def _default_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def serve(archive: Archive, mountpoint: str, options: dict[str, Any], threads: int = 0, debug: bool = False) -> int:
+def serve(archive: Archive | ShardSet, mountpoint: str, options: dict[str, Any], threads: int = 0, debug: bool = False) -> int:
     """Mount ``archive`` at ``mountpoint`` with the compiled daemon and serve until it
     is unmounted or stopped (SIGINT, SIGTERM, SIGHUP); return the loop's status (0, or
     the stopping signal's number).
