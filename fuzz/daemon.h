@@ -57,6 +57,7 @@ enum reply_kind {
 
 struct fuse_req {
     Tree *tree;
+    Forest *forest;                /* a forest's request (walk_forest); else the tree's own */
     int replies;                   /* libfuse needs exactly one per request */
     int settled;                   /* the reply is whole: a READ parked on another thread's
                                       check is answered by that thread, later */
@@ -100,7 +101,7 @@ static void keep(fuse_req_t request, const void *bytes, size_t size)
 
 void *fuse_req_userdata(fuse_req_t request)
 {
-    return request->tree->alone;  /* a Tree is served as a forest of one */
+    return request->forest != NULL ? request->forest : request->tree->alone;  /* a Tree: a forest of one */
 }
 
 int fuse_reply_err(fuse_req_t request, int error)
@@ -454,7 +455,7 @@ static void daemon_setup(void)
     if (PyStatus_Exception(status))
         violation("cannot initialise Python from %s: %s", PACKFS_FUZZ_PYTHON_HOME,
                   status.err_msg ? status.err_msg : "?");
-    if (PyType_Ready(&TreeType) < 0)
+    if (PyType_Ready(&TreeType) < 0 || PyType_Ready(&ForestType) < 0)
         violation("the Tree type is not ready");
     const char *logging = getenv("PACKFS_FUZZ_LOG");
     log_fd = logging && strcmp(logging, "1") == 0 ? 2 : open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -623,6 +624,7 @@ typedef struct {
     Tree *reference;               /* the same archive without page checks, asked each request
                                       too (ASK), or NULL */
     int damaged_pages;             /* pages of ``tree`` whose CRC is wrong */
+    uint64_t inodes;               /* the inodes a listing may hand out (0: the tree's entries) */
 } Walk;
 
 static int same_attr(const struct stat *a, const struct stat *b)
@@ -714,7 +716,7 @@ static uint64_t check_listing(Walk *w, fuse_req_t r, uint64_t directory, uint64_
         if (position >= 2) {
             if (dot)
                 violation("listing: a child named . or ..");
-            if (d->ino < 1 || d->ino > w->tree->entries)
+            if (d->ino < 1 || d->ino > (w->inodes ? w->inodes : w->tree->entries))
                 violation("listing: inode %llu", (unsigned long long) d->ino);
             if (d->type != DT_DIR && d->type != DT_REG && d->type != DT_LNK)
                 violation("listing: type %u", d->type);

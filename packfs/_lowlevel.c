@@ -1478,7 +1478,7 @@ typedef struct Forest {
     Shared *shared;
     uint64_t shared_count;
     Part *parts;
-    uint64_t part_count;
+    uint64_t part_count, part_capacity;
     Alias *aliases;                /* every part, sorted by entry */
     uint64_t alias_count;
     int xattrs;                    /* some tree has extended attributes */
@@ -2934,7 +2934,7 @@ static int alias_order(const void *a, const void *b)
 static int init_part(Part *p, uint64_t *start)
 {
     Tree *t = p->tree;
-    uint64_t count;
+    uint64_t count = 0;
     const uint8_t *name;
     uint64_t length = 0;
     int error = children_of(t, p->directory, start, &count);
@@ -3009,6 +3009,7 @@ static int init_shared(ForestObject *o, PyObject *items)
         PyErr_NoMemory();
         return -1;
     }
+    f->part_capacity = total + 1;  /* (a forest refused half-way frees every name it copied) */
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *item = PySequence_Fast_GET_ITEM(items, k), *parts;
         unsigned long long canonical, nlink;
@@ -3139,7 +3140,7 @@ static void forest_dealloc(ForestObject *o)
     Forest *f = &o->forest;
     if (f->session != NULL)  /* mounted, never run */
         end_session(f->session);
-    for (uint64_t i = 0; i < f->part_count; i++) {
+    for (uint64_t i = 0; i < f->part_capacity; i++) {
         if (f->parts[i].owns_name)
             free((void *) f->parts[i].first_name);
     }
