@@ -1140,4 +1140,94 @@ static void walk_tree(Walk *w)
     }
 }
 
+/* A request of forest ``f`` (its trees' first is ``t``): one reply, an errno it may get. */
+#define ASK_FOREST(r, f, t, callback, ...)                                                       \
+    do {                                                                                         \
+        begin((r), (t));                                                                         \
+        (r)->forest = (f);                                                                       \
+        callback((r), __VA_ARGS__);                                                              \
+        w->operations++;                                                                         \
+        settle((r), #callback);                                                                  \
+        if ((r)->replies != 1 || ((r)->kind == REPLY_ERR && !errno_allowed((r)->error)))          \
+            violation("forest %s: %d replies, errno %d", #callback, (r)->replies, (r)->error);  \
+    } while (0)
+
+/* Two trees of the same archive as one set whose root both hold (a forest of two: the
+ * root's listing is the first's children then the second's, a name repeated at the seam
+ * listed once), or NULL where Forest() refuses them (ValueError). */
+static PyObject *forest_of_two(Tree *first, Tree *second)
+{
+    PyObject *forest = PyObject_CallFunction((PyObject *) &ForestType, "([OO][(KK[(II)(II)])])", (PyObject *) first,
+                                             (PyObject *) second, 0ULL, 3ULL, 0u, 0u, 1u, 0u);
+    if (forest == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            violation("Forest() raised something other than ValueError");
+        PyErr_Clear();
+    }
+    return forest;
+}
+
+/* Forest ``f`` (whose first tree is w->tree) walked through the FUSE callbacks: each
+ * listing checked as the kernel parses it, each child's LOOKUP answering the inode its
+ * listing gave (but in the root, whose parts hold the same names), and its GETATTR,
+ * READ, READLINK and LISTXATTR one reply each, an errno it may get.  ``variant``
+ * rotates the order children are visited in (threads differ). */
+static void walk_forest(Walk *w, Forest *f, unsigned variant)
+{
+    Tree *first = w->tree;
+    w->inodes = f->bases[f->count];
+    Child *children = malloc(WALK_CHILDREN * sizeof *children);
+    uint64_t directories[WALK_DIRECTORIES] = {1};
+    size_t pending = 1, visited = 0, budget = WALK_CHILDREN;
+    struct fuse_req r;
+    while (visited < pending && budget > 0) {
+        uint64_t directory = directories[visited++], up = 0, offset = 0;
+        for (int plus = 0; plus <= 1; plus++) {
+            size_t count = 0;
+            offset = 0;
+            for (int pages = 0; pages < 64; pages++) {
+                ASK_FOREST(&r, f, first, (plus ? ll_readdirplus : ll_readdir), directory, LISTING_PAGE / 8,
+                           (off_t) offset, &(struct fuse_file_info){0});
+                uint64_t next = r.kind == REPLY_BUF ? check_listing(w, &r, directory, offset, LISTING_PAGE / 8, plus,
+                                                                    children, &count, budget, &up)
+                                                    : 0;
+                end(&r);
+                if (next == 0)
+                    break;
+                offset = next;
+            }
+            if (plus)
+                break;
+            for (size_t j = 0; j < count; j++) {
+                Child *c = &children[(j + variant) % count];
+                ASK_FOREST(&r, f, first, ll_lookup, directory, c->name);
+                /* (The root's two parts hold the same names: a lookup there finds the second's.) */
+                if (directory != 1 && r.kind == REPLY_ENTRY && r.entry.ino != 0 && r.entry.ino != c->inode)
+                    violation("forest: lookup of %s gave inode %llu, its listing %llu", c->name,
+                              (unsigned long long) r.entry.ino, (unsigned long long) c->inode);
+                end(&r);
+                ASK_FOREST(&r, f, first, ll_getattr, c->inode, NULL);
+                end(&r);
+                if (c->type == DT_REG) {
+                    ASK_FOREST(&r, f, first, ll_read, c->inode, 4096, 0, &(struct fuse_file_info){0});
+                    end(&r);
+                } else if (c->type == DT_LNK) {
+                    ASK_FOREST(&r, f, first, ll_readlink, c->inode);
+                    end(&r);
+                } else if (c->type == DT_DIR && pending < WALK_DIRECTORIES) {
+                    directories[pending++] = c->inode;
+                }
+                ASK_FOREST(&r, f, first, ll_listxattr, c->inode, 0);
+                end(&r);
+            }
+            budget -= count < budget ? count : budget;
+        }
+    }
+    ASK_FOREST(&r, f, first, ll_statfs, 1);
+    end(&r);
+    ASK_FOREST(&r, f, first, ll_getattr, w->inodes + 1, NULL);
+    end(&r);
+    free(children);
+}
+
 #endif

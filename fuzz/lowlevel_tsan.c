@@ -11,7 +11,9 @@
  * once (the check-once bitmaps, the stripe locks, the piece path, format 1.4's page
  * checks as the archive's page plan gives them: daemon.h's page_geometry), the others rotated so
  * they meet anywhere.  Every fourth round one more thread truncates the archive's file
- * in the middle of it (tree_changed's sticky flag, set while others read).
+ * in the middle of it (tree_changed's sticky flag, set while others read).  Every other
+ * round, half the threads walk a forest of that Tree and a second one over the same
+ * archive, whose root both hold (daemon.h: walk_forest), while the others walk the Tree.
  *
  * ThreadSanitizer reports each race it sees; fuzz/campaign.py counts them.  The last
  * line says what ran: rounds, archives, requests.
@@ -24,13 +26,17 @@
 typedef struct {
     Walk walk;
     pthread_barrier_t *start;
+    Forest *forest;                /* walk this forest (whose first tree is the walk's) instead */
 } Worker;
 
 static void *work(void *argument)
 {
     Worker *worker = argument;
     pthread_barrier_wait(worker->start);
-    walk_tree(&worker->walk);
+    if (worker->forest != NULL)
+        walk_forest(&worker->walk, worker->forest, worker->walk.variant);
+    else
+        walk_tree(&worker->walk);
     return NULL;
 }
 
@@ -136,7 +142,7 @@ int main(int argc, char **argv)
     }
     daemon_setup();
     double started = now();
-    unsigned long long rounds = 0, served = 0, truncated = 0, requests = 0;
+    unsigned long long rounds = 0, served = 0, truncated = 0, requests = 0, forests = 0;
     char *tried = calloc(archives.count, 1);
     for (size_t next = 0; now() - started < seconds; next = (next + 1) % archives.count) {
         size_t size;
@@ -149,6 +155,14 @@ int main(int argc, char **argv)
         Tree *t = archive && serve(&opened, data, size, &layout, 1, paged && !pages.hostile ? &pages : NULL)
                   ? opened.tree : NULL;
         rounds++;
+        Served second = {0};
+        PyObject *forest = NULL;
+        if (t != NULL && rounds % 2 == 0) {
+            keep_archive_file = 1;  /* the memfd as it is: written again, its mtime would be a change */
+            if (serve(&second, data, size, &layout, 1, NULL))
+                forest = forest_of_two(t, second.tree);
+            keep_archive_file = 0;
+        }
         if (t != NULL) {
             served++;
             tried[next] = 1;
@@ -161,6 +175,7 @@ int main(int argc, char **argv)
                 workers[k].walk = (Walk){.data = data, .size = size, .tree = t,
                                          .variant = k < threads / 2 ? 0 : (unsigned) (k * 7)};
                 workers[k].start = &start;
+                workers[k].forest = forest != NULL && k % 2 ? &((ForestObject *) forest)->forest : NULL;
                 pthread_create(&ids[k], NULL, work, &workers[k]);
             }
             Truncation truncation = {&start, size, (unsigned) (rounds * 7919 % 2000)};
@@ -172,10 +187,13 @@ int main(int argc, char **argv)
                 pthread_join(ids[k], NULL);
             for (int k = 0; k < threads; k++)
                 requests += workers[k].walk.operations;
+            forests += forest != NULL;
             pthread_barrier_destroy(&start);
             free(workers);
             free(ids);
         }
+        Py_XDECREF(forest);
+        unserve(&second);
         unserve(&opened);
         if (paged)
             pages_free(&pages);
@@ -185,7 +203,7 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < archives.count; k++)
         distinct += tried[k];
     printf("lowlevel-tsan: %llu rounds in %.0f s with %d threads: %llu served (%zu distinct archives of %zu given, "
-           "%llu truncated midway), %llu requests\n", rounds, now() - started, threads, served, distinct,
-           archives.count, truncated, requests);
+           "%llu truncated midway, %llu also as a forest of two), %llu requests\n", rounds, now() - started, threads,
+           served, distinct, archives.count, truncated, forests, requests);
     return 0;
 }

@@ -1452,6 +1452,7 @@ typedef struct {
     unsigned shard;
     uint64_t directory;            /* the part's entry in its tree */
     uint64_t children;             /* its child count when the forest was made (checked at each use) */
+    uint64_t links;                /* its nlink (2 and its subdirectories), at least 2 */
     uint64_t before;               /* the merged listing's children before this part's */
     int repeats;                   /* its first child is the previous part's last: one directory both hold */
     const uint8_t *first_name;     /* its first child's name (an empty part: the previous part's) */
@@ -2951,6 +2952,10 @@ static int init_part(Part *p, uint64_t *start)
         p->owns_name = copy != NULL;
     }
     p->children = count;
+    /* Only the merged nlink depends on it: a value no directory of ``count`` children can
+     * have is taken as the nearest one it can. */
+    p->links = error ? 2 : COLUMN32(t, NLINK, p->directory);
+    p->links = p->links < 2 ? 2 : p->links - 2 > count ? count + 2 : p->links;
     if ((error = finished(t, error)) != 0) {
         PyErr_Format(PyExc_ValueError, "shard %u's entry %llu is not a directory the daemon can serve (%s)", p->shard,
                      (unsigned long long) p->directory, strerror(error));
@@ -3028,6 +3033,7 @@ static int init_shared(ForestObject *o, PyObject *items)
         d->first_part = f->part_count;
         d->parts = (uint64_t) PySequence_Fast_GET_SIZE(list);
         d->canonical_part = UINT64_MAX;
+        uint64_t links = 2;
         const Part *previous = NULL;  /* the last part with children */
         uint64_t previous_start = 0;
         for (uint64_t i = 0; i < d->parts; i++) {
@@ -3061,6 +3067,7 @@ static int init_shared(ForestObject *o, PyObject *items)
                 previous_start = start;
             }
             d->children += p->children;
+            links += p->links - 2 - (p->repeats && p->links > 2);  /* a repeated name is one subdirectory */
             if (f->bases[shard] + entry == canonical)
                 d->canonical_part = f->part_count;
             f->aliases[f->part_count].entry = f->bases[shard] + entry;
@@ -3068,6 +3075,8 @@ static int init_shared(ForestObject *o, PyObject *items)
             f->part_count++;
         }
         Py_DECREF(list);
+        if (d->nlink == 0)
+            d->nlink = links;
         if (d->canonical_part == UINT64_MAX) {
             PyErr_Format(PyExc_ValueError, "shared directory %llu is none of its parts", canonical);
             return -1;
@@ -3172,7 +3181,8 @@ PyDoc_STRVAR(forest_doc,
 "Several Trees served as one (a shard set): tree s's inode i is the forest's\n"
 "bases[s] + i, bases[s] the entries of the trees before it; ``shared`` lists each\n"
 "directory several trees hold as (canonical entry, nlink, [(tree, entry), ...]) with its\n"
-"parts in listing order, canonical entries ascending.  The same methods as a Tree's.");
+"parts in listing order, canonical entries ascending (nlink 0: 2 and the parts'\n"
+"subdirectories, a name repeated at a seam once).  The same methods as a Tree's.");
 
 static PyTypeObject ForestType = {
     PyVarObject_HEAD_INIT(NULL, 0)

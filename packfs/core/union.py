@@ -380,14 +380,16 @@ class ShardSet:
         set packed at once; more where shards were appended into the middle of the tree)."""
         return len(self._layers)
 
-    def shared_directories(self) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    def shared_directories(self, nlink: bool = True) -> list[tuple[int, int, list[tuple[int, int]]]]:
         """Every directory more than one shard holds, as (canonical entry, nlink, parts):
         parts are (shard, entry in it), in range order, which for a set of one layer is
         the order their children follow each other in the merged listing (a name shared
         by two neighbouring parts is a directory both hold).  O(shards x depth):
         the root and the directories above each shard's first leaf, for a one-layer set;
         ValueError for a set of several layers, whose shared directories can lie
-        anywhere in the overlapping ranges."""
+        anywhere in the overlapping ranges.  The merged nlink counts the merged listing's
+        subdirectories, which costs a listing of each; with ``nlink=False`` it is given
+        as 0 instead (the compiled daemon counts it from the parts)."""
         if len(self._layers) > 1:
             raise ValueError(f"{self.path!r}: shards with overlapping ranges ({len(self._layers)} layers)")
         order = {shard.index: position for position, shard in enumerate(self._layers[0].shards)} if self._layers else {}
@@ -403,7 +405,7 @@ class ShardSet:
                 continue
             found.sort(key=lambda item: order.get(item[0], -1))
             canonical = self.find(path)
-            shared.append((canonical, self.stat(canonical).nlink, found))
+            shared.append((canonical, self.stat(canonical).nlink if nlink else 0, found))
         return shared
 
     @property

@@ -125,7 +125,9 @@ def tree_for(archive: Archive | ShardSet, log_fd: int = 2) -> Any:
     if isinstance(archive, ShardSet):
         trees = [_tree(archive.shard(index), log_fd) for index in range(archive.shard_count)]
         try:
-            return _lowlevel.Forest(trees, sorted(archive.shared_directories()))
+            # nlink=False: the Forest counts each merged directory's links from its parts'
+            # (a listing of every shared directory in Python took 4.8 s of a 1,000-shard mount).
+            return _lowlevel.Forest(trees, sorted(archive.shared_directories(nlink=False)))
         except ValueError as error:
             raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {error}") from None
     return _tree(archive, log_fd)
