@@ -309,3 +309,26 @@ def test_a_shard_truncated_under_the_mount_is_eio_and_the_others_still_serve(tmp
             else:
                 assert (root / path).read_bytes() == next(e.data for e in leaves if e.path == path)
         assert stat.S_ISDIR(os.stat(root).st_mode)
+
+
+def test_a_set_past_the_descriptor_limit_is_a_mount_error(tmp_path: Path) -> None:
+    """Each shard's Tree holds a descriptor: past `ulimit -n` the mount is refused in one
+    line (an OSError with a traceback before)."""
+    import resource
+
+    from packfs.errors import MountError
+    from packfs.fuse import tree_for
+
+    _compiled()
+    spec, _ = _make_set(tmp_path / "set", 24)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with open_archive(spec) as shards:
+        for index in range(shards.shard_count):
+            shards.shard(index)
+        # A few descriptors free below the limit, not 24 (a new one is the lowest free).
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 4, hard))
+        try:
+            with pytest.raises(MountError, match="24 shards, a descriptor each"):
+                tree_for(shards)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

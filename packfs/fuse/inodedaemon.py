@@ -123,7 +123,11 @@ def tree_for(archive: Archive | ShardSet, log_fd: int = 2) -> Any:
     from .. import _lowlevel
 
     if isinstance(archive, ShardSet):
-        trees = [_tree(archive.shard(index), log_fd) for index in range(archive.shard_count)]
+        try:
+            trees = [_tree(archive.shard(index), log_fd) for index in range(archive.shard_count)]
+        except OSError as error:  # each Tree holds a descriptor of its shard: EMFILE past `ulimit -n`
+            raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {error.strerror} "
+                             f"({archive.shard_count} shards, a descriptor each)") from None
         try:
             # nlink=False: the Forest counts each merged directory's links from its parts'
             # (a listing of every shared directory in Python took 4.8 s of a 1,000-shard mount).
