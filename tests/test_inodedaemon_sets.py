@@ -309,6 +309,9 @@ def test_a_shard_truncated_under_the_mount_is_eio_and_the_others_still_serve(tmp
             else:
                 assert (root / path).read_bytes() == next(e.data for e in leaves if e.path == path)
         assert stat.S_ISDIR(os.stat(root).st_mode)
+        with pytest.raises(OSError) as caught:  # a listing that would leave the shard's names out
+            os.listdir(root / "big")
+        assert caught.value.errno == errno.EIO
 
 
 def test_a_set_past_the_descriptor_limit_is_a_mount_error(tmp_path: Path) -> None:
