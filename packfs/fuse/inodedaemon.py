@@ -201,7 +201,8 @@ def _default_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def serve(archive: Archive | ShardSet, mountpoint: str, options: dict[str, Any], threads: int = 0, debug: bool = False) -> int:
+def serve(archive: Archive | ShardSet, mountpoint: str, options: dict[str, Any], threads: int = 0,
+          debug: bool = False) -> int:
     """Mount ``archive`` at ``mountpoint`` with the compiled daemon and serve until it
     is unmounted or stopped (SIGINT, SIGTERM, SIGHUP); return the loop's status (0, or
     the stopping signal's number).
