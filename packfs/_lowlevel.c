@@ -1762,14 +1762,15 @@ static int shared_listing(Forest *f, const Shared *d, uint64_t offset, int plus,
                           void *context)
 {
     const Part *parts = f->parts + d->first_part, *canonical = f->parts + d->canonical_part;
+    const Part *open = NULL;  /* the part being listed: its range checked, its operation not yet finished */
     char name[MAX_NAME + 1];
-    uint64_t listed = 0;
+    uint64_t listed = 0, start = 0, count = 0;
     prepare_shared(f, d);
     int error = d->unread ? EIO : 0;
     for (uint64_t position = offset; !error && listed < limit; position++) {
         struct stat st;
         int attributes = 0;
-        const Part *p;
+        const Part *p = open;
         if (position < 2) {
             p = canonical;
             error = finished(p->tree, listing_item(p->tree, p->directory, 0, 0, position, 0, name, &st, &attributes));
@@ -1777,25 +1778,33 @@ static int shared_listing(Forest *f, const Shared *d, uint64_t offset, int plus,
             uint64_t child = position - 2;
             if (child >= d->children)
                 break;
-            uint64_t low = 0, high = d->parts;  /* the last part with before <= child */
-            while (high - low > 1) {
-                uint64_t middle = low + (high - low) / 2;
-                if (parts[middle].before <= child)
-                    low = middle;
-                else
-                    high = middle;
+            if (open == NULL || child < open->before || child - open->before >= open->children) {
+                uint64_t low = 0, high = d->parts;  /* the last part with before <= child */
+                while (high - low > 1) {
+                    uint64_t middle = low + (high - low) / 2;
+                    if (parts[middle].before <= child)
+                        low = middle;
+                    else
+                        high = middle;
+                }
+                if (open != NULL) {
+                    touched(open->tree, listed + 1);
+                    if ((error = finished(open->tree, 0)) != 0) {
+                        open = NULL;
+                        break;
+                    }
+                }
+                p = open = parts + low;
+                error = children_of(p->tree, p->directory, &start, &count);
+                if (!error && count != p->children)
+                    error = broken(p->tree, p->directory, 25, "has another child count than when mounted");
+                if (error)
+                    break;
             }
-            p = parts + low;
-            uint64_t i = child - p->before, start, count;
+            uint64_t i = child - p->before;
             if (i == 0 && p->repeats)
                 continue;
-            error = children_of(p->tree, p->directory, &start, &count);
-            if (!error && count != p->children)
-                error = broken(p->tree, p->directory, 25, "has another child count than when mounted");
-            if (!error)
-                error = listing_item(p->tree, p->directory, start, count, 2 + i, plus, name, &st, &attributes);
-            touched(p->tree, 1);
-            error = finished(p->tree, error);
+            error = listing_item(p->tree, p->directory, start, count, 2 + i, plus, name, &st, &attributes);
         }
         if (error == LEFT_OUT) {
             error = 0;
@@ -1807,6 +1816,10 @@ static int shared_listing(Forest *f, const Shared *d, uint64_t offset, int plus,
         if (sink(context, name, &st, attributes, position + 1))
             break;
         listed++;
+    }
+    if (open != NULL) {
+        touched(open->tree, listed + 1);
+        error = finished(open->tree, error);
     }
     return error;
 }
