@@ -335,3 +335,27 @@ def test_a_set_past_the_descriptor_limit_is_a_mount_error(tmp_path: Path) -> Non
                 tree_for(shards)
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.fuse
+def test_packfs_mount_of_a_set_uses_the_compiled_daemon_by_default(tmp_path: Path) -> None:
+    """`packfs info` names the compiled daemon for a one-layer set, and `packfs mount`
+    serves it so with no notice; a set of two layers gets the Python daemon and says why."""
+    from tests.conftest import packfs_cli, require_fuse
+
+    require_fuse("auto")
+    _compiled()
+    spec, leaves = _make_set(tmp_path / "set", 4)
+    assert "mount daemon    lowlevel (compiled" in packfs_cli("info", spec).stdout
+    (tmp_path / "m").mkdir()
+    result = packfs_cli("mount", spec, tmp_path / "m")
+    try:
+        lines = result.stderr.splitlines()
+        assert result.returncode == 0 and len(lines) == 1 and lines[0].startswith("mounted "), result.stderr
+        assert (tmp_path / "m" / leaves[0].path).read_bytes() == leaves[0].data
+    finally:
+        assert packfs_cli("unmount", tmp_path / "m").returncode == 0
+    packfs.pack_entries([packfs.Entry("a/1", b"1"), packfs.Entry("c/1", b"3")], tmp_path / "l0.ffr")
+    packfs.pack_entries([packfs.Entry("b/1", b"2")], tmp_path / "l1.ffr")
+    info = packfs_cli("info", str(tmp_path / "l*.ffr")).stdout
+    assert "mount daemon    mfusepy (Python): the shard set has shards whose ranges overlap (2 layers)" in info
