@@ -451,7 +451,9 @@ static void touched(Tree *t, uint64_t entries)
     release_table(t);
 }
 
-/* The header's and the table's mapped pages, out of RSS (they stay in the page cache). */
+/* The header's and the table's mapped pages, out of RSS (they stay in the page cache);
+ * a forest's releases only a guarded map's (the fuzzers' trees read a heap buffer, which
+ * MADV_DONTNEED would zero). */
 static void release_table(Tree *t)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -1621,8 +1623,10 @@ static void read_parts(Forest *f, Shared *d)
     }
     /* A set's root has a part in every shard: the few values read of each mapped whole
      * folios (0.4 MiB a shard of 1.8 MiB, 380 MiB for 1,000 shards). */
-    for (uint64_t i = 0; i < d->parts; i++)
-        release_table(parts[i].tree);
+    for (uint64_t i = 0; i < d->parts; i++) {
+        if (parts[i].tree->guard >= 0)
+            release_table(parts[i].tree);
+    }
     d->children = before;
     if (d->nlink == 0)
         d->nlink = links;
@@ -1804,7 +1808,8 @@ static int shared_listing(Forest *f, const Shared *d, uint64_t offset, int plus,
                 if (open != NULL) {
                     /* A part listed to its end: what its few entries mapped (whole folios)
                      * leaves RSS, which a listing of the root of 1,000 shards grew by 150 MiB. */
-                    release_table(open->tree);
+                    if (open->tree->guard >= 0)
+                        release_table(open->tree);
                     if ((error = finished(open->tree, 0)) != 0) {
                         open = NULL;
                         break;
@@ -3194,7 +3199,7 @@ static int forest_init(ForestObject *o, PyObject *args, PyObject *kwargs)
     long page = sysconf(_SC_PAGESIZE);
     for (uint64_t s = 0; s < f->count; s++) {
         uintptr_t start = (uintptr_t) f->trees[s]->base, length = (uintptr_t) f->trees[s]->file_size;
-        if ((start & ((uintptr_t) page - 1)) == 0)  /* a map begins on a page (a test's buffer may not) */
+        if (f->trees[s]->guard >= 0)  /* a map (on a page), not a fuzzer's heap buffer */
             madvise((void *) start, length & ~((uintptr_t) page - 1), MADV_DONTNEED);
     }
     PyObject *items = PySequence_Fast(shared, "shared: a sequence of (canonical entry, nlink, parts)");
