@@ -15,8 +15,9 @@ cache: this measures the daemon, not the disk.
 
 Part "scale": ``--large-shards`` shards of ``--large-entries`` entries each, and one
 archive of the same tree; mount time (starting ``packfs mount -f`` to the mountpoint
-being mounted, the archives in the page cache) and the latency of ``stat`` of random
-files on a fresh mount, alternating set and archive each round.
+being mounted, the archives in the page cache), the latency of ``stat`` of random
+files on a fresh mount and the daemon's RSS after them, alternating set and archive
+each round.
 
 Every figure is the median over ``--rounds``; the ratios are set / one archive (a
 time ratio: below 1 the set is faster), computed per round then the median.  The drift
@@ -137,6 +138,12 @@ class Mount:
             subprocess.run(["fusermount", "-u", "-z", str(self.mountpoint)], capture_output=True)
 
 
+def resident_mib(pid: int) -> float:
+    """The daemon's VmRSS (``taskset`` execs it: the pid is the daemon's)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
+
+
 def timed(function) -> float:
     start = time.perf_counter()
     function()
@@ -208,7 +215,7 @@ def one_scale_round(spec: str, mountpoint: Path, args: argparse.Namespace, tree:
             os.stat(root / path)
             latencies.append(time.perf_counter() - start)
         return {"mount_s": mounted.mount_s, "stat_median_us": statistics.median(latencies) * 1e6,
-                "stat_mean_us": statistics.fmean(latencies) * 1e6}
+                "stat_mean_us": statistics.fmean(latencies) * 1e6, "rss_mib": resident_mib(mounted.process.pid)}
 
 
 def part_scale(args: argparse.Namespace, report: dict) -> None:
@@ -226,7 +233,8 @@ def part_scale(args: argparse.Namespace, report: dict) -> None:
     runs, drift = alternate(systems, args.rounds,
                             lambda s, n: one_scale_round(s, mountpoint, args, tree, 2000 + n))
     report["scale"] = {"shards": args.large_shards, "set_entries": entries, "rounds": args.rounds, "runs": runs,
-                       "summary": summarise(runs, ["mount_s", "stat_median_us", "stat_mean_us"]), "drift": drift}
+                       "summary": summarise(runs, ["mount_s", "stat_median_us", "stat_mean_us", "rss_mib"]),
+                       "drift": drift}
 
 
 def render(report: dict) -> str:
@@ -234,7 +242,8 @@ def render(report: dict) -> str:
     labels = {"mount_s": "mount (s)", "stat_s": f"stat of {SAMPLE} random files, fresh mount (s)",
               "read_s": f"first read of {SAMPLE} random files (s)", "walk_first_s": "os.walk, first (s)",
               "walk_warm_s": "os.walk, warm (s)", "stat_median_us": "stat of a random file, median (us)",
-              "stat_mean_us": "stat of a random file, mean (us)"}
+              "stat_mean_us": "stat of a random file, mean (us)",
+              "rss_mib": f"daemon RSS after the {SAMPLE} stats (MiB)"}
     for part, title in (("walk", "shard set vs one archive, same tree"), ("scale", "a large set vs one archive")):
         if part not in report:
             continue
