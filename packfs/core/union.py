@@ -27,9 +27,14 @@ hand out only canonical numbers.  Data records are numbered the same way, over e
 record of the shards in order (what FFRecord's ``FileReader`` over the shard files
 numbers).
 
-Checking.  Shards whose ranges overlap (different layers) are checked against each
-other for paths held twice when the set opens: a lookup in one of each path of the
-other, O(m log n) for the smaller, m.  Sets packed at once have none to check.
+Checking.  A path held twice is refused when a list or a glob is opened, and when a
+manifest is written (``packfs pack``, ``set``, ``append`` open the set with
+``check_records=True``): shards whose ranges overlap (different layers) are checked
+against each other, a lookup in one of each path of the other, O(m log n) for the
+smaller, m; and each directory above a shard's first leaf is looked up in the shard
+whose range holds it, which must hold it as a directory if at all (O(shards x depth)).
+Opening a manifest trusts the check made when it was written (its CRC guards it);
+:meth:`ShardSet.verify` makes it again.  Sets packed at once have no overlaps.
 """
 
 from __future__ import annotations
@@ -203,15 +208,15 @@ class ShardSet:
     or the ``from_*`` constructors.
 
     Raises (at open) FormatError when two shards hold the same path (naming both and
-    the path), when a manifest is damaged, or when a shard is not what its manifest
-    says (checked when the shard is first used).
+    the path; for a manifest, when it was written), when a manifest is damaged, or
+    when a shard is not what its manifest says (checked when the shard is first used).
     """
 
     legacy = False
 
     def __init__(self, locations: Sequence[str], records: Optional[Sequence[ShardRecord]], where: str,
                  checksums: str = "always", storage_options: Optional[Mapping[str, Any]] = None,
-                 cache_dir: Union[PathArg, bool, None] = None) -> None:
+                 cache_dir: Union[PathArg, bool, None] = None, check_records: bool = False) -> None:
         if checksums not in CHECKSUM_POLICIES:
             raise ValueError(f"checksums must be one of {CHECKSUM_POLICIES}, got {checksums!r}")
         if not locations:
@@ -238,7 +243,9 @@ class ShardSet:
                 self._bases.append(self._bases[-1] + count)
             self._entry_count = self._bases[-1]
             self._layers = self._sort_into_layers()
-            self._check_overlaps()
+            if records is None or check_records:
+                self._check_overlaps()
+                self._check_shared_directories()
         except BaseException:
             self.close()
             raise
@@ -328,6 +335,31 @@ class ShardSet:
             for b in shards[a_position + 1:]:
                 if a.first_key <= b.last_key and b.first_key <= a.last_key:
                     self._check_pair(a, b)
+
+    def _check_shared_directories(self) -> None:
+        """Refuse a shard whose first leaf lies under a path another shard holds as a
+        file or symlink (the one kind of collision ranges that do not overlap allow):
+        each ancestor of each first leaf is looked up in the shard whose range holds it."""
+        for shard in self._shards:
+            if shard.empty:
+                continue
+            parts = shard.first.split(b"/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                path = b"/".join(parts[:depth])
+                key = depth_first_key(path)
+                for layer in self._layers:
+                    at = bisect.bisect_right(layer.firsts, key) - 1
+                    if at < 0 or key > layer.shards[at].last_key or layer.shards[at] is shard:
+                        continue
+                    other = layer.shards[at]
+                    archive = self._shard(other.index)
+                    entry = archive.find(path)
+                    if entry >= 0 and archive.file_type(entry) != S_IFDIR:
+                        raise FormatError(
+                            f"{os.fsdecode(path)!r} is in both {other.location!r} (not as a directory) and "
+                            f"{shard.location!r} (a directory): the archives of a set must not hold the same path "
+                            "(but directories)"
+                        )
 
     def _check_pair(self, a: _Shard, b: _Shard) -> None:
         small, large = sorted((a, b), key=lambda s: self._shard(s.index).entry_count)
@@ -877,6 +909,7 @@ class ShardSet:
                 for b in self._shards[a_position + 1:]:
                     if not (a.empty or b.empty) and a.first_key <= b.last_key and b.first_key <= a.last_key:
                         self._check_pair(a, b)
+            self._check_shared_directories()
         except FormatError as error:
             problems.append(str(error))
         return VerifyReport(records, bytes_checked, tuple(bad_paths), tuple(bad_records), tuple(problems),

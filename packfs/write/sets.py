@@ -76,7 +76,7 @@ def make_set(manifest: str, archives: Sequence[str], force: bool = False) -> lis
         with Archive(archive) as opened:
             records.append(shard_record(opened, _relative(manifest, archive)))
     with ShardSet([os.path.join(os.path.dirname(os.path.abspath(manifest)), r.file) for r in records], records,
-                  manifest):
+                  manifest, check_records=True):
         pass  # opening checks that no path is in two shards
     write_manifest(manifest, records)
     return records
@@ -128,7 +128,7 @@ def _append_locked(manifest: str, records: list[ShardRecord],
             record = shard_record(opened, os.path.basename(path))
         grown = [*records, record]
         base = os.path.dirname(os.path.abspath(manifest))
-        with ShardSet([os.path.join(base, r.file) for r in grown], grown, manifest):
+        with ShardSet([os.path.join(base, r.file) for r in grown], grown, manifest, check_records=True):
             pass  # opening checks the new shard against the shards its range overlaps
         write_manifest(manifest, grown)
     except BaseException:
