@@ -25,6 +25,7 @@ from packfs.errors import FormatError
 from packfs.write import Entry, pack_entries
 from packfs.write.sets import append_shard, make_set
 from tests.conftest import mounted, packfs_cli
+from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (fixtures: real servers, stopped at the end)
 
 MTIME = 1_700_000_000_000_000_000
 
@@ -363,3 +364,32 @@ def test_a_set_mounts_as_one_tree_and_append_under_a_live_mount(files, manifest,
         with mounted(manifest, tmp_path / "mnt2") as second:
             assert (second / "extra" / "x.bin").read_bytes() == b"x"
             assert stat_module.S_ISDIR(os.stat(second / "train" / "n05").st_mode)
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_a_set_at_a_url_opens_with_the_manifest_alone(files, shards, manifest, request, where) -> None:
+    if where == "http":
+        server = request.getfixturevalue("nginx")
+        for path in [*shards, manifest]:
+            server.put(path.name, path.read_bytes())
+        server.clear_log()
+        url = server.url(manifest.name)
+    else:
+        request.getfixturevalue("s3_env")
+        server = request.getfixturevalue("moto")
+        client = server.client()
+        for path in [*shards, manifest]:
+            client.put_object(Bucket="bucket", Key=f"sets/{path.name}", Body=path.read_bytes())
+        url = f"s3://bucket/sets/{manifest.name}"
+    with packfs.PackedFolder(url, cache_dir=False) as folder:
+        if where == "http":
+            opened = [r for r in server.requests(1) if r.method == "GET"]
+            # The manifest, then shard 0 (its footer: PackedFolder reports the version).
+            assert [r.path.rsplit("/", 1)[-1] for r in opened][0] == manifest.name
+            assert len({r.path for r in opened}) <= 2
+        for path in random.Random(5).sample(sorted(files), 12):
+            assert folder.read(path) == files[path]
+        assert folder.list("train") == [f"n{k:02d}" for k in range(6)]
+    result = packfs_cli("cat", url, "README", "--cache-dir", "off") if where == "http" else None
+    if result is not None:
+        assert result.returncode == 0 and result.stdout == "read me\n"
