@@ -90,6 +90,7 @@ def test_a_set_is_the_tree_the_shards_came_from(files, shards, manifest, tmp_pat
     _pack_part(_ordered(files), files, tmp_path / "whole.ffr")
     with packfs.PackedFolder(tmp_path / "whole.ffr") as whole:
         expected_walk = _walk(whole)
+        expected_info = {k: v for k, v in whole.info().items() if k in ("files", "dirs", "symlinks", "file_bytes")}
     for spec in (str(manifest), [str(s) for s in shards], str(tmp_path / "data-*-of-00004.ffr")):
         with packfs.PackedFolder(spec) as folder:
             assert isinstance(folder.archive, ShardSet)
@@ -100,6 +101,7 @@ def test_a_set_is_the_tree_the_shards_came_from(files, shards, manifest, tmp_pat
             assert folder.num_files() == len(files)
             assert folder.read_many(list(files)[::-1]) == [files[p] for p in list(files)[::-1]]
             assert folder.verify().ok
+            assert {k: v for k, v in folder.info().items() if k in expected_info} == expected_info
 
 
 def test_every_shard_stands_alone_for_packfs_and_ffrecord(shards) -> None:
@@ -156,6 +158,7 @@ def test_overlapping_ranges_without_collisions_merge_in_name_order(files, tmp_pa
     b = _pack_part(["train/n00/001.jpg", "train/n00/003.jpg"], files, tmp_path / "b.ffr")
     with open_archive([str(a), str(b)]) as archive:
         assert archive.layer_count == 2
+        assert archive.directories_counted_twice() == 3  # the root, train, train/n00 in b
         entries, names, _ = archive.listing(archive.lookup("train/n00"))
         assert names == [b"000.jpg", b"001.jpg", b"002.jpg", b"003.jpg"]
         assert [archive.read(e) for e in entries] == [files[f"train/n00/{n}"] for n in

@@ -518,6 +518,23 @@ class ShardSet:
                     total[name] = total.get(name, 0) + value
         return total
 
+    def directories_counted_twice(self) -> int:
+        """How many directory entries repeat one another shard holds (each shared
+        directory counts once per shard beyond its first): what a summary over the
+        shards' columns subtracts.  O(shards x depth) for a set of one layer; a walk of
+        the directories for a set of several."""
+        if len(self._layers) <= 1:
+            return sum(len(parts) - 1 for _, _, parts in self.shared_directories())
+        seen = 0
+        pending = [0]
+        while pending:
+            directory = pending.pop()
+            seen += 1
+            entries, _, modes = self.listing(directory)
+            pending.extend(entry for entry, mode in zip(entries, modes) if mode & S_IFMT == S_IFDIR)
+        total = sum(int(((self._shard(s.index).column("mode") & S_IFMT) == S_IFDIR).sum()) for s in self._shards)
+        return total - seen
+
     def manifest_records(self) -> list[ShardRecord]:
         """What a manifest of this set lists (opens every shard)."""
         records = []
