@@ -276,11 +276,16 @@ class _WarningHandler(logging.Handler):
 def main(ctx: click.Context, debug: bool) -> None:
     """Pack a directory tree into one checksummed file and read it in place.
 
+    Every ARCHIVE may also be a URL (https://, s3://) or a shard set served as one
+    tree: its manifest (NAME.ffrset, from pack --shards, set or append) or a quoted
+    glob of archives ('part-*.ffr').
+
     \b
     Example:
       packfs pack dataset/ data.ffr
       packfs ls -l data.ffr train
       packfs verify data.ffr
+      packfs mount data.ffrset /mnt/data
     """
     ctx.obj = {"debug": debug}
     # Warnings become "Warning: ..." lines for this command only: a caller running the
