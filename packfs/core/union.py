@@ -27,9 +27,14 @@ hand out only canonical numbers.  Data records are numbered the same way, over e
 record of the shards in order (what FFRecord's ``FileReader`` over the shard files
 numbers).
 
-Checking.  Shards whose ranges overlap (different layers) are checked against each
-other for paths held twice when the set opens: a lookup in one of each path of the
-other, O(m log n) for the smaller, m.  Sets packed at once have none to check.
+Checking.  A path held twice is refused when a list or a glob is opened, and when a
+manifest is written (``packfs pack``, ``set``, ``append`` open the set with
+``check_records=True``): shards whose ranges overlap (different layers) are checked
+against each other, a lookup in one of each path of the other, O(m log n) for the
+smaller, m; and each directory above a shard's first leaf is looked up in the shard
+whose range holds it, which must hold it as a directory if at all (O(shards x depth)).
+Opening a manifest trusts the check made when it was written (its CRC guards it);
+:meth:`ShardSet.verify` makes it again.  Sets packed at once have no overlaps.
 """
 
 from __future__ import annotations
@@ -203,15 +208,15 @@ class ShardSet:
     or the ``from_*`` constructors.
 
     Raises (at open) FormatError when two shards hold the same path (naming both and
-    the path), when a manifest is damaged, or when a shard is not what its manifest
-    says (checked when the shard is first used).
+    the path; for a manifest, when it was written), when a manifest is damaged, or
+    when a shard is not what its manifest says (checked when the shard is first used).
     """
 
     legacy = False
 
     def __init__(self, locations: Sequence[str], records: Optional[Sequence[ShardRecord]], where: str,
                  checksums: str = "always", storage_options: Optional[Mapping[str, Any]] = None,
-                 cache_dir: Union[PathArg, bool, None] = None) -> None:
+                 cache_dir: Union[PathArg, bool, None] = None, check_records: bool = False) -> None:
         if checksums not in CHECKSUM_POLICIES:
             raise ValueError(f"checksums must be one of {CHECKSUM_POLICIES}, got {checksums!r}")
         if not locations:
@@ -238,7 +243,10 @@ class ShardSet:
                 self._bases.append(self._bases[-1] + count)
             self._entry_count = self._bases[-1]
             self._layers = self._sort_into_layers()
-            self._check_overlaps()
+            self._prepare_lookups()
+            if records is None or check_records:
+                self._check_overlaps()
+                self._check_shared_directories()
         except BaseException:
             self.close()
             raise
@@ -318,6 +326,24 @@ class ShardSet:
                 layers.append(layer)
         return layers
 
+    def _prepare_lookups(self) -> None:
+        # A set of one layer whose shard numbers rise with the ranges (any set packed or
+        # appended in order) is searched without generators: two bisects and a find.
+        layer = self._layers[0] if len(self._layers) == 1 and self._layers[0].ascending else None
+        self._fast = layer
+        self._fast_lasts = [shard.last_key for shard in layer.shards] if layer else []
+        self._fast_index = [shard.index for shard in layer.shards] if layer else []
+        # The directories that may be shared, in a set of one layer: the ones above some
+        # shard's first leaf (O(shards x depth)), sorted in depth-first order.
+        candidates = set()
+        for shard in self._shards:
+            parts = shard.first.split(b"/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                candidates.add(b"/".join(parts[:depth]))
+        self._candidates = sorted(candidates, key=depth_first_key)
+        self._candidate_keys = [depth_first_key(path) for path in self._candidates]
+        self._shared_sets: dict[int, frozenset[int]] = {}
+
     def _check_overlaps(self) -> None:
         """Refuse a path held by two shards as anything but a directory in both; only
         shards of different layers whose ranges overlap can."""
@@ -328,6 +354,31 @@ class ShardSet:
             for b in shards[a_position + 1:]:
                 if a.first_key <= b.last_key and b.first_key <= a.last_key:
                     self._check_pair(a, b)
+
+    def _check_shared_directories(self) -> None:
+        """Refuse a shard whose first leaf lies under a path another shard holds as a
+        file or symlink (the one kind of collision ranges that do not overlap allow):
+        each ancestor of each first leaf is looked up in the shard whose range holds it."""
+        for shard in self._shards:
+            if shard.empty:
+                continue
+            parts = shard.first.split(b"/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                path = b"/".join(parts[:depth])
+                key = depth_first_key(path)
+                for layer in self._layers:
+                    at = bisect.bisect_right(layer.firsts, key) - 1
+                    if at < 0 or key > layer.shards[at].last_key or layer.shards[at] is shard:
+                        continue
+                    other = layer.shards[at]
+                    archive = self._shard(other.index)
+                    entry = archive.find(path)
+                    if entry >= 0 and archive.file_type(entry) != S_IFDIR:
+                        raise FormatError(
+                            f"{os.fsdecode(path)!r} is in both {other.location!r} (not as a directory) and "
+                            f"{shard.location!r} (a directory): the archives of a set must not hold the same path "
+                            "(but directories)"
+                        )
 
     def _check_pair(self, a: _Shard, b: _Shard) -> None:
         small, large = sorted((a, b), key=lambda s: self._shard(s.index).entry_count)
@@ -469,6 +520,23 @@ class ShardSet:
                     total[name] = total.get(name, 0) + value
         return total
 
+    def directories_counted_twice(self) -> int:
+        """How many directory entries repeat one another shard holds (each shared
+        directory counts once per shard beyond its first): what a summary over the
+        shards' columns subtracts.  O(shards x depth) for a set of one layer; a walk of
+        the directories for a set of several."""
+        if len(self._layers) <= 1:
+            return sum(len(parts) - 1 for _, _, parts in self.shared_directories())
+        seen = 0
+        pending = [0]
+        while pending:
+            directory = pending.pop()
+            seen += 1
+            entries, _, modes = self.listing(directory)
+            pending.extend(entry for entry, mode in zip(entries, modes) if mode & S_IFMT == S_IFDIR)
+        total = sum(int(((self._shard(s.index).column("mode") & S_IFMT) == S_IFDIR).sum()) for s in self._shards)
+        return total - seen
+
     def manifest_records(self) -> list[ShardRecord]:
         """What a manifest of this set lists (opens every shard)."""
         records = []
@@ -541,7 +609,25 @@ class ShardSet:
         in a layer whose shard numbers rise with its ranges the first hit is its lowest."""
         if not key:
             return 0, 0
-        path_key = depth_first_key(key)
+        path_key = tuple(key.split(b"/"))
+        fast = self._fast
+        if fast is not None:
+            firsts = fast.firsts
+            at = bisect.bisect_right(firsts, path_key) - 1
+            if at >= 0 and path_key <= self._fast_lasts[at]:
+                index = self._fast_index[at]
+                shard = self._shards[index]
+                local = (shard.archive or self._shard(index)).find(key)
+                if local >= 0:
+                    return index, local
+            at += 1
+            depth = len(path_key)
+            if at < len(firsts) and len(firsts[at]) > depth and firsts[at][:depth] == path_key:
+                index = self._fast_index[at]
+                local = self._shard(index).find(key)
+                if local >= 0:
+                    return index, local
+            return -1, -1
         best = (-1, -1)
         for layer in self._layers:
             for shard in layer.holders(path_key):
@@ -587,9 +673,9 @@ class ShardSet:
     def lookup(self, path: PathArg, follow: bool = True) -> int:
         """The entry ``path`` names, symlinks followed as a shell does (:meth:`Archive.lookup`)."""
         key = lookup_key(path)
-        entry = self.find(key)
-        if entry >= 0 and (not follow or self.file_type(entry) != S_IFLNK):
-            return entry
+        index, local = self._first_found(key)
+        if index >= 0 and (not follow or self._shards[index].archive.file_type(local) != S_IFLNK):
+            return self._bases[index] + local
         shown = os.fsdecode(path)
         return resolve_path(key, follow, shown, self.path, self.file_type, self.lookup_child, self.path_of,
                             self.readlink)
@@ -616,28 +702,35 @@ class ShardSet:
         return -1 if child < 0 else self._bases[index] + child
 
     def _shared(self, index: int, local: int) -> bool:
-        """Whether directory ``local`` of shard ``index`` may be held by other shards too:
-        the root, and directories on the way to a shard's first leaf."""
-        archive = self._shard(index)
+        """Whether directory ``local`` of shard ``index`` is held by other shards too: in
+        a set of one layer, the root and some of the directories above a shard's first
+        leaf (each shard's found once, when first asked); in a set of several, any."""
         if local == 0:
             return len(self._shards) > 1
-        if archive.file_type(local) != S_IFDIR:
-            return False
         if len(self._layers) > 1:
-            return True
-        return self._shared_path(archive.path_of(local))
+            return self._shard(index).file_type(local) == S_IFDIR
+        shared = self._shared_sets.get(index)
+        if shared is None:
+            shared = self._shared_sets[index] = self._shared_in(index)
+        return local in shared
 
-    def _shared_path(self, path: bytes) -> bool:
-        key = depth_first_key(path)
-        layer = self._layers[0] if self._layers else None
-        if layer is None:
-            return True
-        holders = 0
-        for _ in layer.holders(key):
-            holders += 1
+    def _shared_in(self, index: int) -> frozenset[int]:
+        shard = self._shards[index]
+        archive = self._shard(index)
+        low = bisect.bisect_left(self._candidate_keys, shard.first_key)
+        high = bisect.bisect_right(self._candidate_keys, shard.last_key)
+        parts = shard.first.split(b"/")[:-1]
+        paths = [b"/".join(parts[:depth]) for depth in range(1, len(parts) + 1)] + self._candidates[low:high]
+        shared = set()
+        for path in paths:
+            holders = 0
+            for _ in self._layers[0].holders(depth_first_key(path)) if self._layers else ():
+                holders += 1
             if holders > 1:
-                return True
-        return False
+                entry = archive.find(path)
+                if entry > 0:
+                    shared.add(entry)
+        return frozenset(shared)
 
     # -- attributes ----------------------------------------------------------------------
 
@@ -661,8 +754,9 @@ class ShardSet:
                     _, _, modes = self.listing(canonical)
                     nlink = 2 + sum(1 for mode in modes if mode & S_IFMT == S_IFDIR)
                     self._merged_nlink[canonical] = nlink
-            return stat._replace(inode=canonical + 1, nlink=nlink)
-        return stat._replace(inode=self._bases[index] + stat.inode)
+            return EntryStat(stat.mode, stat.uid, stat.gid, stat.mtime_ns, stat.size, nlink, canonical + 1)
+        return EntryStat(stat.mode, stat.uid, stat.gid, stat.mtime_ns, stat.size, stat.nlink,
+                         self._bases[index] + stat.inode)
 
     def inode(self, entry: int) -> int:
         """The inode number: the shard's, offset by the shard's base; a directory's is its
@@ -718,6 +812,8 @@ class ShardSet:
             part, names, modes = archive.listing(local)
             return range(part.start + base, part.stop + base), names, modes, []
         holders = self._found(self.path_of(directory))
+        if self._fast is not None:
+            return self._concatenated(holders, inodes)
         streams = []
         for order, (shard, found) in enumerate(holders):
             archive = self._shard(shard)
@@ -740,6 +836,35 @@ class ShardSet:
             names_out.append(name)
             modes_out.append(mode)
             inodes_out.append(entry + 1 if mode & S_IFMT == S_IFDIR else number)
+        return entries, names_out, modes_out, inodes_out
+
+    def _concatenated(self, holders: list[tuple[int, int]], inodes: bool
+                      ) -> tuple[list[int], list[bytes], list[int], list[int]]:
+        """A shared directory's listing in a set of one ascending layer: its parts'
+        children follow each other in shard order, and a name equal to the last one
+        already listed is a directory both hold (the first is canonical)."""
+        entries: list[int] = []
+        names_out: list[bytes] = []
+        modes_out: list[int] = []
+        inodes_out: list[int] = []
+        for shard, found in holders:
+            archive = self._shard(shard)
+            if archive.file_type(found) != S_IFDIR:
+                continue
+            base = self._bases[shard]
+            if inodes:
+                part, names, modes, numbers = archive.listing_with_inodes(found)
+            else:
+                part, names, modes = archive.listing(found)
+                numbers = part
+            skip = 1 if names and names_out and names[0] == names_out[-1] else 0
+            if skip and not (modes[0] & S_IFMT == S_IFDIR and modes_out[-1] & S_IFMT == S_IFDIR):
+                raise FormatError(f"{self.path!r}: {os.fsdecode(archive.path_of(part[0]))!r} is in two shards")
+            entries.extend(range(part.start + base + skip, part.stop + base))
+            names_out.extend(names[skip:])
+            modes_out.extend(modes[skip:])
+            if inodes:
+                inodes_out.extend(number + base for number in numbers[skip:])
         return entries, names_out, modes_out, inodes_out
 
     def listing_columns(self, part: Sequence[int]) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
@@ -792,6 +917,19 @@ class ShardSet:
 
     def read_path(self, path: PathArg) -> bytes:
         """The contents of the file at ``path`` (symlinks followed)."""
+        fast = self._fast
+        if fast is not None:
+            # The shard whose range holds the path reads it with its own hot path; what it
+            # cannot find there (a symlink into another shard) takes the general one.
+            key = lookup_key(path)
+            at = bisect.bisect_right(fast.firsts, tuple(key.split(b"/"))) - 1
+            if at >= 0:
+                index = self._fast_index[at]
+                archive = self._shards[index].archive or self._shard(index)
+                try:
+                    return archive.read_path(key)
+                except (PathNotFoundError, NotADirectoryPathError, NotAFileError):
+                    pass
         index, local = self._file(path)
         return self._shard(index).read(local)
 
@@ -803,7 +941,12 @@ class ShardSet:
 
     def read(self, entry: int, offset: int = 0, size: int = -1) -> bytes:
         """Up to ``size`` bytes of file ``entry`` from ``offset`` (:meth:`Archive.read`)."""
-        index, local = self._split(entry)
+        bases = self._bases
+        if 0 <= entry < self._entry_count:
+            index = bisect.bisect_right(bases, entry) - 1
+            archive = self._shards[index].archive or self._shard(index)
+            return archive.read(entry - bases[index], offset, size)
+        index, local = self._split(entry)  # raises, naming the entry
         return self._shard(index).read(local, offset, size)
 
     def open(self, entry: int, name: str = "") -> PackedFile:
@@ -879,6 +1022,7 @@ class ShardSet:
                 for b in self._shards[a_position + 1:]:
                     if not (a.empty or b.empty) and a.first_key <= b.last_key and b.first_key <= a.last_key:
                         self._check_pair(a, b)
+            self._check_shared_directories()
         except FormatError as error:
             problems.append(str(error))
         return VerifyReport(records, bytes_checked, tuple(bad_paths), tuple(bad_records), tuple(problems),
