@@ -13,19 +13,21 @@ import tempfile
 import time
 from array import array
 from dataclasses import dataclass
-from typing import (BinaryIO, Callable, ContextManager, Iterable, Iterator, Literal, Mapping, NamedTuple, NoReturn, Optional, Protocol,
-                    Sequence, Union)
+from typing import (BinaryIO, Callable, ContextManager, Iterable, Iterator, Literal, Mapping, NoReturn, Optional,
+                    Protocol, Sequence, Union)
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError, PackSourceError
-from ..format import (INDEX_SINCE_MINOR, NO_RECORD, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
-                      XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
+from ..format import (INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
+                      XATTR_SECTIONS, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
-from .parallel import Workers, available_cores
+from .parallel import FileStamp, Placer, files_on_workers
 from .exclude import ExcludePatterns
-from .scan import Scanned, open_beneath, scan_tree
+from .scan import Scanned, scan_tree
 from .skips import SkipList, SkippedPath
+from .treefile import CannotPack, TreeFile, read_stable
+from .workers import available_cores
 
 __all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pack_entries", "pack_folder"]
 
@@ -135,7 +137,11 @@ class _ArchiveBuilder:
         self.file_bytes = 0
         self.changed: list[str] = []  # files read again because they changed: the user's answer
         self._buffer = bytearray(_CHUNK)
-        self.placer: _Placer | None = None  # with -j N: files read by worker processes
+        self.placer: Placer | None = None  # with -j N: files read by worker processes
+
+    def _advance_bytes(self, nbytes: int) -> None:
+        if self.progress is not None:  # by chunk: a large file moves the bar too
+            self.progress.advance(0, nbytes)
 
     def _new_record(self) -> None:
         if self.writer.records_written >= self.data_slots:
@@ -145,8 +151,8 @@ class _ArchiveBuilder:
             )
         self.writer.begin_record()
 
-    def add(self, entry: Entry | _TreeFile) -> None:
-        if isinstance(entry, _TreeFile):
+    def add(self, entry: Entry | TreeFile) -> None:
+        if isinstance(entry, TreeFile):
             self._add_tree_file(entry)
             return
         key = archive_key(entry.path)
@@ -207,7 +213,7 @@ class _ArchiveBuilder:
             raise PackError(f"{label!r} has an extended attribute the format cannot store: {error}") from None
         self.rows.xattrs[self.rows.row_of[key]] = encoded
 
-    def _add_tree_file(self, source: _TreeFile) -> None:
+    def _add_tree_file(self, source: TreeFile) -> None:
         key = archive_key(source.key)
         if key in self.rows:
             raise PackError(f"duplicate path {source.path!r}")
@@ -219,11 +225,11 @@ class _ArchiveBuilder:
         if source.xattrs:
             self._add_xattrs(key, source.path, source.xattrs)
 
-    def _write_tree_file(self, source: _TreeFile) -> tuple[int, int, os.stat_result | _Stamp]:
+    def _write_tree_file(self, source: TreeFile) -> tuple[int, int, os.stat_result | FileStamp]:
         """Copy a file of the tree into a record so that the bytes stored are one state
         of the file, read again while it changes; return (record, size, the stat of
         that state, which is what the entry stores).  A file that cannot be packed
-        raises _CannotPack, its record dropped."""
+        raises CannotPack, its record dropped."""
         if self.placer is not None:  # read by a worker process: placed in order here
             record, size, info, changed, nbytes = self.placer.place(source)
             if self.progress is not None:
@@ -231,7 +237,7 @@ class _ArchiveBuilder:
         else:
             source.open()
             try:
-                size, info, changed = _read_stable(source, _RecordSink(self), self._buffer, self.progress)
+                size, info, changed = read_stable(source, _RecordSink(self), self._buffer, self._advance_bytes)
             finally:
                 source.close()
             record = self.writer.end_record()
@@ -384,10 +390,10 @@ def pack_entries(
     return _stats(builder, (), out_path, started)
 
 
-def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: int, force: bool,
+def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: int, force: bool,
                    progress: PackProgress | None = None,
-                   cannot_pack: Callable[[_CannotPack], None] | None = None, xattrs: bool = False,
-                   parallel: Callable[[ContainerWriter], ContextManager[_Placer]] | None = None) -> _ArchiveBuilder:
+                   cannot_pack: Callable[[CannotPack], None] | None = None, xattrs: bool = False,
+                   parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
     or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3).
@@ -402,7 +408,7 @@ def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: i
                 for entry in entries:
                     try:
                         builder.add(entry)  # reports the bytes as they are written
-                    except _CannotPack as failure:
+                    except CannotPack as failure:
                         if cannot_pack is None:
                             raise
                         cannot_pack(failure)
@@ -495,55 +501,6 @@ class _Window:
 # -- packing a directory ---------------------------------------------------------------
 
 
-# A file that changed while it was read is read again, from its start, its record cut
-# back; after this many reads that each saw it change, it is not packed.
-_READ_ATTEMPTS = 3
-# How recent a file's ctime must be for an unchanged stat to prove nothing.  A write is
-# stamped with the kernel's coarse clock (up to a tick behind: 10 ms at HZ=100),
-# truncated to the file system's granularity (1 ns on ext4, xfs, btrfs and tmpfs; whole
-# seconds on Lustre and on ext4 with 128-byte inodes; 2 s on FAT), so a write during the
-# read may carry the stamp of the write just before it, and leave the stat as it was.
-_FINE_STAMPS_WINDOW_NS = 50_000_000
-_SECOND_STAMPS_WINDOW_NS = 3_000_000_000
-
-
-def _stamps_may_hide_a_write(info: os.stat_result, started_ns: int) -> bool:
-    """Whether ``info``, taken at ``started_ns``, is too recent a change for an
-    unchanged stat after the read to prove that nothing was written during it."""
-    whole_seconds = info.st_ctime_ns % 1_000_000_000 == 0
-    window = _SECOND_STAMPS_WINDOW_NS if whole_seconds else _FINE_STAMPS_WINDOW_NS
-    return info.st_ctime_ns >= started_ns - window
-
-
-def _stat_change(before: os.stat_result, after: os.stat_result, copied: int) -> str | None:
-    """How the file changed between two fstat calls around a read of ``copied`` bytes,
-    or None.  (Its identity cannot change: both come from one descriptor.)"""
-    if not before.st_size == copied == after.st_size:
-        return f"{before.st_size} bytes before the read, {copied} read, {after.st_size} after it"
-    if after.st_mtime_ns != before.st_mtime_ns:
-        return "its mtime changed during the read"
-    if after.st_ctime_ns != before.st_ctime_ns:
-        return "its ctime changed during the read"
-    return None
-
-
-class _Sink(Protocol):
-    """Where :func:`_read_stable` copies a file: a record of the archive, begun per read."""
-
-    def begin(self, expected: int) -> None:
-        """A read of a file of ``expected`` bytes (its fstat) begins."""
-
-    def write(self, data: memoryview) -> None:
-        """The next bytes read."""
-
-    @property
-    def crc(self) -> int:
-        """The CRC-32 of the bytes written since :meth:`begin`."""
-
-    def discard(self) -> None:
-        """Forget the bytes written since :meth:`begin`: the read is repeated or given up."""
-
-
 class _RecordSink:
     """The current record of an _ArchiveBuilder's writer (one process packing)."""
 
@@ -564,438 +521,6 @@ class _RecordSink:
         self._builder.writer.discard_record()
 
 
-def _read_stable(source: _TreeFile, sink: _Sink, buffer: bytearray,
-                 progress: PackProgress | None) -> tuple[int, os.stat_result, bool]:
-    """Copy the opened ``source`` into ``sink`` so that the bytes are one state of the
-    file, read again while it changes; return (size, the stat of that state, whether
-    it changed while read).  A file that kept changing raises _CannotPack, the sink's
-    bytes discarded."""
-    change = None
-    for attempt in range(1, _READ_ATTEMPTS + 1):
-        before, started = source.state()
-        sink.begin(before.st_size)
-        try:
-            size = _copy(source, before.st_size, sink, buffer, progress)
-            change = source.change(before, size)
-            if change is None and _stamps_may_hide_a_write(before, started):
-                change = source.second_read_change(before, sink.crc, size, buffer)
-        except _CannotPack:
-            sink.discard()
-            raise
-        if change is None:
-            return size, before, attempt > 1
-        sink.discard()
-    raise _CannotPack(source.path, f"kept changing while it was read ({_READ_ATTEMPTS} reads; "
-                                   f"the last: {change})")
-
-
-def _copy(source: _TreeFile, expected: int, sink: _Sink, buffer: bytearray, progress: PackProgress | None) -> int:
-    """Copy ``source`` from its start into ``sink``; return the bytes copied.  At most
-    one byte past ``expected`` is read: that one already says the file changed, and a
-    file growing as fast as it is read would never end."""
-    view = memoryview(buffer)
-    copied = 0
-    while True:
-        got = source.read_at(view[: min(_CHUNK, expected + 1 - copied)], copied)
-        if not got:
-            return copied
-        sink.write(view[:got])
-        copied += got
-        if progress is not None:
-            progress.advance(0, got)
-
-
-class _CannotPack(PackError):
-    """A file of the tree cannot be packed: ``path`` and ``reason``."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path!r}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-class _TreeFile:
-    """A regular file of the tree being packed, opened when its entry is written.
-
-    Its bytes and the attributes stored with them come from one descriptor, and the
-    fstat before the read must equal the fstat after it (size, mtime, ctime), or the
-    read is repeated: what GNU tar reports as "file changed as we read it", except that
-    nothing torn is stored."""
-
-    kind = "file"
-
-    def __init__(self, root: bytes, key: bytes, scanned: os.stat_result,
-                 xattrs: dict[bytes, bytes] | None = None, index: int = -1) -> None:
-        self.index = index  # in the scan's list: where a worker process reports it (-j N)
-        self.root = root
-        self.key = key
-        self.scanned = scanned
-        self.xattrs = xattrs  # read by the scan, with the file's other metadata
-        self.path = os.fsdecode(root + b"/" + key)
-        self._fd = -1
-
-    def open(self) -> None:
-        """Open the file; _CannotPack says why it cannot be packed."""
-        # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-        try:
-            self._fd = open_beneath(self.root, self.key, flags)
-        except FileNotFoundError:
-            raise _CannotPack(self.path, "vanished while packing") from None
-        except OSError as error:
-            raise _CannotPack(self.path, f"cannot open: {error.strerror}") from None
-        info = os.fstat(self._fd)
-        if not stat_module.S_ISREG(info.st_mode):
-            self.close()
-            raise _CannotPack(self.path, "no longer a regular file")
-        scanned = self.scanned
-        if scanned.st_nlink > 1 and (info.st_dev, info.st_ino) != (scanned.st_dev, scanned.st_ino):
-            # Its other names in the tree are stored as hard links to what this one holds.
-            self.close()
-            raise _CannotPack(self.path, "replaced while packing, and it has hard links")
-
-    def state(self) -> tuple[os.stat_result, int]:
-        """The file's stat before a read, and the time it was taken."""
-        started = time.time_ns()
-        return os.fstat(self._fd), started
-
-    def read_at(self, buffer: memoryview, offset: int) -> int:
-        """Read into ``buffer`` from ``offset``; return the bytes read (0 at the end)."""
-        try:
-            return os.preadv(self._fd, [buffer], offset)
-        except OSError as error:
-            raise _CannotPack(self.path, f"cannot read: {error.strerror}") from None
-
-    def change(self, before: os.stat_result, copied: int) -> str | None:
-        """How the file changed since ``before`` (a read of ``copied`` bytes), or None."""
-        return _stat_change(before, os.fstat(self._fd), copied)
-
-    def second_read_change(self, before: os.stat_result, crc: int, size: int, buffer: bytearray) -> str | None:
-        """Read the file again: None if it gives the same ``size`` bytes with CRC ``crc``
-        and the stat is still ``before``, else how it changed."""
-        view = memoryview(buffer)
-        again, offset = 0, 0
-        while offset <= size:
-            got = self.read_at(view[: min(len(view), size + 1 - offset)], offset)
-            if not got:
-                break
-            again = crc32(view[:got], again)
-            offset += got
-        if offset != size or again != crc:
-            return "a second read gave other bytes"
-        return self.change(before, offset)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-# -- packing a directory on every core (-j N) -----------------------------------------
-#
-# The scan fixes the order of the records, so the place of each in the archive follows
-# from the scanned sizes.  Worker processes read the files, chunk by chunk, each into its
-# place in the output (pwrite), and report its CRCs and stat; the packer takes the
-# reports in order and counts each record where -j 1 would have written it: the same
-# bytes whatever N.  A file whose size is not the scanned one any more, or that cannot
-# be read, moves every record after it: those are then copied into their places, from a
-# copy of the rest of the output and the workers' side files (rare: a tree that changes
-# while packed).
-
-# A chunk (what a worker is given at a time) ends after this many files or bytes.
-_CHUNK_FILES = 64
-_CHUNK_BYTES = 8 << 20
-
-
-def _layout(items: Sequence[Scanned], start: int) -> tuple[array, int, list[tuple[int, int]]]:
-    """Where each file and symlink of ``items`` goes if its scanned size holds (the
-    records begin at ``start``), where they end, and the chunks of ``items`` to read."""
-    offsets = array("q", bytes(8 * len(items)))
-    chunks: list[tuple[int, int]] = []
-    position, chunk_start, chunk_files, chunk_bytes = start, 0, 0, 0
-    for index, item in enumerate(items):
-        if item.kind == "file":
-            offsets[index] = position
-            position += item.info.st_size
-            chunk_files += 1
-            chunk_bytes += item.info.st_size
-            if chunk_files >= _CHUNK_FILES or chunk_bytes >= _CHUNK_BYTES:
-                chunks.append((chunk_start, index + 1))
-                chunk_start, chunk_files, chunk_bytes = index + 1, 0, 0
-        elif item.kind == "symlink":
-            offsets[index] = position
-            position += len(item.target or b"")
-    if chunk_start < len(items):
-        chunks.append((chunk_start, len(items)))
-    return offsets, position, chunks
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        written = os.pwrite(fd, data, offset)
-        data, offset = data[written:], offset + written
-
-
-class _PlaceSink:
-    """A worker's sink: a file's bytes written at its place in the output when its size
-    is the scanned one, else appended to the worker's side file; with the record's CRC
-    and, past PIECE_SIZE, its piece CRCs (format section 4b).  Bytes for adjacent places
-    are gathered and written together (one pwrite per chunk of small files, not one per
-    file: writes to one file from several processes take turns on its lock)."""
-
-    def __init__(self, out_fd: int, side_fd: int) -> None:
-        self._out_fd, self._side_fd = out_fd, side_fd
-        self._side_end = 0
-        self._offset = self._scanned = 0
-        self._in_place = True
-        self._base = self._written = self._crc = self._piece_crc = 0
-        self._pieces: list[int] = []
-        self._gathered = bytearray()
-        self._gathered_at = 0
-
-    def put(self, data: memoryview | bytes, offset: int) -> None:
-        """Write ``data`` at ``offset`` of the output (by :meth:`flush` at the latest)."""
-        gathered = self._gathered
-        if gathered and offset == self._gathered_at + len(gathered) and len(gathered) + len(data) <= _CHUNK_BYTES:
-            gathered += data
-            return
-        self.flush()
-        if len(data) >= _CHUNK:
-            _pwrite_all(self._out_fd, memoryview(data), offset)
-        else:
-            self._gathered_at = offset
-            gathered += data
-
-    def flush(self) -> None:
-        """Write what :meth:`put` gathered."""
-        if self._gathered:
-            _pwrite_all(self._out_fd, memoryview(self._gathered), self._gathered_at)
-            del self._gathered[:]
-
-    def place(self, offset: int, scanned_size: int) -> None:
-        """The next file's place and scanned size."""
-        self._offset, self._scanned = offset, scanned_size
-
-    def begin(self, expected: int) -> None:
-        self._in_place = expected == self._scanned
-        self._base = self._offset if self._in_place else self._side_end
-        self._written = self._crc = self._piece_crc = 0
-        self._pieces = []
-
-    def write(self, data: memoryview) -> None:
-        if self._in_place:  # past the scanned size (the file grew): the read is repeated
-            room = self._scanned - self._written
-            if room > 0:  # a read repeated overwrites the same place
-                self.put(data[:room], self._base + self._written)
-        else:
-            _pwrite_all(self._side_fd, data, self._base + self._written)
-        if self._written + len(data) > PIECE_SIZE:
-            self._add_to_pieces(data)
-        self._crc = crc32(data, self._crc)
-        self._written += len(data)
-
-    def _add_to_pieces(self, data: memoryview) -> None:
-        # As ContainerWriter's: the first piece's CRC is the record's CRC so far.
-        written = self._written
-        if written <= PIECE_SIZE:
-            head = PIECE_SIZE - written
-            self._pieces.append(crc32(data[:head], self._crc))
-            data, written, self._piece_crc = data[head:], PIECE_SIZE, 0
-        while data:
-            head = PIECE_SIZE - written % PIECE_SIZE
-            self._piece_crc = crc32(data[:head], self._piece_crc)
-            written += min(head, len(data))
-            if written % PIECE_SIZE == 0:
-                self._pieces.append(self._piece_crc)
-                self._piece_crc = 0
-            data = data[head:]
-
-    @property
-    def crc(self) -> int:
-        return self._crc
-
-    def discard(self) -> None:
-        self._written = 0  # the next begin() starts over, at the same place
-
-    def end(self) -> tuple[int, list[int]]:
-        """Finish the file read: (where in the side file it is, or -1 when in place;
-        its piece CRCs)."""
-        if self._written > PIECE_SIZE and self._written % PIECE_SIZE:
-            self._pieces.append(self._piece_crc)
-        if self._in_place:
-            return -1, self._pieces
-        self._side_end += self._written
-        return self._base, self._pieces
-
-
-def _read_chunks(root: bytes, items: Sequence[Scanned], offsets: array, out_fd: int,
-                 side_fds: Sequence[int]) -> Callable[[int, int, int], list]:
-    """What a worker does with a chunk: read each file into its place; report per file
-    (index, (size, crc, piece CRCs, (mode, uid, gid, mtime_ns), changed, worker, side offset
-    or -1), None),
-    or (index, None, why it cannot be packed)."""
-    state: dict[str, object] = {}  # per worker process, made on its first chunk
-
-    def read(worker: int, start: int, stop: int) -> list:
-        if not state:
-            state["sink"], state["buffer"] = _PlaceSink(out_fd, side_fds[worker]), bytearray(_CHUNK)
-        sink: _PlaceSink = state["sink"]  # type: ignore[assignment]
-        buffer: bytearray = state["buffer"]  # type: ignore[assignment]
-        reports = []
-        for index in range(start, stop):
-            item = items[index]
-            if item.kind == "symlink":
-                sink.put(item.target or b"", offsets[index])
-            if item.kind != "file":
-                continue
-            source = _TreeFile(root, item.key, item.info)
-            sink.place(offsets[index], item.info.st_size)
-            try:
-                source.open()
-                try:
-                    size, before, changed = _read_stable(source, sink, buffer, None)
-                finally:
-                    source.close()
-            except _CannotPack as failure:
-                reports.append((index, None, failure.reason))
-                continue
-            side_offset, pieces = sink.end()
-            stamp = (before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns)
-            reports.append((index, (size, sink.crc, pieces, stamp, changed, worker, side_offset), None))
-        sink.flush()
-        return reports
-
-    return read
-
-
-class _Stamp(NamedTuple):
-    """What an entry stores of a file's stat, as a worker process reports it."""
-
-    st_mode: int
-    st_uid: int
-    st_gid: int
-    st_mtime_ns: int
-
-
-class _Placer:
-    """The packer's side of -j N: counts each record the workers wrote, in order, and
-    moves the records once one is not where the scanned sizes put it."""
-
-    def __init__(self, writer: ContainerWriter, workers: Workers, offsets: array, data_end: int,
-                 out_fd: int, side_fds: Sequence[int]) -> None:
-        self._writer, self._workers = writer, workers
-        self._reports = workers.results()
-        self._offsets, self._data_end = offsets, data_end
-        self._out_fd, self._side_fds = out_fd, side_fds
-        self._moved: tuple[BinaryIO, int] | None = None  # the rest of the output, and where it was
-        self._move_from: int | None = None  # where the records stopped being in their places
-
-    def place(self, source: _TreeFile) -> tuple[int, int, _Stamp, bool, int]:
-        """``source``'s record (read by a worker): (record, size, stat, whether it
-        changed while read, bytes read); _CannotPack if it could not be packed."""
-        index, report, reason = next(self._reports)
-        if index != source.index:
-            raise AssertionError(f"worker report for item {index}, expected {source.index}")
-        if report is None:  # the records after it move back (unless the pack fails here)
-            if self._move_from is None:
-                self._move_from = self._offsets[index]
-            raise _CannotPack(source.path, reason)
-        size, crc, pieces, stamp, changed, worker, side_offset = report
-        writer = self._writer
-        self._move_if_due()
-        if side_offset >= 0:
-            self._move_the_rest(self._offsets[index])
-            _copy_range(self._side_fds[worker], side_offset, self._out_fd, writer.position, size)
-        elif self._moved is not None:
-            moved, moved_from = self._moved
-            _copy_range(moved.fileno(), self._offsets[index] - moved_from, self._out_fd, writer.position, size)
-        return writer.add_written_record(size, crc, pieces), size, _Stamp(*stamp), changed, size
-
-    def place_symlink(self, target: bytes) -> int:
-        """A symlink's record (written by a worker where the scan put it, unless the
-        records moved: then here)."""
-        self._move_if_due()
-        if self._moved is None:
-            return self._writer.add_written_record(len(target), crc32(target))
-        return self._writer.write_record(target)
-
-    def finish(self) -> None:
-        """Wait for the workers' last chunks (symlinks after the last file included)."""
-        self._workers.finish()
-
-    def _move_if_due(self) -> None:
-        if self._move_from is not None:
-            self._move_the_rest(self._move_from)
-
-    def _move_the_rest(self, offset: int) -> None:
-        """Keep a copy of the output from ``offset`` on (every worker done), then cut it
-        there: the records that follow are copied back, each to where it now goes."""
-        if self._moved is not None:
-            return
-        self._workers.finish()
-        if os.fstat(self._out_fd).st_size < self._data_end:  # places no worker wrote (files that failed)
-            os.ftruncate(self._out_fd, self._data_end)
-        moved = tempfile.TemporaryFile(dir=os.path.dirname(self._writer.temp_path),
-                                       prefix=self._writer.temp_path.name + "-moved-")
-        try:
-            _copy_range(self._out_fd, offset, moved.fileno(), 0, self._data_end - offset)
-            os.ftruncate(self._out_fd, offset)
-        except BaseException:
-            moved.close()
-            raise
-        self._moved = (moved, offset)
-
-    def close(self) -> None:
-        if self._moved is not None:
-            self._moved[0].close()
-            self._moved = None
-
-
-def _copy_range(source: int, source_offset: int, target: int, target_offset: int, length: int) -> None:
-    """Copy ``length`` bytes between two files, in the kernel where it can."""
-    try:
-        while length:
-            copied = os.copy_file_range(source, target, length, source_offset, target_offset)
-            if not copied:
-                raise PackError(f"a temporary file of the pack ended {length} bytes early")
-            source_offset, target_offset, length = source_offset + copied, target_offset + copied, length - copied
-    except OSError as error:
-        if error.errno not in (errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-        while length:  # no copy_file_range here: through this process
-            data = os.pread(source, min(length, _CHUNK), source_offset)
-            if not data:
-                raise PackError(f"a temporary file of the pack ended {length} bytes early") from None
-            _pwrite_all(target, memoryview(data), target_offset)
-            source_offset, target_offset, length = (source_offset + len(data), target_offset + len(data),
-                                                    length - len(data))
-
-
-@contextlib.contextmanager
-def _files_on_workers(writer: ContainerWriter, root: bytes, items: Sequence[Scanned],
-                      jobs: int) -> Iterator[_Placer]:
-    """Worker processes reading the files of ``items`` into ``writer``'s file, from
-    before the first record is written until the last is counted."""
-    offsets, data_end, chunks = _layout(items, writer.position)
-    out_fd = os.open(writer.temp_path, os.O_RDWR | os.O_CLOEXEC)
-    side_files: list[BinaryIO] = []
-    try:
-        for _ in range(jobs):  # nameless where the file system allows (O_TMPFILE): no debris
-            side_files.append(tempfile.TemporaryFile(dir=os.path.dirname(writer.temp_path),
-                                                     prefix=writer.temp_path.name + "-side-"))
-        side_fds = [side.fileno() for side in side_files]
-        work = _read_chunks(root, items, offsets, out_fd, side_fds)
-        with Workers(jobs, chunks, work) as workers:
-            placer = _Placer(writer, workers, offsets, data_end, out_fd, side_fds)
-            try:
-                yield placer
-                placer.finish()
-            finally:
-                placer.close()
-    finally:
-        for side in side_files:
-            side.close()
-        os.close(out_fd)
 
 
 def pack_folder(
@@ -1116,7 +641,7 @@ def pack_folder(
     failed_files: set[bytes] = set()  # for their hard links (only with keep_going)
     written = 0  # how many items were given to the writer
 
-    def entries() -> Iterator[Entry | _TreeFile]:
+    def entries() -> Iterator[Entry | TreeFile]:
         nonlocal written
         for item in items:
             written += 1
@@ -1126,7 +651,7 @@ def pack_folder(
                 mtime_ns=info.st_mtime_ns, xattrs=item.xattrs,
             )
             if item.kind == "file":
-                yield _TreeFile(root, item.key, info, item.xattrs, written - 1)  # stored with the stat it has when read
+                yield TreeFile(root, item.key, info, item.xattrs, written - 1)  # stored with the stat it has when read
             elif item.kind == "hardlink" and item.target in failed_files:
                 skips.add(os.fsdecode(root + b"/" + item.key), _link_to_failed(root, item.target), failed=True)
             elif item.kind in ("symlink", "hardlink"):
@@ -1134,20 +659,20 @@ def pack_folder(
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    def skip_file(failure: _CannotPack) -> None:
+    def skip_file(failure: CannotPack) -> None:
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
 
     files = sum(1 for item in items if item.kind == "file")
-    parallel = None
-    if jobs > 1 and files > 1:
-        def parallel(writer: ContainerWriter) -> ContextManager[_Placer]:
-            return _files_on_workers(writer, root, items, min(jobs, files))
+    workers = min(jobs, files)
+
+    def parallel(writer: ContainerWriter) -> ContextManager[Placer]:
+        return files_on_workers(writer, root, items, workers)
     try:
         builder = _write_archive(entries(), out_text, data_slots, force, progress,
                                  skip_file if keep_going else None, any(item.xattrs for item in items),
-                                 parallel)
-    except _CannotPack as failure:  # the writer is gone: what else cannot be packed?
+                                 parallel if workers > 1 else None)
+    except CannotPack as failure:  # the writer is gone: what else cannot be packed?
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
         _fail_listing_every_path(root, items[written:], skips, failed_files)
@@ -1170,10 +695,10 @@ def _fail_listing_every_path(root: bytes, items: Sequence[Scanned], skips: SkipL
     for item in items:
         path = os.fsdecode(root + b"/" + item.key)
         if item.kind == "file":
-            source = _TreeFile(root, item.key, item.info)
+            source = TreeFile(root, item.key, item.info)
             try:
                 source.open()
-            except _CannotPack as failure:
+            except CannotPack as failure:
                 skips.add(path, failure.reason, failed=True)
                 failed_files.add(item.key)
             else:

@@ -1,232 +1,327 @@
-"""Worker processes for ``packfs pack -j N``: forked from the packer, fed chunks of work
-through pipes, their results taken back in the chunks' order.
+"""Packing a directory on every core (``packfs pack -j N``).
 
-Processes, not threads: reading a small file is mostly Python (open, fstat, read,
-fstat, close), which holds the GIL.  Forked, so the scanned tree is shared without
-being sent.  Each worker dies with the packer (PR_SET_PDEATHSIG), even when the packer
-is killed with SIGKILL, and leaves the packer's signals to the packer: a terminal's
-Ctrl-C reaches the whole process group, and only the packer cleans up.
+The scan fixes the order of the records, so the place of each in the archive follows
+from the scanned sizes.  Worker processes read the files, chunk by chunk, each into its
+place in the output (pwrite), and report its CRCs and stat; the packer takes the
+reports in order and counts each record where -j 1 would have written it: the same
+bytes whatever N.  A file whose size is not the scanned one any more, or that cannot
+be read, moves every record after it: those are then copied into their places, from a
+copy of the rest of the output and the workers' side files (rare: a tree that changes
+while packed).
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
+import errno
 import os
-import pickle
-import selectors
-import signal
-import struct
-from collections import deque
-from typing import Callable, Iterator, Sequence
+import tempfile
+from array import array
+from typing import BinaryIO, Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import PackError
+from ..format import PIECE_SIZE, crc32
+from .container import ContainerWriter
+from .scan import Scanned
+from .treefile import CannotPack, TreeFile, read_stable
+from .workers import Workers
 
-__all__ = ["Workers", "available_cores"]
+__all__ = ["FileStamp", "Placer", "files_on_workers"]
 
-_COMMAND = struct.Struct("<qq")
-_LENGTH = struct.Struct("<Q")
-_PR_SET_PDEATHSIG = 1
-# Chunks given to a worker before it reports one: it never waits for the next.
-_IN_FLIGHT = 2
+_CHUNK = 1 << 20  # a worker's read buffer
 
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity mask, as taskset sets it)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+# A chunk (what a worker is given at a time) ends after this many files or bytes.
+_CHUNK_FILES = 64
+_CHUNK_BYTES = 8 << 20
 
 
-class Workers:
-    """``jobs`` forked processes applying ``work(worker, start, stop)`` to ``chunks``
-    (``(start, stop)`` pairs); :meth:`results` yields each chunk's result list, item by
-    item, in the chunks' order, whichever worker finished first.
+def _layout(items: Sequence[Scanned], start: int) -> tuple[array, int, list[tuple[int, int]]]:
+    """Where each file and symlink of ``items`` goes if its scanned size holds (the
+    records begin at ``start``), where they end, and the chunks of ``items`` to read."""
+    offsets = array("q", bytes(8 * len(items)))
+    chunks: list[tuple[int, int]] = []
+    position, chunk_start, chunk_files, chunk_bytes = start, 0, 0, 0
+    for index, item in enumerate(items):
+        if item.kind == "file":
+            offsets[index] = position
+            position += item.info.st_size
+            chunk_files += 1
+            chunk_bytes += item.info.st_size
+            if chunk_files >= _CHUNK_FILES or chunk_bytes >= _CHUNK_BYTES:
+                chunks.append((chunk_start, index + 1))
+                chunk_start, chunk_files, chunk_bytes = index + 1, 0, 0
+        elif item.kind == "symlink":
+            offsets[index] = position
+            position += len(item.target or b"")
+    if chunk_start < len(items):
+        chunks.append((chunk_start, len(items)))
+    return offsets, position, chunks
 
-    A worker that raises sends the exception, which :meth:`results` raises; one that
-    dies is a PackError.  Leaving the ``with`` block ends every worker (SIGKILL when
-    the block ends with an exception) and reaps it.
-    """
 
-    def __init__(self, jobs: int, chunks: Sequence[tuple[int, int]],
-                 work: Callable[[int, int, int], list]) -> None:
-        if jobs < 1:
-            raise ValueError(f"jobs must be >= 1, got {jobs!r}")
-        self._jobs = jobs
-        self._chunks = chunks
-        self._work = work
-        self._pids: list[int] = []
-        self._commands: list[int] = []
-        self._results: list[int] = []
-        self._selector = selectors.DefaultSelector()
-        self._pending: deque[int] = deque(range(len(chunks)))  # chunks not given out yet
-        self._given: list[deque[int]] = []  # per worker, its chunks not reported yet
-        self._done: dict[int, list] = {}
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
-    def __enter__(self) -> Workers:
-        try:
-            for worker in range(self._jobs):
-                self._start(worker)
-            for worker in range(self._jobs):
-                for _ in range(_IN_FLIGHT):
-                    self._give(worker)
-        except BaseException:
-            self._stop(kill=True)
-            raise
-        return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._stop(kill=exc_type is not None)
+class _PlaceSink:
+    """A worker's sink: a file's bytes written at its place in the output when its size
+    is the scanned one, else appended to the worker's side file; with the record's CRC
+    and, past PIECE_SIZE, its piece CRCs (format section 4b).  Bytes for adjacent places
+    are gathered and written together (one pwrite per chunk of small files, not one per
+    file: writes to one file from several processes take turns on its lock)."""
 
-    def _start(self, worker: int) -> None:
-        command_read, command_write = os.pipe2(os.O_CLOEXEC)
-        result_read, result_write = os.pipe2(os.O_CLOEXEC)
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child's coverage is not collected)
-            code = 1
+    def __init__(self, out_fd: int, side_fd: int) -> None:
+        self._out_fd, self._side_fd = out_fd, side_fd
+        self._side_end = 0
+        self._offset = self._scanned = 0
+        self._in_place = True
+        self._base = self._written = self._crc = self._piece_crc = 0
+        self._pieces: list[int] = []
+        self._gathered = bytearray()
+        self._gathered_at = 0
+
+    def put(self, data: memoryview | bytes, offset: int) -> None:
+        """Write ``data`` at ``offset`` of the output (by :meth:`flush` at the latest)."""
+        gathered = self._gathered
+        if gathered and offset == self._gathered_at + len(gathered) and len(gathered) + len(data) <= _CHUNK_BYTES:
+            gathered += data
+            return
+        self.flush()
+        if len(data) >= _CHUNK:
+            _pwrite_all(self._out_fd, memoryview(data), offset)
+        else:
+            self._gathered_at = offset
+            gathered += data
+
+    def flush(self) -> None:
+        """Write what :meth:`put` gathered."""
+        if self._gathered:
+            _pwrite_all(self._out_fd, memoryview(self._gathered), self._gathered_at)
+            del self._gathered[:]
+
+    def place(self, offset: int, scanned_size: int) -> None:
+        """The next file's place and scanned size."""
+        self._offset, self._scanned = offset, scanned_size
+
+    def begin(self, expected: int) -> None:
+        self._in_place = expected == self._scanned
+        self._base = self._offset if self._in_place else self._side_end
+        self._written = self._crc = self._piece_crc = 0
+        self._pieces = []
+
+    def write(self, data: memoryview) -> None:
+        if self._in_place:  # past the scanned size (the file grew): the read is repeated
+            room = self._scanned - self._written
+            if room > 0:  # a read repeated overwrites the same place
+                self.put(data[:room], self._base + self._written)
+        else:
+            _pwrite_all(self._side_fd, data, self._base + self._written)
+        if self._written + len(data) > PIECE_SIZE:
+            self._add_to_pieces(data)
+        self._crc = crc32(data, self._crc)
+        self._written += len(data)
+
+    def _add_to_pieces(self, data: memoryview) -> None:
+        # As ContainerWriter's: the first piece's CRC is the record's CRC so far.
+        written = self._written
+        if written <= PIECE_SIZE:
+            head = PIECE_SIZE - written
+            self._pieces.append(crc32(data[:head], self._crc))
+            data, written, self._piece_crc = data[head:], PIECE_SIZE, 0
+        while data:
+            head = PIECE_SIZE - written % PIECE_SIZE
+            self._piece_crc = crc32(data[:head], self._piece_crc)
+            written += min(head, len(data))
+            if written % PIECE_SIZE == 0:
+                self._pieces.append(self._piece_crc)
+                self._piece_crc = 0
+            data = data[head:]
+
+    @property
+    def crc(self) -> int:
+        return self._crc
+
+    def discard(self) -> None:
+        self._written = 0  # the next begin() starts over, at the same place
+
+    def end(self) -> tuple[int, list[int]]:
+        """Finish the file read: (where in the side file it is, or -1 when in place;
+        its piece CRCs)."""
+        if self._written > PIECE_SIZE and self._written % PIECE_SIZE:
+            self._pieces.append(self._piece_crc)
+        if self._in_place:
+            return -1, self._pieces
+        self._side_end += self._written
+        return self._base, self._pieces
+
+
+def _read_chunks(root: bytes, items: Sequence[Scanned], offsets: array, out_fd: int,
+                 side_fds: Sequence[int]) -> Callable[[int, int, int], list]:
+    """What a worker does with a chunk: read each file into its place; report per file
+    (index, (size, crc, piece CRCs, (mode, uid, gid, mtime_ns), changed, worker, side offset
+    or -1), None),
+    or (index, None, why it cannot be packed)."""
+    state: dict[str, object] = {}  # per worker process, made on its first chunk
+
+    def read(worker: int, start: int, stop: int) -> list:
+        if not state:
+            state["sink"], state["buffer"] = _PlaceSink(out_fd, side_fds[worker]), bytearray(_CHUNK)
+        sink: _PlaceSink = state["sink"]  # type: ignore[assignment]
+        buffer: bytearray = state["buffer"]  # type: ignore[assignment]
+        reports = []
+        for index in range(start, stop):
+            item = items[index]
+            if item.kind == "symlink":
+                sink.put(item.target or b"", offsets[index])
+            if item.kind != "file":
+                continue
+            source = TreeFile(root, item.key, item.info)
+            sink.place(offsets[index], item.info.st_size)
             try:
-                os.close(command_write)
-                os.close(result_read)
-                for fd in self._commands + self._results:
-                    os.close(fd)  # an earlier worker's pipes: they must see only the packer end
-                _become_worker(parent)
-                _serve(worker, command_read, result_write, self._work)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(command_read)
-        os.close(result_write)
-        self._pids.append(pid)
-        self._commands.append(command_write)
-        self._results.append(result_read)
-        self._given.append(deque())
-        self._selector.register(result_read, selectors.EVENT_READ, worker)
+                source.open()
+                try:
+                    size, before, changed = read_stable(source, sink, buffer, None)
+                finally:
+                    source.close()
+            except CannotPack as failure:
+                reports.append((index, None, failure.reason))
+                continue
+            side_offset, pieces = sink.end()
+            stamp = (before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns)
+            reports.append((index, (size, sink.crc, pieces, stamp, changed, worker, side_offset), None))
+        sink.flush()
+        return reports
 
-    def _give(self, worker: int) -> None:
-        if self._pending:
-            chunk = self._pending.popleft()
-            self._given[worker].append(chunk)
-            start, stop = self._chunks[chunk]
-            os.write(self._commands[worker], _COMMAND.pack(start, stop))
+    return read
 
-    def _receive(self) -> None:
-        """Wait for one chunk's result from any worker, and give that worker another."""
-        for key, _ in self._selector.select():
-            worker = key.data
-            message = _read_message(key.fd)
-            if message is None:
-                raise PackError(f"a packing process ended unexpectedly ({self._fate(worker)})")
-            status, value = pickle.loads(message)
-            if status == "raise":
-                raise value
-            self._done[self._given[worker].popleft()] = value
-            self._give(worker)
 
-    def _fate(self, worker: int) -> str:
-        pid, status = os.waitpid(self._pids[worker], 0)
-        self._pids[worker] = -1
-        if os.WIFSIGNALED(status):
-            return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
-        return f"exit status {os.waitstatus_to_exitcode(status)}"
+class FileStamp(NamedTuple):
+    """What an entry stores of a file's stat, as a worker process reports it."""
 
-    def results(self) -> Iterator[object]:
-        """Every chunk's results, in the chunks' order."""
-        for chunk in range(len(self._chunks)):
-            while chunk not in self._done:
-                self._receive()
-            yield from self._done.pop(chunk)
+    st_mode: int
+    st_uid: int
+    st_gid: int
+    st_mtime_ns: int
+
+
+class Placer:
+    """The packer's side of -j N: counts each record the workers wrote, in order, and
+    moves the records once one is not where the scanned sizes put it."""
+
+    def __init__(self, writer: ContainerWriter, workers: Workers, offsets: array, data_end: int,
+                 out_fd: int, side_fds: Sequence[int]) -> None:
+        self._writer, self._workers = writer, workers
+        self._reports = workers.results()
+        self._offsets, self._data_end = offsets, data_end
+        self._out_fd, self._side_fds = out_fd, side_fds
+        self._moved: tuple[BinaryIO, int] | None = None  # the rest of the output, and where it was
+        self._move_from: int | None = None  # where the records stopped being in their places
+
+    def place(self, source: TreeFile) -> tuple[int, int, FileStamp, bool, int]:
+        """``source``'s record (read by a worker): (record, size, stat, whether it
+        changed while read, bytes read); CannotPack if it could not be packed."""
+        index, report, reason = next(self._reports)
+        if index != source.index:
+            raise AssertionError(f"worker report for item {index}, expected {source.index}")
+        if report is None:  # the records after it move back (unless the pack fails here)
+            if self._move_from is None:
+                self._move_from = self._offsets[index]
+            raise CannotPack(source.path, reason)
+        size, crc, pieces, stamp, changed, worker, side_offset = report
+        writer = self._writer
+        self._move_if_due()
+        if side_offset >= 0:
+            self._move_the_rest(self._offsets[index])
+            _copy_range(self._side_fds[worker], side_offset, self._out_fd, writer.position, size)
+        elif self._moved is not None:
+            moved, moved_from = self._moved
+            _copy_range(moved.fileno(), self._offsets[index] - moved_from, self._out_fd, writer.position, size)
+        return writer.add_written_record(size, crc, pieces), size, FileStamp(*stamp), changed, size
+
+    def place_symlink(self, target: bytes) -> int:
+        """A symlink's record (written by a worker where the scan put it, unless the
+        records moved: then here)."""
+        self._move_if_due()
+        if self._moved is None:
+            return self._writer.add_written_record(len(target), crc32(target))
+        return self._writer.write_record(target)
 
     def finish(self) -> None:
-        """Wait until every chunk is done (its results kept for :meth:`results`)."""
-        while any(self._given):
-            self._receive()
+        """Wait for the workers' last chunks (symlinks after the last file included)."""
+        self._workers.finish()
 
-    def _stop(self, kill: bool) -> None:
-        for pid in self._pids:
-            if kill and pid > 0:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for fd in self._commands:  # end of commands: an idle worker exits
-            os.close(fd)
-        self._commands = []
-        for pid in self._pids:
-            if pid > 0:
-                _reap(pid)
-        self._pids = []
-        self._selector.close()
-        for fd in self._results:
-            os.close(fd)
-        self._results = []
+    def _move_if_due(self) -> None:
+        if self._move_from is not None:
+            self._move_the_rest(self._move_from)
 
-
-def _reap(pid: int) -> None:
-    while True:
+    def _move_the_rest(self, offset: int) -> None:
+        """Keep a copy of the output from ``offset`` on (every worker done), then cut it
+        there: the records that follow are copied back, each to where it now goes."""
+        if self._moved is not None:
+            return
+        self._workers.finish()
+        if os.fstat(self._out_fd).st_size < self._data_end:  # places no worker wrote (files that failed)
+            os.ftruncate(self._out_fd, self._data_end)
+        moved = tempfile.TemporaryFile(dir=os.path.dirname(self._writer.temp_path),
+                                       prefix=self._writer.temp_path.name + "-moved-")
         try:
-            os.waitpid(pid, 0)
-            return
-        except ChildProcessError:
-            return
-        except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for safety)
-            continue
+            _copy_range(self._out_fd, offset, moved.fileno(), 0, self._data_end - offset)
+            os.ftruncate(self._out_fd, offset)
+        except BaseException:
+            moved.close()
+            raise
+        self._moved = (moved, offset)
+
+    def close(self) -> None:
+        """Drop the copy of the records that moved, if any."""
+        if self._moved is not None:
+            self._moved[0].close()
+            self._moved = None
 
 
-def _become_worker(parent: int) -> None:  # pragma: no cover (runs in the child)
-    """Die with the packer; leave its signals to it."""
+def _copy_range(source: int, source_offset: int, target: int, target_offset: int, length: int) -> None:
+    """Copy ``length`` bytes between two files, in the kernel where it can."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # no prctl: the worker still ends at its command pipe's end
-    if os.getppid() != parent:  # the packer died before the line above
-        os._exit(1)
-    # The packer's handlers (the CLI's remove its temporary files) are not the worker's
-    # to run: Ctrl-C goes to the packer, which ends the workers; other signals kill.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
-        signal.signal(number, signal.SIG_DFL)
+        while length:
+            copied = os.copy_file_range(source, target, length, source_offset, target_offset)
+            if not copied:
+                raise PackError(f"a temporary file of the pack ended {length} bytes early")
+            source_offset, target_offset, length = source_offset + copied, target_offset + copied, length - copied
+    except OSError as error:
+        if error.errno not in (errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        while length:  # no copy_file_range here: through this process
+            data = os.pread(source, min(length, _CHUNK), source_offset)
+            if not data:
+                raise PackError(f"a temporary file of the pack ended {length} bytes early") from None
+            _pwrite_all(target, memoryview(data), target_offset)
+            source_offset, target_offset, length = (source_offset + len(data), target_offset + len(data),
+                                                    length - len(data))
 
 
-def _serve(worker: int, commands: int, results: int,
-           work: Callable[[int, int, int], list]) -> None:  # pragma: no cover (runs in the child)
-    while True:
-        command = _read_exactly(commands, _COMMAND.size)
-        if command is None:
-            return
-        start, stop = _COMMAND.unpack(command)
-        try:
-            reply = ("ok", work(worker, start, stop))
-        except OSError as error:  # sent to the packer, which raises it: rebuilt, to unpickle
-            reply = ("raise", OSError(error.errno, error.strerror))
-        except Exception as error:
-            reply = ("raise", PackError(str(error)))
-        message = pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
-        _write_all(results, _LENGTH.pack(len(message)) + message)
-
-
-def _read_message(fd: int) -> bytes | None:
-    header = _read_exactly(fd, _LENGTH.size)
-    if header is None:
-        return None
-    (length,) = _LENGTH.unpack(header)
-    return _read_exactly(fd, length)
-
-
-def _read_exactly(fd: int, length: int) -> bytes | None:
-    """``length`` bytes from the pipe ``fd``; None at its end."""
-    parts = []
-    while length:
-        part = os.read(fd, min(length, 1 << 20))
-        if not part:
-            return None
-        parts.append(part)
-        length -= len(part)
-    return b"".join(parts)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+@contextlib.contextmanager
+def files_on_workers(writer: ContainerWriter, root: bytes, items: Sequence[Scanned],
+                      jobs: int) -> Iterator[Placer]:
+    """Worker processes reading the files of ``items`` into ``writer``'s file, from
+    before the first record is written until the last is counted."""
+    offsets, data_end, chunks = _layout(items, writer.position)
+    out_fd = os.open(writer.temp_path, os.O_RDWR | os.O_CLOEXEC)
+    side_files: list[BinaryIO] = []
+    try:
+        for _ in range(jobs):  # nameless where the file system allows (O_TMPFILE): no debris
+            side_files.append(tempfile.TemporaryFile(dir=os.path.dirname(writer.temp_path),
+                                                     prefix=writer.temp_path.name + "-side-"))
+        side_fds = [side.fileno() for side in side_files]
+        work = _read_chunks(root, items, offsets, out_fd, side_fds)
+        with Workers(jobs, chunks, work) as workers:
+            placer = Placer(writer, workers, offsets, data_end, out_fd, side_fds)
+            try:
+                yield placer
+                placer.finish()
+            finally:
+                placer.close()
+    finally:
+        for side in side_files:
+            side.close()
+        os.close(out_fd)
