@@ -11,12 +11,10 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-import packfs
 from packfs import PackError, PackSourceError, PackedFolder, pack_folder
 from packfs.core import Archive
 from packfs.write.temporaries import process_alive
