@@ -139,6 +139,7 @@ class TreeFile:
         self.xattrs = xattrs  # read by the scan, with the file's other metadata
         self.path = os.fsdecode(root + b"/" + key)
         self._fd = -1
+        self._opened: tuple[os.stat_result, int] | None = None  # open's fstat: the first read's "before"
 
     def open(self) -> None:
         """Open the file; CannotPack says why it cannot be packed."""
@@ -150,6 +151,7 @@ class TreeFile:
             raise CannotPack(self.path, "vanished while packing") from None
         except OSError as error:
             raise CannotPack(self.path, f"cannot open: {error.strerror}") from None
+        started = time.time_ns()
         info = os.fstat(self._fd)
         if not stat_module.S_ISREG(info.st_mode):
             self.close()
@@ -159,9 +161,13 @@ class TreeFile:
             # Its other names in the tree are stored as hard links to what this one holds.
             self.close()
             raise CannotPack(self.path, "replaced while packing, and it has hard links")
+        self._opened = info, started
 
     def state(self) -> tuple[os.stat_result, int]:
         """The file's stat before a read, and the time it was taken."""
+        if self._opened is not None:  # nothing was read since open's fstat: it serves
+            opened, self._opened = self._opened, None
+            return opened
         started = time.time_ns()
         return os.fstat(self._fd), started
 

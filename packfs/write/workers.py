@@ -11,6 +11,7 @@ Ctrl-C reaches the whole process group, and only the packer cleans up.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import pickle
 import selectors
@@ -175,6 +176,9 @@ def _reap(pid: int) -> None:
 
 def _become_worker(parent: int) -> None:  # pragma: no cover (runs in the child)
     """Die with the packer; leave its signals to it."""
+    # The packer's objects, shared copy-on-write, out of the collector's sight: a
+    # collection would touch every one of them, and copy each page it is on.
+    gc.freeze()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
