@@ -646,13 +646,14 @@ def pack_folder(
         for item in items:
             written += 1
             info = item.info
+            if item.kind == "file":
+                yield TreeFile(root, item.key, info, item.xattrs, written - 1)  # stored with the stat it has when read
+                continue
             common = dict(
                 mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
                 mtime_ns=info.st_mtime_ns, xattrs=item.xattrs,
             )
-            if item.kind == "file":
-                yield TreeFile(root, item.key, info, item.xattrs, written - 1)  # stored with the stat it has when read
-            elif item.kind == "hardlink" and item.target in failed_files:
+            if item.kind == "hardlink" and item.target in failed_files:
                 skips.add(os.fsdecode(root + b"/" + item.key), _link_to_failed(root, item.target), failed=True)
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]

@@ -137,9 +137,13 @@ class TreeFile:
         self.key = key
         self.scanned = scanned
         self.xattrs = xattrs  # read by the scan, with the file's other metadata
-        self.path = os.fsdecode(root + b"/" + key)
         self._fd = -1
         self._opened: tuple[os.stat_result, int] | None = None  # open's fstat: the first read's "before"
+
+    @property
+    def path(self) -> str:
+        """The file's path, for messages (made when one needs it: most files need none)."""
+        return os.fsdecode(self.root + b"/" + self.key)
 
     def open(self) -> None:
         """Open the file; CannotPack says why it cannot be packed."""
