@@ -71,34 +71,44 @@ def warm(root: Path) -> int:
     return files
 
 
-def timed(command: list[str], cpus: str, clean: list[Path]) -> float:
+def timed(command: list[str], cpus: str, clean: list[Path]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the command and the processes it
+    waited for, such as packfs's workers) of one run."""
     for path in clean:
         if path.exists():
             path.unlink()
     full = ["taskset", "-c", cpus, *command]
     started = time.perf_counter()
-    result = subprocess.run(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    process = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    assert process.stderr is not None
+    errors = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(full)} failed: {result.stderr.decode()[-500:]}")
-    return seconds
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(full)} failed: {errors.decode()[-500:]}")
+    return seconds, usage.ru_utime + usage.ru_stime
 
 
 def run_group(name: str, files: int, variants: dict[str, tuple[list[str], list[Path]]], cpus: str,
               repeat: int) -> dict:
     times: dict[str, list[float]] = {label: [] for label in variants}
+    cpu: dict[str, list[float]] = {label: [] for label in variants}
     for label, (command, clean) in variants.items():  # once untimed: caches, first-run costs
         timed(command, cpus, clean)
     for _ in range(repeat):
         for label, (command, clean) in variants.items():
-            times[label].append(timed(command, cpus, clean))
+            wall, used = timed(command, cpus, clean)
+            times[label].append(wall)
+            cpu[label].append(used)
     first = next(iter(variants))
-    drift = timed(variants[first][0], cpus, variants[first][1])
+    drift = timed(variants[first][0], cpus, variants[first][1])[0]
     medians = {label: statistics.median(values) for label, values in times.items()}
     base = medians[first]
     return {
         "tree": name, "files": files, "first": first,
-        "runs": times, "median": medians,
+        "runs": times, "median": medians, "cpu_runs": cpu,
+        "cpu_median": {label: statistics.median(values) for label, values in cpu.items()},
         "ratio_to_first": {label: value / base for label, value in medians.items()},
         "files_per_second": {label: files / value for label, value in medians.items()},
         "drift": drift / base,
@@ -116,6 +126,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     cpus_count = len(args.cpus.split(","))
+    load_before = os.getloadavg()
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     jpegs, small = work / "jpeg", work / "small"
@@ -154,20 +165,22 @@ def main() -> None:
 
     result = {
         "machine": {"cpus_given": args.cpus, "cores": cpus_count, "platform": platform.platform(),
-                    "python": platform.python_version(), "load_before": os.getloadavg()},
+                    "python": platform.python_version(), "load_before": load_before,
+                    "load_after": os.getloadavg()},
         "repeat": args.repeat, "groups": groups, "j1_equals_j2": identical,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pack_parallel.json").write_text(json.dumps(result, indent=2))
     lines = [f"CPU placement: `taskset -c {args.cpus}` for every command; medians of {args.repeat} runs, "
-             f"warm page cache; -j 1 and -j 2 archives identical: {identical}", "",
-             "| tree | command | median s | files/s | ratio to first | drift of first |",
-             "|---|---|---:|---:|---:|---:|"]
+             f"warm page cache; -j 1 and -j 2 archives identical: {identical}; load average before "
+             f"{load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}", "",
+             "| tree | command | median s | files/s | ratio to first | CPU s (user+sys) | drift of first |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for group in groups:
         for label, median in group["median"].items():
             drift = f"{group['drift']:.2f}" if label == group["first"] else ""
             lines.append(f"| {group['tree']} | `{label}` | {median:.2f} | {group['files_per_second'][label]:,.0f} | "
-                         f"{group['ratio_to_first'][label]:.2f} | {drift} |")
+                         f"{group['ratio_to_first'][label]:.2f} | {group['cpu_median'][label]:.2f} | {drift} |")
     table = "\n".join(lines)
     (args.out / "pack_parallel.md").write_text(table + "\n")
     print(table)
