@@ -35,11 +35,13 @@ _CHUNK_FILES = 64
 _CHUNK_BYTES = 8 << 20
 
 
-def _layout(items: Sequence[Scanned], start: int) -> tuple[array, int, list[tuple[int, int]]]:
+def _layout(items: Sequence[Scanned], start: int) -> tuple[array, list[tuple[int, int]], array]:
     """Where each file and symlink of ``items`` goes if its scanned size holds (the
-    records begin at ``start``), where they end, and the chunks of ``items`` to read."""
+    records begin at ``start``), the chunks of ``items`` to read, and where each
+    chunk's places end."""
     offsets = array("q", bytes(8 * len(items)))
     chunks: list[tuple[int, int]] = []
+    ends = array("q")
     position, chunk_start, chunk_files, chunk_bytes = start, 0, 0, 0
     for index, item in enumerate(items):
         if item.kind == "file":
@@ -49,13 +51,15 @@ def _layout(items: Sequence[Scanned], start: int) -> tuple[array, int, list[tupl
             chunk_bytes += item.info.st_size
             if chunk_files >= _CHUNK_FILES or chunk_bytes >= _CHUNK_BYTES:
                 chunks.append((chunk_start, index + 1))
+                ends.append(position)
                 chunk_start, chunk_files, chunk_bytes = index + 1, 0, 0
         elif item.kind == "symlink":
             offsets[index] = position
             position += len(item.target or b"")
     if chunk_start < len(items):
         chunks.append((chunk_start, len(items)))
-    return offsets, position, chunks
+        ends.append(position)
+    return offsets, chunks, ends
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -73,6 +77,7 @@ class _PlaceSink:
 
     def __init__(self, out_fd: int, side_fd: int) -> None:
         self._out_fd, self._side_fd = out_fd, side_fd
+        self._shift = 0
         self._side_end = 0
         self._offset = self._scanned = 0
         self._in_place = True
@@ -89,15 +94,21 @@ class _PlaceSink:
             return
         self.flush()
         if len(data) >= _CHUNK:
-            _pwrite_all(self._out_fd, memoryview(data), offset)
+            _pwrite_all(self._out_fd, memoryview(data), offset - self._shift)
         else:
             self._gathered_at = offset
             gathered += data
 
+    def target(self, fd: int, shift: int) -> None:
+        """Write what :meth:`put` is given from now on to ``fd``, ``shift`` bytes before
+        the place given (the output, or the copy of its end once records moved)."""
+        self.flush()
+        self._out_fd, self._shift = fd, shift
+
     def flush(self) -> None:
         """Write what :meth:`put` gathered."""
         if self._gathered:
-            _pwrite_all(self._out_fd, memoryview(self._gathered), self._gathered_at)
+            _pwrite_all(self._out_fd, memoryview(self._gathered), self._gathered_at - self._shift)
             del self._gathered[:]
 
     def place(self, offset: int, scanned_size: int) -> None:
@@ -156,19 +167,22 @@ class _PlaceSink:
         return self._base, self._pieces
 
 
-def _read_chunks(root: bytes, items: Sequence[Scanned], offsets: array, out_fd: int,
-                 side_fds: Sequence[int]) -> Callable[[int, int, int], list]:
-    """What a worker does with a chunk: read each file into its place; report per file
+def _read_chunks(root: bytes, items: Sequence[Scanned], offsets: array, out_fd: int, moved_fd: int,
+                 side_fds: Sequence[int]) -> Callable[[int, int, int, int], list]:
+    """What a worker does with a chunk: read each file into its place (in the output,
+    or, for a chunk given with a tag T >= 0, at place - T in the copy of the output's
+    end that records moved to: see Placer); report per file
     (index, (size, crc, piece CRCs, (mode, uid, gid, mtime_ns), changed, worker, side offset
     or -1), None),
     or (index, None, why it cannot be packed)."""
     state: dict[str, object] = {}  # per worker process, made on its first chunk
 
-    def read(worker: int, start: int, stop: int) -> list:
+    def read(worker: int, start: int, stop: int, moved_from: int) -> list:
         if not state:
             state["sink"], state["buffer"] = _PlaceSink(out_fd, side_fds[worker]), bytearray(_CHUNK)
         sink: _PlaceSink = state["sink"]  # type: ignore[assignment]
         buffer: bytearray = state["buffer"]  # type: ignore[assignment]
+        sink.target(*((out_fd, 0) if moved_from < 0 else (moved_fd, moved_from)))
         reports = []
         for index in range(start, stop):
             item = items[index]
@@ -207,16 +221,22 @@ class FileStamp(NamedTuple):
 
 class Placer:
     """The packer's side of -j N: counts each record the workers wrote, in order, and
-    moves the records once one is not where the scanned sizes put it."""
+    moves the records once one is not where the scanned sizes put it.
 
-    def __init__(self, writer: ContainerWriter, workers: Workers, offsets: array, data_end: int,
-                 out_fd: int, side_fds: Sequence[int]) -> None:
+    From the first such record on, the chunks still to give out are read into
+    ``moved_fd`` (at place - where the move began) instead of the output, the chunks
+    already given finish, and what they wrote past that point is copied there too; the
+    output is cut there, and each record that follows is copied back to where it now
+    goes.  What is held and copied does not grow with the tree: a few chunks."""
+
+    def __init__(self, writer: ContainerWriter, workers: Workers, offsets: array, chunk_ends: array,
+                 out_fd: int, moved_fd: int, side_fds: Sequence[int]) -> None:
         self._writer, self._workers = writer, workers
         self._reports = workers.results()
-        self._offsets, self._data_end = offsets, data_end
-        self._out_fd, self._side_fds = out_fd, side_fds
-        self._moved: tuple[BinaryIO, int] | None = None  # the rest of the output, and where it was
-        self._move_from: int | None = None  # where the records stopped being in their places
+        self._offsets, self._chunk_ends = offsets, chunk_ends
+        self._out_fd, self._moved_fd, self._side_fds = out_fd, moved_fd, side_fds
+        self._moved_from = -1  # where the records stopped being in their places
+        self._move_due = -1  # the same, for a file that failed: moved at the next record
 
     def place(self, source: TreeFile) -> tuple[int, int, FileStamp, bool, int]:
         """``source``'s record (read by a worker): (record, size, stat, whether it
@@ -225,8 +245,8 @@ class Placer:
         if index != source.index:
             raise AssertionError(f"worker report for item {index}, expected {source.index}")
         if report is None:  # the records after it move back (unless the pack fails here)
-            if self._move_from is None:
-                self._move_from = self._offsets[index]
+            if self._move_due < 0:
+                self._move_due = self._offsets[index]
             raise CannotPack(source.path, reason)
         size, crc, pieces, stamp, changed, worker, side_offset = report
         writer = self._writer
@@ -234,16 +254,16 @@ class Placer:
         if side_offset >= 0:
             self._move_the_rest(self._offsets[index])
             _copy_range(self._side_fds[worker], side_offset, self._out_fd, writer.position, size)
-        elif self._moved is not None:
-            moved, moved_from = self._moved
-            _copy_range(moved.fileno(), self._offsets[index] - moved_from, self._out_fd, writer.position, size)
+        elif self._moved_from >= 0:
+            _copy_range(self._moved_fd, self._offsets[index] - self._moved_from, self._out_fd, writer.position,
+                        size)
         return writer.add_written_record(size, crc, pieces), size, FileStamp(*stamp), changed, size
 
     def place_symlink(self, target: bytes) -> int:
         """A symlink's record (written by a worker where the scan put it, unless the
         records moved: then here)."""
         self._move_if_due()
-        if self._moved is None:
+        if self._moved_from < 0:
             return self._writer.add_written_record(len(target), crc32(target))
         return self._writer.write_record(target)
 
@@ -252,32 +272,23 @@ class Placer:
         self._workers.finish()
 
     def _move_if_due(self) -> None:
-        if self._move_from is not None:
-            self._move_the_rest(self._move_from)
+        if self._move_due >= 0:
+            self._move_the_rest(self._move_due)
 
     def _move_the_rest(self, offset: int) -> None:
-        """Keep a copy of the output from ``offset`` on (every worker done), then cut it
-        there: the records that follow are copied back, each to where it now goes."""
-        if self._moved is not None:
+        """Records from ``offset`` on are no longer in their places: see the class."""
+        if self._moved_from >= 0:
             return
-        self._workers.finish()
-        if os.fstat(self._out_fd).st_size < self._data_end:  # places no worker wrote (files that failed)
-            os.ftruncate(self._out_fd, self._data_end)
-        moved = tempfile.TemporaryFile(dir=os.path.dirname(self._writer.temp_path),
-                                       prefix=self._writer.temp_path.name + "-moved-")
-        try:
-            _copy_range(self._out_fd, offset, moved.fileno(), 0, self._data_end - offset)
-            os.ftruncate(self._out_fd, offset)
-        except BaseException:
-            moved.close()
-            raise
-        self._moved = (moved, offset)
-
-    def close(self) -> None:
-        """Drop the copy of the records that moved, if any."""
-        if self._moved is not None:
-            self._moved[0].close()
-            self._moved = None
+        workers = self._workers
+        workers.tag = offset  # chunks given from now on: into the moved file
+        given = workers.given()
+        workers.finish(before=given)
+        end = self._chunk_ends[given - 1]
+        if os.fstat(self._out_fd).st_size < end:  # places no worker wrote (files that failed)
+            os.ftruncate(self._out_fd, end)
+        _copy_range(self._out_fd, offset, self._moved_fd, 0, end - offset)
+        os.ftruncate(self._out_fd, offset)
+        self._moved_from = offset
 
 
 def _copy_range(source: int, source_offset: int, target: int, target_offset: int, length: int) -> None:
@@ -302,26 +313,23 @@ def _copy_range(source: int, source_offset: int, target: int, target_offset: int
 
 @contextlib.contextmanager
 def files_on_workers(writer: ContainerWriter, root: bytes, items: Sequence[Scanned],
-                      jobs: int) -> Iterator[Placer]:
+                     jobs: int) -> Iterator[Placer]:
     """Worker processes reading the files of ``items`` into ``writer``'s file, from
     before the first record is written until the last is counted."""
-    offsets, data_end, chunks = _layout(items, writer.position)
+    offsets, chunks, chunk_ends = _layout(items, writer.position)
     out_fd = os.open(writer.temp_path, os.O_RDWR | os.O_CLOEXEC)
-    side_files: list[BinaryIO] = []
+    temporaries: list[BinaryIO] = []
     try:
-        for _ in range(jobs):  # nameless where the file system allows (O_TMPFILE): no debris
-            side_files.append(tempfile.TemporaryFile(dir=os.path.dirname(writer.temp_path),
-                                                     prefix=writer.temp_path.name + "-side-"))
-        side_fds = [side.fileno() for side in side_files]
-        work = _read_chunks(root, items, offsets, out_fd, side_fds)
+        for _ in range(jobs + 1):  # nameless where the file system allows (O_TMPFILE): no debris
+            temporaries.append(tempfile.TemporaryFile(dir=os.path.dirname(writer.temp_path),
+                                                      prefix=writer.temp_path.name + "-part-"))
+        moved_fd, *side_fds = [temporary.fileno() for temporary in temporaries]
+        work = _read_chunks(root, items, offsets, out_fd, moved_fd, side_fds)
         with Workers(jobs, chunks, work) as workers:
-            placer = Placer(writer, workers, offsets, data_end, out_fd, side_fds)
-            try:
-                yield placer
-                placer.finish()
-            finally:
-                placer.close()
+            placer = Placer(writer, workers, offsets, chunk_ends, out_fd, moved_fd, side_fds)
+            yield placer
+            placer.finish()
     finally:
-        for side in side_files:
-            side.close()
+        for temporary in temporaries:
+            temporary.close()
         os.close(out_fd)

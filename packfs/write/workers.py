@@ -24,7 +24,7 @@ from ..errors import PackError
 
 __all__ = ["Workers", "available_cores"]
 
-_COMMAND = struct.Struct("<qq")
+_COMMAND = struct.Struct("<qqq")
 _LENGTH = struct.Struct("<Q")
 _PR_SET_PDEATHSIG = 1
 # Chunks given to a worker before it reports one: it never waits for the next.
@@ -40,9 +40,10 @@ def available_cores() -> int:
 
 
 class Workers:
-    """``jobs`` forked processes applying ``work(worker, start, stop)`` to ``chunks``
-    (``(start, stop)`` pairs); :meth:`results` yields each chunk's result list, item by
-    item, in the chunks' order, whichever worker finished first.
+    """``jobs`` forked processes applying ``work(worker, start, stop, tag)`` to
+    ``chunks`` (``(start, stop)`` pairs; ``tag`` is the :attr:`tag` when the chunk was
+    given out); :meth:`results` yields each chunk's result list, item by item, in the
+    chunks' order, whichever worker finished first.
 
     A worker that raises sends the exception, which :meth:`results` raises; one that
     dies is a PackError.  Leaving the ``with`` block ends every worker (SIGKILL when
@@ -50,7 +51,7 @@ class Workers:
     """
 
     def __init__(self, jobs: int, chunks: Sequence[tuple[int, int]],
-                 work: Callable[[int, int, int], list]) -> None:
+                 work: Callable[[int, int, int, int], list]) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be >= 1, got {jobs!r}")
         self._jobs = jobs
@@ -63,6 +64,7 @@ class Workers:
         self._pending: deque[int] = deque(range(len(chunks)))  # chunks not given out yet
         self._given: list[deque[int]] = []  # per worker, its chunks not reported yet
         self._done: dict[int, list] = {}
+        self.tag = -1  # given with each chunk from now on
 
     def __enter__(self) -> Workers:
         try:
@@ -109,7 +111,7 @@ class Workers:
             chunk = self._pending.popleft()
             self._given[worker].append(chunk)
             start, stop = self._chunks[chunk]
-            os.write(self._commands[worker], _COMMAND.pack(start, stop))
+            os.write(self._commands[worker], _COMMAND.pack(start, stop, self.tag))
 
     def _receive(self) -> None:
         """Wait for one chunk's result from any worker, and give that worker another."""
@@ -138,10 +140,16 @@ class Workers:
                 self._receive()
             yield from self._done.pop(chunk)
 
-    def finish(self) -> None:
-        """Wait until every chunk is done (its results kept for :meth:`results`)."""
-        while any(self._given):
+    def finish(self, before: int | None = None) -> None:
+        """Wait until every chunk is done (those given out so far, with ``before`` set to
+        :meth:`given`'s count then), its results kept for :meth:`results`."""
+        while any(chunk < (before if before is not None else len(self._chunks))
+                  for given in self._given for chunk in given):
             self._receive()
+
+    def given(self) -> int:
+        """How many chunks were given out so far (they are given in order)."""
+        return len(self._chunks) - len(self._pending)
 
     def _stop(self, kill: bool) -> None:
         for pid in self._pids:
@@ -194,14 +202,14 @@ def _become_worker(parent: int) -> None:  # pragma: no cover (runs in the child)
 
 
 def _serve(worker: int, commands: int, results: int,
-           work: Callable[[int, int, int], list]) -> None:  # pragma: no cover (runs in the child)
+           work: Callable[[int, int, int, int], list]) -> None:  # pragma: no cover (runs in the child)
     while True:
         command = _read_exactly(commands, _COMMAND.size)
         if command is None:
             return
-        start, stop = _COMMAND.unpack(command)
+        start, stop, tag = _COMMAND.unpack(command)
         try:
-            reply = ("ok", work(worker, start, stop))
+            reply = ("ok", work(worker, start, stop, tag))
         except OSError as error:  # sent to the packer, which raises it: rebuilt, to unpickle
             reply = ("raise", OSError(error.errno, error.strerror))
         except Exception as error:
