@@ -122,9 +122,15 @@ class _ChangeAfterTheScan:
         pass
 
 
-def test_a_tree_changed_after_the_scan_gives_the_same_bytes_whatever_the_jobs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk_files", [64, 3], ids=["chunks-of-64", "chunks-of-3"])
+def test_a_tree_changed_after_the_scan_gives_the_same_bytes_whatever_the_jobs(tmp_path: Path, monkeypatch,
+                                                                              chunk_files: int) -> None:
     """Records that moved (a file grew, shrank or vanished since the scan) are copied to
-    their places: the bytes are those of -j 1."""
+    their places: the bytes are those of -j 1.  With chunks of 3 files, most chunks are
+    given out after the move, and read straight into the copy."""
+    import packfs.write.parallel as parallel_module
+
+    monkeypatch.setattr(parallel_module, "_CHUNK_FILES", chunk_files)
     packed = {}
     for jobs in (1, 2, 3):
         src = _mixed_tree(tmp_path / f"src{jobs}")
@@ -155,6 +161,9 @@ def _fail_reads_of(monkeypatch, target: Path) -> None:
 
 
 def test_an_unreadable_file_is_skipped_the_same_way(tmp_path: Path, monkeypatch, caplog) -> None:
+    import packfs.write.parallel as parallel_module
+
+    monkeypatch.setattr(parallel_module, "_CHUNK_FILES", 5)  # chunks given out after the move too
     src = _mixed_tree(tmp_path / "src")
     _fail_reads_of(monkeypatch, src / "many" / "d3" / "f010.bin")
     _fail_reads_of(monkeypatch, src / "pieces" / "odd.bin")  # and its other name with it
