@@ -183,7 +183,8 @@ fuzz-c-coverage: setup $(FUZZ_BUILD)/lowlevel-coverage $(FUZZ_BUILD)/seeds/.made
 clean:
 	rm -rf $(VENV) $(LOWEST_VENV) demo-data .pytest_cache $(FUZZ_BUILD)
 
-# The alternatives the benchmark compares against: squashfs + squashfuse from Debian,
+# The alternatives the benchmarks compare against: squashfs (mksquashfs, for pack and
+# bench/pack_parallel.py) + squashfuse from Debian,
 # ratarmount from PyPI in a venv of its own (so its dependencies never meet ours).
 BENCH_PACKAGES := squashfs-tools squashfuse
 RATARMOUNT_VENV := bench/.ratarmount-venv
@@ -197,6 +198,7 @@ bench: setup bench-tools
 	$(PY) bench/core.py $(CORE_ARGS)
 	$(PY) bench/compare.py $(BENCH_ARGS)
 	$(PY) bench/dataloader.py $(DATALOADER_ARGS)
+	$(PY) bench/pack_parallel.py $(PACK_PARALLEL_ARGS)
 
 # mount(8) runs /sbin/mount.fuse.packfs for `mount -t fuse.packfs ARCHIVE DIR` and for
 # fstab lines of type fuse.packfs (as root).  The helper runs this checkout's venv, so

@@ -34,23 +34,52 @@ def _tree_with(tmp_path: Path, name: str, contents: bytes) -> tuple[Path, Path]:
     return src, src / name
 
 
-def _change_during_reads(monkeypatch, target: Path, change: Callable[[int], None], times: int | None) -> list[int]:
+class _Changes:
+    """The offsets at which a file was changed, kept in a file: the reads may happen in
+    the worker processes of pack -j N."""
+
+    def __init__(self, log: Path) -> None:
+        self._log = log
+
+    def add(self, offset: int) -> None:
+        with open(self._log, "a") as f:
+            f.write(f"{offset}\n")
+
+    def offsets(self) -> list[int]:
+        return [int(line) for line in self._log.read_text().split()] if self._log.exists() else []
+
+    def __len__(self) -> int:
+        return len(self.offsets())
+
+    def __eq__(self, other: object) -> bool:
+        return self.offsets() == other
+
+
+def _change_during_reads(monkeypatch, target: Path, change: Callable[[int], None], times: int | None) -> _Changes:
     """Make os.preadv call ``change(n)`` after the first chunk of ``target`` is read, as
     another process writing to it would: the n-th time, for ``times`` reads (None: every
-    read).  Returns the list of offsets at which it changed it."""
+    read).  Returns the offsets at which it changed it."""
     inode = target.stat().st_ino
     real_preadv = os.preadv
-    changes: list[int] = []
+    test_directory = target.parent.parent  # beside it, not in it: tests list what a pack left there
+    changes = _Changes(test_directory.parent / f"{test_directory.name}-{target.name}.changes")
 
     def preadv(fd: int, buffers, offset: int, *flags: int) -> int:
         got = real_preadv(fd, buffers, offset, *flags)
         if offset > 0 and os.fstat(fd).st_ino == inode and (times is None or len(changes) < times):
-            changes.append(offset)
+            changes.add(offset)
             change(len(changes))
         return got
 
     monkeypatch.setattr(os, "preadv", preadv)
     return changes
+
+
+@pytest.fixture(params=[1, 2], ids=lambda jobs: f"j{jobs}")
+def jobs(request) -> int:
+    """The tests that change a file while it is read run with one process reading the
+    files, and with two worker processes (pack -j 2)."""
+    return request.param
 
 
 def _rewrite(path: Path, pattern: bytes) -> None:
@@ -65,7 +94,7 @@ def _stored_stat_matches(folder: PackedFolder, relative: str, path: Path) -> Non
     assert (stat.size, stat.mtime_ns, stat.mode) == (info.st_size, info.st_mtime_ns, info.st_mode)
 
 
-def test_a_file_changed_after_the_scan_is_stored_as_it_is_when_read(tmp_path: Path) -> None:
+def test_a_file_changed_after_the_scan_is_stored_as_it_is_when_read(tmp_path: Path, jobs: int) -> None:
     """The scan's size and mtime are not stored for a file: those of the state whose
     bytes are stored are (it was an error, "changed size while packing", before)."""
     src, grown = _tree_with(tmp_path, "grown.txt", b"short")
@@ -79,17 +108,17 @@ def test_a_file_changed_after_the_scan_is_stored_as_it_is_when_read(tmp_path: Pa
         def advance(self, *args: int) -> None:
             pass
 
-    pack_folder(src, tmp_path / "x.ffr", progress=Grow())
+    pack_folder(src, tmp_path / "x.ffr", jobs=jobs, progress=Grow())
     with PackedFolder(tmp_path / "x.ffr") as folder:
         assert folder.read("grown.txt") == b"short and longer"
         _stored_stat_matches(folder, "grown.txt", grown)
 
 
-def test_a_same_size_rewrite_during_the_read_is_read_again(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_a_same_size_rewrite_during_the_read_is_read_again(tmp_path: Path, monkeypatch, caplog, jobs: int) -> None:
     src, live = _tree_with(tmp_path, "live.bin", b"A" * (3 * MIB))  # three 1 MiB chunks
     changes = _change_during_reads(monkeypatch, live, lambda n: _rewrite(live, b"B"), times=1)
     with caplog.at_level(logging.WARNING, logger="packfs"):
-        stats = pack_folder(src, tmp_path / "x.ffr")
+        stats = pack_folder(src, tmp_path / "x.ffr", jobs=jobs)
     assert changes == [MIB]  # rewritten once, after the first chunk of the first read
     assert "live.bin' changed while it was read; stored as read again" in caplog.text
     assert stats.changed == (str(live),)
@@ -101,18 +130,18 @@ def test_a_same_size_rewrite_during_the_read_is_read_again(tmp_path: Path, monke
         assert archive.verify().ok
 
 
-def test_a_file_rewritten_at_every_read_is_an_error_naming_it(tmp_path: Path, monkeypatch) -> None:
+def test_a_file_rewritten_at_every_read_is_an_error_naming_it(tmp_path: Path, monkeypatch, jobs: int) -> None:
     src, live = _tree_with(tmp_path, "live.bin", b"A" * (3 * MIB))
     changes = _change_during_reads(monkeypatch, live, lambda n: _rewrite(live, b"AB"[n % 2:n % 2 + 1]), times=None)
     out = tmp_path / "x.ffr"
     with pytest.raises(PackError, match=r"live.bin': kept changing while it was read \(3 reads; the last: "):
-        pack_folder(src, out)
+        pack_folder(src, out, jobs=jobs)
     assert len(changes) >= 3
     assert sorted(os.listdir(tmp_path)) == ["src"]  # no archive, no temporary file
 
 
 @pytest.mark.parametrize("how", ["grows", "shrinks"])
-def test_a_file_that_grows_or_shrinks_during_the_read(tmp_path: Path, monkeypatch, how: str) -> None:
+def test_a_file_that_grows_or_shrinks_during_the_read(tmp_path: Path, monkeypatch, how: str, jobs: int) -> None:
     src, live = _tree_with(tmp_path, "live.bin", b"A" * (3 * MIB))
 
     def change(n: int) -> None:
@@ -123,7 +152,7 @@ def test_a_file_that_grows_or_shrinks_during_the_read(tmp_path: Path, monkeypatc
             os.truncate(live, live.stat().st_size - 100)
 
     _change_during_reads(monkeypatch, live, change, times=1)
-    pack_folder(src, tmp_path / "x.ffr")
+    pack_folder(src, tmp_path / "x.ffr", jobs=jobs)
     with PackedFolder(tmp_path / "x.ffr") as folder:
         assert folder.read("live.bin") == live.read_bytes()
         _stored_stat_matches(folder, "live.bin", live)
@@ -132,10 +161,10 @@ def test_a_file_that_grows_or_shrinks_during_the_read(tmp_path: Path, monkeypatc
 
     _change_during_reads(monkeypatch, live, change, times=None)
     with pytest.raises(PackError, match=r"live.bin': kept changing while it was read .*bytes before the read"):
-        pack_folder(src, tmp_path / "y.ffr")
+        pack_folder(src, tmp_path / "y.ffr", jobs=jobs)
 
 
-def test_timestamps_too_coarse_to_show_a_rewrite_do_not_hide_it(tmp_path: Path, monkeypatch) -> None:
+def test_timestamps_too_coarse_to_show_a_rewrite_do_not_hide_it(tmp_path: Path, monkeypatch, jobs: int) -> None:
     """On a file system with whole-second timestamps (Lustre, ext4 with small inodes), a
     rewrite in the same second leaves the stat as it was; a second read catches it."""
     src, live = _tree_with(tmp_path, "live.bin", b"A" * (3 * MIB))
@@ -153,7 +182,7 @@ def test_timestamps_too_coarse_to_show_a_rewrite_do_not_hide_it(tmp_path: Path, 
 
     monkeypatch.setattr(os, "fstat", fstat)
     _change_during_reads(monkeypatch, live, lambda n: _rewrite(live, b"B"), times=1)
-    pack_folder(src, tmp_path / "x.ffr")
+    pack_folder(src, tmp_path / "x.ffr", jobs=jobs)
     with PackedFolder(tmp_path / "x.ffr") as folder:
         assert folder.read("live.bin") == b"B" * (3 * MIB)
 
@@ -223,12 +252,12 @@ while True:
 # -- paths that cannot be read: all listed; with keep_going, the rest packed ---------------
 
 
-def test_a_file_that_keeps_changing_is_skipped_with_keep_going(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_a_file_that_keeps_changing_is_skipped_with_keep_going(tmp_path: Path, monkeypatch, caplog, jobs: int) -> None:
     src, live = _tree_with(tmp_path, "live.bin", b"A" * (3 * MIB))
     os.link(live, src / "sub" / "same-as-live.bin")  # its other name goes with it
     _change_during_reads(monkeypatch, live, lambda n: _rewrite(live, b"AB"[n % 2:n % 2 + 1]), times=None)
     with caplog.at_level(logging.WARNING, logger="packfs"):
-        stats = pack_folder(src, tmp_path / "x.ffr", keep_going=True)
+        stats = pack_folder(src, tmp_path / "x.ffr", jobs=jobs, keep_going=True)
     reason = "kept changing while it was read (3 reads; the last: "
     assert [(path, failed) for path, _, failed in stats.skipped] == [
         (str(live), True), (str(src / "sub" / "same-as-live.bin"), True)]

@@ -12,7 +12,7 @@ import secrets
 import sys
 from array import array
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
 from ..errors import PackError
 from ..format import HEADER_PREFIX, PIECE_SIZE, crc32, header_size
@@ -111,6 +111,7 @@ class ContainerWriter:
             raise
         self._record_start = -1
         self._record_crc = 0
+        self._behind = False  # the file's position is not yet self.position
         # Section 4b's columns, and the current record's finished pieces past its first
         # (a record's first piece CRC is its record CRC until it grows past PIECE_SIZE).
         self._pieces = pieces
@@ -144,6 +145,9 @@ class ContainerWriter:
 
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data`` to the record begun with :meth:`begin_record`."""
+        if self._behind:  # records were added by add_written_record: one seek past them all
+            self._file.seek(self.position)
+            self._behind = False
         self._file.write(data)
         written = self.position - self._record_start
         if self._pieces and written + len(data) > PIECE_SIZE:
@@ -226,6 +230,25 @@ class ContainerWriter:
     def record_offset(self, record: int) -> int:
         """Where record ``record``, already written, starts in the file."""
         return self._offsets[record]
+
+    def add_written_record(self, length: int, crc: int, piece_crcs: Sequence[int] = ()) -> int:
+        """Count a record of ``length`` bytes that another descriptor of
+        :attr:`temp_path` (a packing process) already wrote at :attr:`position`: its CRC
+        ``crc`` and, for a record longer than PIECE_SIZE, the CRC of each of its pieces
+        (with ``pieces``).  Return its index; the next record starts after it."""
+        self.begin_record()
+        if self._pieces and length > PIECE_SIZE:
+            if len(piece_crcs) != -(-length // PIECE_SIZE):
+                raise ValueError(f"a record of {length} bytes has {-(-length // PIECE_SIZE)} pieces, "
+                                 f"{len(piece_crcs)} CRCs given")
+            self._record_pieces.extend(piece_crcs)
+            self._piece_crc = self._record_pieces.pop()
+            if length % PIECE_SIZE == 0:  # end_record adds an unfinished last piece only
+                self._record_pieces.append(self._piece_crc)
+        self._record_crc = crc
+        self.position += length
+        self._behind = True  # what this writer writes next goes after it: see write()
+        return self.end_record()
 
     def write_record(self, data: bytes | memoryview) -> int:
         """Append a whole record; return its index."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -12,18 +13,21 @@ import tempfile
 import time
 from array import array
 from dataclasses import dataclass
-from typing import (BinaryIO, Callable, Iterable, Iterator, Literal, Mapping, NoReturn, Optional, Protocol,
-                    Sequence, Union)
+from typing import (BinaryIO, Callable, ContextManager, Iterable, Iterator, Literal, Mapping, NoReturn, Optional,
+                    Protocol, Sequence, Union)
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError, PackSourceError
 from ..format import (INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
-                      XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
+                      XATTR_SECTIONS, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
+from .parallel import FileStamp, Placer, files_on_workers
 from .exclude import ExcludePatterns
-from .scan import Scanned, open_beneath, scan_tree
+from .scan import Scanned, scan_tree
 from .skips import SkipList, SkippedPath
+from .treefile import CannotPack, TreeFile, read_stable
+from .workers import available_cores
 
 __all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pack_entries", "pack_folder"]
 
@@ -133,6 +137,11 @@ class _ArchiveBuilder:
         self.file_bytes = 0
         self.changed: list[str] = []  # files read again because they changed: the user's answer
         self._buffer = bytearray(_CHUNK)
+        self.placer: Placer | None = None  # with -j N: files read by worker processes
+
+    def _advance_bytes(self, nbytes: int) -> None:
+        if self.progress is not None:  # by chunk: a large file moves the bar too
+            self.progress.advance(0, nbytes)
 
     def _new_record(self) -> None:
         if self.writer.records_written >= self.data_slots:
@@ -142,8 +151,8 @@ class _ArchiveBuilder:
             )
         self.writer.begin_record()
 
-    def add(self, entry: Entry | _TreeFile) -> None:
-        if isinstance(entry, _TreeFile):
+    def add(self, entry: Entry | TreeFile) -> None:
+        if isinstance(entry, TreeFile):
             self._add_tree_file(entry)
             return
         key = archive_key(entry.path)
@@ -167,9 +176,12 @@ class _ArchiveBuilder:
             problem = symlink_target_problem(target)
             if problem:
                 raise PackError(f"symlink {label!r} has {problem}")
-            self._new_record()
-            self.writer.write(target)
-            record, size = self.writer.end_record(), len(target)
+            if self.placer is not None:  # written by a worker process, in its chunk
+                record, size = self.placer.place_symlink(target), len(target)
+            else:
+                self._new_record()
+                self.writer.write(target)
+                record, size = self.writer.end_record(), len(target)
         elif kind == "hardlink":
             if entry.target is None:
                 raise PackError(f"hard link {label!r} has no target")
@@ -201,7 +213,7 @@ class _ArchiveBuilder:
             raise PackError(f"{label!r} has an extended attribute the format cannot store: {error}") from None
         self.rows.xattrs[self.rows.row_of[key]] = encoded
 
-    def _add_tree_file(self, source: _TreeFile) -> None:
+    def _add_tree_file(self, source: TreeFile) -> None:
         key = archive_key(source.key)
         if key in self.rows:
             raise PackError(f"duplicate path {source.path!r}")
@@ -213,51 +225,26 @@ class _ArchiveBuilder:
         if source.xattrs:
             self._add_xattrs(key, source.path, source.xattrs)
 
-    def _write_tree_file(self, source: _TreeFile) -> tuple[int, int, os.stat_result]:
+    def _write_tree_file(self, source: TreeFile) -> tuple[int, int, os.stat_result | FileStamp]:
         """Copy a file of the tree into a record so that the bytes stored are one state
         of the file, read again while it changes; return (record, size, the stat of
         that state, which is what the entry stores).  A file that cannot be packed
-        raises _CannotPack, its record dropped."""
-        source.open()
-        try:
-            self._new_record()
-            try:
-                for attempt in range(1, _READ_ATTEMPTS + 1):
-                    if attempt > 1:
-                        self.writer.discard_record()
-                        self.writer.begin_record()
-                    before, started = source.state()
-                    size = self._copy(source, before.st_size)
-                    change = source.change(before, size)
-                    if change is None and _stamps_may_hide_a_write(before, started):
-                        change = source.second_read_change(before, self.writer.record_crc, size, self._buffer)
-                    if change is None:
-                        if attempt > 1:
-                            log.warning("%r changed while it was read; stored as read again", source.path)
-                            self.changed.append(source.path)
-                        return self.writer.end_record(), size, before
-                raise _CannotPack(source.path, f"kept changing while it was read ({_READ_ATTEMPTS} reads; "
-                                               f"the last: {change})")
-            except _CannotPack:
-                self.writer.discard_record()
-                raise
-        finally:
-            source.close()
-
-    def _copy(self, source: _TreeFile, expected: int) -> int:
-        """Copy ``source`` from its start into the current record; return the bytes
-        copied.  At most one byte past ``expected`` is read: that one already says the
-        file changed, and a file growing as fast as it is read would never end."""
-        view = memoryview(self._buffer)
-        copied = 0
-        while True:
-            got = source.read_at(view[: min(_CHUNK, expected + 1 - copied)], copied)
-            if not got:
-                return copied
-            self.writer.write(view[:got])
-            copied += got
+        raises CannotPack, its record dropped."""
+        if self.placer is not None:  # read by a worker process: placed in order here
+            record, size, info, changed, nbytes = self.placer.place(source)
             if self.progress is not None:
-                self.progress.advance(0, got)
+                self.progress.advance(0, nbytes)
+        else:
+            source.open()
+            try:
+                size, info, changed = read_stable(source, _RecordSink(self), self._buffer, self._advance_bytes)
+            finally:
+                source.close()
+            record = self.writer.end_record()
+        if changed:
+            log.warning("%r changed while it was read; stored as read again", source.path)
+            self.changed.append(source.path)
+        return record, size, info
 
     def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
         data = entry.data
@@ -403,30 +390,36 @@ def pack_entries(
     return _stats(builder, (), out_path, started)
 
 
-def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: int, force: bool,
+def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: int, force: bool,
                    progress: PackProgress | None = None,
-                   cannot_pack: Callable[[_CannotPack], None] | None = None, xattrs: bool = False) -> _ArchiveBuilder:
+                   cannot_pack: Callable[[CannotPack], None] | None = None, xattrs: bool = False,
+                   parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
-    or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3)."""
+    or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3).
+    ``parallel``: the worker processes that read the files of a tree (``-j N``),
+    started once the writer exists and ended before the table is written."""
     sections = section_count_for(INDEX_SINCE_MINOR)
     with ContainerWriter(out, record_count_for(data_slots, sections), force=force, pieces=True) as writer:
         builder = _ArchiveBuilder(writer, data_slots, progress, xattrs)
         try:
-            for entry in entries:
-                try:
-                    builder.add(entry)  # reports the bytes as they are written
-                except _CannotPack as failure:
-                    if cannot_pack is None:
-                        raise
-                    cannot_pack(failure)
-                    continue
-                if progress is not None and entry.kind == "file":
-                    progress.advance(1, 0)
+            with (parallel(writer) if parallel is not None else contextlib.nullcontext()) as placer:
+                builder.placer = placer
+                for entry in entries:
+                    try:
+                        builder.add(entry)  # reports the bytes as they are written
+                    except CannotPack as failure:
+                        if cannot_pack is None:
+                            raise
+                        cannot_pack(failure)
+                        continue
+                    if progress is not None and entry.kind == "file":
+                        progress.advance(1, 0)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise PackError(f"cannot write {out!r}: {error.strerror}") from None
             raise PackError(f"packing into {out!r} failed: {error}") from None
+        builder.placer = None
         builder.finish()
         writer.commit()
     return builder
@@ -508,121 +501,26 @@ class _Window:
 # -- packing a directory ---------------------------------------------------------------
 
 
-# A file that changed while it was read is read again, from its start, its record cut
-# back; after this many reads that each saw it change, it is not packed.
-_READ_ATTEMPTS = 3
-# How recent a file's ctime must be for an unchanged stat to prove nothing.  A write is
-# stamped with the kernel's coarse clock (up to a tick behind: 10 ms at HZ=100),
-# truncated to the file system's granularity (1 ns on ext4, xfs, btrfs and tmpfs; whole
-# seconds on Lustre and on ext4 with 128-byte inodes; 2 s on FAT), so a write during the
-# read may carry the stamp of the write just before it, and leave the stat as it was.
-_FINE_STAMPS_WINDOW_NS = 50_000_000
-_SECOND_STAMPS_WINDOW_NS = 3_000_000_000
+class _RecordSink:
+    """The current record of an _ArchiveBuilder's writer (one process packing)."""
+
+    def __init__(self, builder: _ArchiveBuilder) -> None:
+        self._builder = builder
+
+    def begin(self, expected: int) -> None:
+        self._builder._new_record()
+
+    def write(self, data: memoryview) -> None:
+        self._builder.writer.write(data)
+
+    @property
+    def crc(self) -> int:
+        return self._builder.writer.record_crc
+
+    def discard(self) -> None:
+        self._builder.writer.discard_record()
 
 
-def _stamps_may_hide_a_write(info: os.stat_result, started_ns: int) -> bool:
-    """Whether ``info``, taken at ``started_ns``, is too recent a change for an
-    unchanged stat after the read to prove that nothing was written during it."""
-    whole_seconds = info.st_ctime_ns % 1_000_000_000 == 0
-    window = _SECOND_STAMPS_WINDOW_NS if whole_seconds else _FINE_STAMPS_WINDOW_NS
-    return info.st_ctime_ns >= started_ns - window
-
-
-def _stat_change(before: os.stat_result, after: os.stat_result, copied: int) -> str | None:
-    """How the file changed between two fstat calls around a read of ``copied`` bytes,
-    or None.  (Its identity cannot change: both come from one descriptor.)"""
-    if not before.st_size == copied == after.st_size:
-        return f"{before.st_size} bytes before the read, {copied} read, {after.st_size} after it"
-    if after.st_mtime_ns != before.st_mtime_ns:
-        return "its mtime changed during the read"
-    if after.st_ctime_ns != before.st_ctime_ns:
-        return "its ctime changed during the read"
-    return None
-
-
-class _CannotPack(PackError):
-    """A file of the tree cannot be packed: ``path`` and ``reason``."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path!r}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-class _TreeFile:
-    """A regular file of the tree being packed, opened when its entry is written.
-
-    Its bytes and the attributes stored with them come from one descriptor, and the
-    fstat before the read must equal the fstat after it (size, mtime, ctime), or the
-    read is repeated: what GNU tar reports as "file changed as we read it", except that
-    nothing torn is stored."""
-
-    kind = "file"
-
-    def __init__(self, root: bytes, key: bytes, scanned: os.stat_result,
-                 xattrs: dict[bytes, bytes] | None = None) -> None:
-        self.root = root
-        self.key = key
-        self.scanned = scanned
-        self.xattrs = xattrs  # read by the scan, with the file's other metadata
-        self.path = os.fsdecode(root + b"/" + key)
-        self._fd = -1
-
-    def open(self) -> None:
-        """Open the file; _CannotPack says why it cannot be packed."""
-        # O_NONBLOCK: if the file was swapped for a FIFO since the scan, open must not hang.
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-        try:
-            self._fd = open_beneath(self.root, self.key, flags)
-        except FileNotFoundError:
-            raise _CannotPack(self.path, "vanished while packing") from None
-        except OSError as error:
-            raise _CannotPack(self.path, f"cannot open: {error.strerror}") from None
-        info = os.fstat(self._fd)
-        if not stat_module.S_ISREG(info.st_mode):
-            self.close()
-            raise _CannotPack(self.path, "no longer a regular file")
-        scanned = self.scanned
-        if scanned.st_nlink > 1 and (info.st_dev, info.st_ino) != (scanned.st_dev, scanned.st_ino):
-            # Its other names in the tree are stored as hard links to what this one holds.
-            self.close()
-            raise _CannotPack(self.path, "replaced while packing, and it has hard links")
-
-    def state(self) -> tuple[os.stat_result, int]:
-        """The file's stat before a read, and the time it was taken."""
-        started = time.time_ns()
-        return os.fstat(self._fd), started
-
-    def read_at(self, buffer: memoryview, offset: int) -> int:
-        """Read into ``buffer`` from ``offset``; return the bytes read (0 at the end)."""
-        try:
-            return os.preadv(self._fd, [buffer], offset)
-        except OSError as error:
-            raise _CannotPack(self.path, f"cannot read: {error.strerror}") from None
-
-    def change(self, before: os.stat_result, copied: int) -> str | None:
-        """How the file changed since ``before`` (a read of ``copied`` bytes), or None."""
-        return _stat_change(before, os.fstat(self._fd), copied)
-
-    def second_read_change(self, before: os.stat_result, crc: int, size: int, buffer: bytearray) -> str | None:
-        """Read the file again: None if it gives the same ``size`` bytes with CRC ``crc``
-        and the stat is still ``before``, else how it changed."""
-        view = memoryview(buffer)
-        again, offset = 0, 0
-        while offset <= size:
-            got = self.read_at(view[: min(len(view), size + 1 - offset)], offset)
-            if not got:
-                break
-            again = crc32(view[:got], again)
-            offset += got
-        if offset != size or again != crc:
-            return "a second read gave other bytes"
-        return self.change(before, offset)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 def pack_folder(
@@ -635,6 +533,7 @@ def pack_folder(
     progress: PackProgress | None = None,
     keep_going: bool = False,
     xattrs: bool = True,
+    jobs: int | None = None,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
 
@@ -679,6 +578,13 @@ def pack_folder(
         Pack the rest when paths cannot be packed, and list them in the result.
     xattrs
         Keep extended attributes (those this user can read: trusted.* needs root).
+    jobs
+        Processes reading the files (default: the cores this process may run on,
+        ``os.sched_getaffinity``).  With more than one, worker processes read, check
+        and write the files into their places while this one counts them in order:
+        the archive has the same bytes whatever ``jobs`` is, and files that change,
+        vanish or cannot be read are reported the same.  The scan and the table are
+        written by this process.
 
     Returns
     -------
@@ -692,9 +598,13 @@ def pack_folder(
         ``src`` is not a directory or cannot be listed, ``out`` exists, or writing
         failed.
     ValueError
-        An ``exclude`` pattern names ``src`` itself.
+        An ``exclude`` pattern names ``src`` itself, or ``jobs`` is below 1.
     """
     started = time.perf_counter()
+    if jobs is None:
+        jobs = available_cores()
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     src_bytes = os.fsencode(src)
     out_text = os.fsdecode(out)
     if not os.path.isdir(src_bytes):
@@ -731,32 +641,39 @@ def pack_folder(
     failed_files: set[bytes] = set()  # for their hard links (only with keep_going)
     written = 0  # how many items were given to the writer
 
-    def entries() -> Iterator[Entry | _TreeFile]:
+    def entries() -> Iterator[Entry | TreeFile]:
         nonlocal written
         for item in items:
             written += 1
             info = item.info
+            if item.kind == "file":
+                yield TreeFile(root, item.key, info, item.xattrs, written - 1)  # stored with the stat it has when read
+                continue
             common = dict(
                 mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
                 mtime_ns=info.st_mtime_ns, xattrs=item.xattrs,
             )
-            if item.kind == "file":
-                yield _TreeFile(root, item.key, info, item.xattrs)  # stored with the stat it has when read
-            elif item.kind == "hardlink" and item.target in failed_files:
+            if item.kind == "hardlink" and item.target in failed_files:
                 skips.add(os.fsdecode(root + b"/" + item.key), _link_to_failed(root, item.target), failed=True)
             elif item.kind in ("symlink", "hardlink"):
                 yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
             else:
                 yield Entry(item.key, None, "dir", **common)
 
-    def skip_file(failure: _CannotPack) -> None:
+    def skip_file(failure: CannotPack) -> None:
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
 
+    files = sum(1 for item in items if item.kind == "file")
+    workers = min(jobs, files)
+
+    def parallel(writer: ContainerWriter) -> ContextManager[Placer]:
+        return files_on_workers(writer, root, items, workers)
     try:
         builder = _write_archive(entries(), out_text, data_slots, force, progress,
-                                 skip_file if keep_going else None, any(item.xattrs for item in items))
-    except _CannotPack as failure:  # the writer is gone: what else cannot be packed?
+                                 skip_file if keep_going else None, any(item.xattrs for item in items),
+                                 parallel if workers > 1 else None)
+    except CannotPack as failure:  # the writer is gone: what else cannot be packed?
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
         _fail_listing_every_path(root, items[written:], skips, failed_files)
@@ -779,10 +696,10 @@ def _fail_listing_every_path(root: bytes, items: Sequence[Scanned], skips: SkipL
     for item in items:
         path = os.fsdecode(root + b"/" + item.key)
         if item.kind == "file":
-            source = _TreeFile(root, item.key, item.info)
+            source = TreeFile(root, item.key, item.info)
             try:
                 source.open()
-            except _CannotPack as failure:
+            except CannotPack as failure:
                 skips.add(path, failure.reason, failed=True)
                 failed_files.add(item.key)
             else:
