@@ -58,8 +58,8 @@ class RowRuns:
         """Every row added, in order (once: the runs are consumed)."""
         if not self.runs:
             rows, self.rows = self.rows, []
-            rows.sort()
-            return iter(rows)
+            rows.sort(reverse=True)
+            return _popped(rows)
         if self.rows:
             self._spill()
         return heapq.merge(*(_read_run(run) for run in self.runs))
@@ -70,6 +70,13 @@ class RowRuns:
             run.close()
         self.runs = []
         self.rows = []
+
+
+def _popped(rows: list[tuple]) -> Iterator[tuple]:
+    """``rows`` from the last one, each let go as it is given (the walk that takes them
+    holds rows of its own)."""
+    while rows:
+        yield rows.pop()
 
 
 def _read_run(run: BinaryIO) -> Iterator[tuple]:

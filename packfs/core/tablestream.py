@@ -33,8 +33,8 @@ __all__ = ["TableStream", "StreamedTable", "DEFAULT_BUDGET"]
 DEFAULT_BUDGET = 1 << 30
 # Bytes of memory a row held costs, by where it is held (Python tuples while sorting by
 # path, numpy rows after): the budget divided by these gives the rows held at a time.
-_SORT_ROW_COST = 800
-_LEVEL_ROW_COST = 400
+_SORT_ROW_COST = 1000
+_LEVEL_ROW_COST = 2000  # a fifth of the budget: the walk's rows wait beside the merge's
 _INDEX_ROW_COST = 600
 _COPY_CHUNK = 1 << 20
 _INDEX_BLOCK = 1 << 14  # index rows laid out at a time
@@ -92,23 +92,11 @@ class TableStream:
         return walk.lay_out()
 
 
-class _Node:
-    """An entry of the walk whose descendants may still come."""
-
-    __slots__ = ("key", "prefix", "depth", "local", "parent", "row", "is_dir", "child_count", "subdirs",
-                 "first_child")
-
-    def __init__(self, key: bytes, depth: int, local: int, parent: int, row: tuple) -> None:
-        self.key = key
-        self.prefix = key + b"\0" if key else b""
-        self.depth = depth
-        self.local = local  # its place among the entries of its depth
-        self.parent = parent  # its parent's place among the entries of the depth above
-        self.row = row
-        self.is_dir = row[_MODE] & S_IFMT == S_IFDIR
-        self.child_count = 0
-        self.subdirs = 0
-        self.first_child = 0
+# An entry of the walk whose descendants may still come, as a list (the walk's inner
+# loop runs once an entry): its key, the prefix its descendants' keys start with, depth,
+# place among its depth's entries, its parent's place, its row, whether it is a
+# directory, and its children's count, subdirectories' count and the first one's place.
+_KEY, _PREFIX, _DEPTH, _LOCAL, _PARENT, _ROW, _IS_DIR, _CHILDREN, _SUBDIRS, _FIRST_CHILD = range(10)
 
 
 def _implicit_directory(key: bytes) -> tuple:
@@ -141,13 +129,15 @@ class _Walk:
         self.dirs = 0
 
     def run(self, rows: Iterator[tuple]) -> None:
-        stack: list[_Node] = []
+        stack: list[list] = []
         previous: tuple | None = None
+        close = self._close
+        counts = self.counts
         for row in rows:
             key = row[0]
             if previous is not None and key == previous[0]:
                 if key == b"" and row[_MODE] & S_IFMT == S_IFDIR and previous[_MODE] & S_IFMT == S_IFDIR:
-                    stack[0].row = row  # the root given again: the last one counts
+                    stack[0][_ROW] = row  # the root given again: the last one counts
                     previous = row
                     continue
                 raise PackError(f"duplicate path {_label(key)!r}")
@@ -157,63 +147,81 @@ class _Walk:
                 continue
             if not stack:
                 stack.append(self._open(None, b"", 0, _implicit_directory(b"")))
-            while len(stack) > 1 and not key.startswith(stack[-1].prefix):
-                self._close(stack.pop())
             top = stack[-1]
-            depth = key.count(b"\0") + 1
-            if top.depth + 1 < depth:  # directories no entry named: made with mode 0o755
-                parts = key.split(b"\0")
-                for level in range(top.depth + 1, depth):
-                    self._check_directory(stack[-1], parts, level)
-                    head = b"\0".join(parts[:level])
-                    stack.append(self._open(stack[-1], head, level, _implicit_directory(head)))
+            while not key.startswith(top[_PREFIX]) and len(stack) > 1:
+                close(stack.pop())
                 top = stack[-1]
-            self._check_directory(top, None, depth, key)
-            stack.append(self._open(top, key, depth, row))
+            depth = key.count(b"\0") + 1
+            if top[_DEPTH] + 1 < depth:  # directories no entry named: made with mode 0o755
+                parts = key.split(b"\0")
+                for level in range(top[_DEPTH] + 1, depth):
+                    self._check_directory(top, b"\0".join(parts[:level]))
+                    top = self._open(top, b"\0".join(parts[:level]), level, _implicit_directory(b"\0".join(parts[:level])))
+                    stack.append(top)
+            if not top[_IS_DIR]:
+                self._check_directory(top, key)
+            # self._open(top, key, depth, row), inline: this loop runs once an entry.
+            if len(counts) <= depth:
+                self._add_depths(depth)
+            local = counts[depth]
+            counts[depth] = local + 1
+            is_dir = row[_MODE] & S_IFMT == S_IFDIR
+            top[_CHILDREN] += 1
+            if top[_CHILDREN] == 1:
+                top[_FIRST_CHILD] = local
+            if is_dir:
+                top[_SUBDIRS] += 1
+            stack.append([key, key + b"\0", depth, local, top[_LOCAL], row, is_dir, 0, 0, 0])
         while stack:
-            self._close(stack.pop())
+            close(stack.pop())
         if previous is None:  # no entry at all: the root alone
-            self._close(self._open(None, b"", 0, _implicit_directory(b"")))
+            close(self._open(None, b"", 0, _implicit_directory(b"")))
 
-    def _check_directory(self, top: _Node, parts: list[bytes] | None, level: int, key: bytes = b"") -> None:
-        if not top.is_dir:
-            child = b"\0".join(parts[:level]) if parts is not None else key
-            raise PackError(f"{_label(child)!r} is inside {_label(top.key)!r}, which is not a directory")
+    @staticmethod
+    def _check_directory(top: list, child: bytes) -> None:
+        if not top[_IS_DIR]:
+            raise PackError(f"{_label(child)!r} is inside {_label(top[_KEY])!r}, which is not a directory")
 
-    def _open(self, parent: _Node | None, key: bytes, depth: int, row: tuple) -> _Node:
+    def _add_depths(self, depth: int) -> None:
+        """Make the lists of every depth down to ``depth``."""
         while len(self.counts) <= depth:
             self.counts.append(0)
             self.held.append([])
             self.held_paths.append([])
             self.chunks.append([])
-        local = self.counts[depth]
-        self.counts[depth] = local + 1
-        node = _Node(key, depth, local, parent.local if parent is not None else 0, row)
-        if parent is not None:
-            parent.child_count += 1
-            if parent.child_count == 1:
-                parent.first_child = local
-            if node.is_dir:
-                parent.subdirs += 1
-        return node
 
-    def _close(self, node: _Node) -> None:
+    def _open(self, parent: list | None, key: bytes, depth: int, row: tuple) -> list:
+        counts = self.counts
+        if len(counts) <= depth:
+            self._add_depths(depth)
+        local = counts[depth]
+        counts[depth] = local + 1
+        is_dir = row[_MODE] & S_IFMT == S_IFDIR
+        if parent is None:
+            return [key, b"", depth, local, 0, row, is_dir, 0, 0, 0]
+        parent[_CHILDREN] += 1
+        if parent[_CHILDREN] == 1:
+            parent[_FIRST_CHILD] = local
+        if is_dir:
+            parent[_SUBDIRS] += 1
+        return [key, key + b"\0", depth, local, parent[_LOCAL], row, is_dir, 0, 0, 0]
+
+    def _close(self, node: list) -> None:
         """Append ``node`` to its depth's rows: a depth's entries are closed in the order
         they were opened, as the walk leaves one before it meets the next."""
-        row, depth, local = node.row, node.depth, node.local
-        path = node.key.replace(b"\0", b"/")
-        if node.is_dir:
+        key, _, depth, local, parent, row, is_dir, children, subdirs, first_child = node
+        path = key.replace(b"\0", b"/")
+        if is_dir:
             self.dirs += 1
         if row[_XATTRS]:
             self.xattrs[(depth, local)] = row[_XATTRS]
         if row[_LINK]:
             self.links.append((row, depth, local))
-        if node.key in self.link_targets:
-            self.targets[node.key] = (row, depth, local)
-        name_length = len(node.key) - len(node.key.rpartition(b"\0")[0]) - (1 if depth > 1 else 0)
+        if key in self.link_targets:
+            self.targets[key] = (row, depth, local)
         self.held[depth].append((
-            node.parent, row[_MODE], row[_UID], row[_GID], row[_MTIME], row[_SIZE], row[_RECORD], row[_CRC],
-            row[_OFFSET], node.first_child, node.child_count, node.subdirs, crc32(path), name_length, len(path)))
+            parent, row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], first_child, children,
+            subdirs, crc32(path), len(key) - key.rfind(b"\0") - 1, len(path)))
         self.held_paths[depth].append(path)
         self.held_rows += 1
         if self.held_rows >= self.hold_limit:

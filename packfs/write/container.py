@@ -111,6 +111,7 @@ class ContainerWriter:
             self._crcs = array("I")
             self._offsets = array("q")
             self._flushed = 0
+            self._finished = 0  # records finished (what records_written says; read once a record)
             self.position = header_size(record_count)
             self._file.seek(self.position)
         except BaseException:
@@ -137,11 +138,11 @@ class ContainerWriter:
     @property
     def records_written(self) -> int:
         """How many records were finished so far."""
-        return self._flushed + len(self._offsets)
+        return self._finished
 
     def begin_record(self) -> None:
         """Start a record; its bytes follow with :meth:`write`."""
-        if self.records_written >= self.record_count:
+        if self._finished >= self.record_count:
             raise PackError(
                 f"{str(self.out)!r}: more records written than the {self.record_count} declared"
             )
@@ -206,7 +207,8 @@ class ContainerWriter:
         """Finish the current record and return its index."""
         self._offsets.append(self._record_start)
         self._crcs.append(self._record_crc)
-        record = self.records_written - 1
+        record = self._finished
+        self._finished += 1
         length = self.position - self._record_start
         if self._pieces and length > PIECE_SIZE:
             if length % PIECE_SIZE:
