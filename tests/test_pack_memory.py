@@ -207,3 +207,19 @@ def test_no_entries(tmp_path: Path, tiny_budget: None) -> None:
     pack_entries([], tmp_path / "out.ffr")
     with PackedFolder(tmp_path / "out.ffr") as folder:
         assert folder.entry_count == 1
+
+
+def test_spill_files_have_no_name(tmp_path: Path, tiny_budget: None) -> None:
+    """Runs spilled while entries are added are unnamed files: a pack killed by any
+    signal leaves nothing of them (the writer's own temporary file is the only name)."""
+    seen: set[str] = set()
+
+    class Watch:
+        def start(self, total_files: int, total_bytes: int) -> None:
+            pass
+
+        def advance(self, files: int, nbytes: int) -> None:
+            seen.update(os.listdir(tmp_path))
+
+    pack_entries([Entry(f"d{i % 7}/f{i}", b"x") for i in range(2000)], tmp_path / "out.ffr", progress=Watch())
+    assert seen and all(name.startswith(".out.ffr.packfs-tmp-") for name in seen)

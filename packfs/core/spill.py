@@ -141,6 +141,8 @@ class KeyedRuns:
                 yield self._take_held()
             return
         self._spill()
+        # The blocks held, one a run, fit in what one run takes.
+        block_rows = max(256, min(block_rows, self.run_rows // (2 * len(self.runs))))
         readers = [_RunReader(run, count, nbytes, self.dtype, block_rows) for run, count, nbytes in self.runs]
         self.runs = []
         try:

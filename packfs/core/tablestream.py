@@ -30,12 +30,12 @@ from .spill import KeyedRuns, RowRuns, ranges, temporary_file
 
 __all__ = ["TableStream", "StreamedTable", "DEFAULT_BUDGET"]
 
-DEFAULT_BUDGET = 1 << 30
+DEFAULT_BUDGET = 1 << 29
 # Bytes of memory a row held costs, by where it is held (Python tuples while sorting by
 # path, numpy rows after): the budget divided by these gives the rows held at a time.
 _SORT_ROW_COST = 1000
 _LEVEL_ROW_COST = 2000  # a fifth of the budget: the walk's rows wait beside the merge's
-_INDEX_ROW_COST = 600
+_INDEX_ROW_COST = 1000
 _COPY_CHUNK = 1 << 20
 _INDEX_BLOCK = 1 << 14  # index rows laid out at a time
 

@@ -425,11 +425,11 @@ def _write_archive(entries: Iterable[Entry | _TreeFile], out: str, data_slots: i
                     continue
                 if progress is not None and entry.kind == "file":
                     progress.advance(1, 0)
+            builder.finish()  # the table's runs and columns are on disk too
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise PackError(f"cannot write {out!r}: {error.strerror}") from None
             raise PackError(f"packing into {out!r} failed: {error}") from None
-        builder.finish()
         writer.commit()
     return builder
 
