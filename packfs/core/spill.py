@@ -49,7 +49,10 @@ class RowRuns:
         rows.sort()
         run = temporary_file(self.directory)
         for start in range(0, len(rows), _READ_BLOCK):
-            marshal.dump(rows[start : start + _READ_BLOCK], run)
+            # Length-prefixed: marshal.load() from a file reads it a few bytes a call.
+            block = marshal.dumps(rows[start : start + _READ_BLOCK])
+            run.write(len(block).to_bytes(8, "little"))
+            run.write(block)
         run.flush()
         self.runs.append(run)
         self.rows = []
@@ -83,11 +86,10 @@ def _read_run(run: BinaryIO) -> Iterator[tuple]:
     run.seek(0)
     try:
         while True:
-            try:
-                block = marshal.load(run)
-            except EOFError:
+            length = run.read(8)
+            if not length:
                 return
-            yield from block
+            yield from marshal.loads(run.read(int.from_bytes(length, "little")))
     finally:
         run.close()
 
