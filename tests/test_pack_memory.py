@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import random
+import tracemalloc
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 import packfs.write.pack as pack_module
 from packfs import Entry, PackedFolder, pack_entries, pack_folder
+from packfs.core import spill
 from packfs.core.indexbuild import build_lookup_index
 from packfs.core.tablebuild import TableRows, build_tables
 from packfs.core.tablestream import TableStream
@@ -25,6 +28,7 @@ TINY = 200_000
 @pytest.fixture
 def tiny_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pack_module, "_TABLE_MEMORY", TINY)
+    monkeypatch.setattr(spill, "FAN_IN", 3)  # runs merged in two levels too
 
 
 def _entries(seed: int = 1, count: int = 3000) -> list[Entry]:
@@ -81,6 +85,7 @@ def test_spilled_table_gives_the_same_bytes(tmp_path: Path, monkeypatch: pytest.
     entries = _entries()
     pack_entries(entries, tmp_path / "memory.ffr")
     monkeypatch.setattr(pack_module, "_TABLE_MEMORY", TINY)
+    monkeypatch.setattr(spill, "FAN_IN", 3)  # runs merged in two levels too
     stats = pack_entries(entries, tmp_path / "spilled.ffr")
     assert (tmp_path / "memory.ffr").read_bytes() == (tmp_path / "spilled.ffr").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["memory.ffr", "spilled.ffr"]  # no spill file left
@@ -114,9 +119,10 @@ def test_spilled_folder_pack_gives_the_same_bytes(tmp_path: Path, monkeypatch: p
     assert (tmp_path / "memory.ffr").read_bytes() == (tmp_path / "spilled.ffr").read_bytes()
 
 
-def test_streamed_table_is_what_build_tables_lays_out(tmp_path: Path) -> None:
+def test_streamed_table_is_what_build_tables_lays_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Section by section, against the in-memory builders, for trees in random order."""
-    for seed in range(3):
+    for seed in range(4):
+        monkeypatch.setattr(spill, "FAN_IN", 3 if seed % 2 else 128)
         rng = random.Random(seed)
         rows = TableRows()
         stream = TableStream(str(tmp_path), TINY)
@@ -223,3 +229,24 @@ def test_spill_files_have_no_name(tmp_path: Path, tiny_budget: None) -> None:
 
     pack_entries([Entry(f"d{i % 7}/f{i}", b"x") for i in range(2000)], tmp_path / "out.ffr", progress=Watch())
     assert seen and all(name.startswith(".out.ffr.packfs-tmp-") for name in seen)
+
+
+def test_an_iterator_of_unknown_length_is_spooled_in_bounded_memory(tmp_path: Path, tiny_budget: None) -> None:
+    """pack_entries of a generator spools the entries too, not a list of them: the
+    same bytes as the list gives, and what an entry holds besides its row (here a
+    symlink's target) is not kept in memory."""
+
+    def entries(count: int, padding: int = 0) -> Iterator[Entry]:
+        for i in range(count):
+            yield Entry(f"d{i % 50}/f{i:06d}", b"%d" % i, mtime_ns=i, xattrs={"user.n": b"1"} if i == 7 else None)
+            yield Entry(f"d{i % 50}/s{i:06d}", kind="symlink", target=f"{i}" + "t" * padding)
+        yield Entry("d1/link", kind="hardlink", target="d0/f000000")
+
+    pack_entries(list(entries(2000)), tmp_path / "list.ffr")
+    pack_entries(entries(2000), tmp_path / "iterator.ffr")
+    assert (tmp_path / "list.ffr").read_bytes() == (tmp_path / "iterator.ffr").read_bytes()
+    tracemalloc.start()
+    pack_entries(entries(10_000, 4000), tmp_path / "long.ffr")  # 40 MB of targets
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 25 << 20

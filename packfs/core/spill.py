@@ -12,14 +12,17 @@ from __future__ import annotations
 import heapq
 import marshal
 import tempfile
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 
 __all__ = ["RowRuns", "KeyedRuns", "temporary_file"]
 
 # Rows read back from a run at a time while merging (each run holds this many in memory).
-_READ_BLOCK = 4096
+_READ_BLOCK = 1024
+# Runs merged at once: more are first merged into longer runs, this many at a time, so
+# that the blocks held while merging are bounded whatever the number of rows.
+FAN_IN = 128
 
 
 def temporary_file(directory: str | None) -> BinaryIO:
@@ -47,15 +50,20 @@ class RowRuns:
     def _spill(self) -> None:
         rows = self.rows
         rows.sort()
-        run = temporary_file(self.directory)
-        for start in range(0, len(rows), _READ_BLOCK):
-            # Length-prefixed: marshal.load() from a file reads it a few bytes a call.
-            block = marshal.dumps(rows[start : start + _READ_BLOCK])
-            run.write(len(block).to_bytes(8, "little"))
-            run.write(block)
-        run.flush()
-        self.runs.append(run)
         self.rows = []
+        self.runs.append(self._write_run(rows))
+
+    def _write_run(self, rows: Iterable[tuple]) -> BinaryIO:
+        run = temporary_file(self.directory)
+        block: list[tuple] = []
+        for row in rows:
+            block.append(row)
+            if len(block) >= _READ_BLOCK:
+                _write_block(run, block)
+                block = []
+        _write_block(run, block)
+        run.flush()
+        return run
 
     def sorted(self) -> Iterator[tuple]:
         """Every row added, in order (once: the runs are consumed)."""
@@ -65,6 +73,9 @@ class RowRuns:
             return _popped(rows)
         if self.rows:
             self._spill()
+        while len(self.runs) > FAN_IN:
+            merged = self._write_run(heapq.merge(*(_read_run(run) for run in self.runs[:FAN_IN])))
+            self.runs = self.runs[FAN_IN:] + [merged]
         return heapq.merge(*(_read_run(run) for run in self.runs))
 
     def close(self) -> None:
@@ -73,6 +84,14 @@ class RowRuns:
             run.close()
         self.runs = []
         self.rows = []
+
+
+def _write_block(run: BinaryIO, block: list[tuple]) -> None:
+    # Length-prefixed: marshal.load() from a file reads it a few bytes a call.
+    if block:
+        data = marshal.dumps(block)
+        run.write(len(data).to_bytes(8, "little"))
+        run.write(data)
 
 
 def _popped(rows: list[tuple]) -> Iterator[tuple]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import marshal
 import os
 import shutil
 import stat as stat_module
@@ -451,12 +452,18 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
 
 def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
                   progress: PackProgress | None) -> PackStats:
-    """pack_entries for an iterator of unknown length: spool file data, then pack."""
+    """pack_entries for an iterator of unknown length: spool file data, then pack.  The
+    entries themselves are spooled too, a block at a time, so that an iterator of any
+    length is packed in bounded memory."""
     started = time.perf_counter()
     directory = os.path.dirname(os.path.abspath(os.fsdecode(out)))
-    with tempfile.TemporaryFile(dir=directory, prefix="." + TEMP_MARKER.strip(".-")) as spool:
-        staged: list[Entry] = []
+    prefix = "." + TEMP_MARKER.strip(".-")
+    with tempfile.TemporaryFile(dir=directory, prefix=prefix) as spool, \
+            tempfile.TemporaryFile(dir=directory, prefix=prefix) as staged:
+        block: list[tuple] = []
+        count = files = 0
         for entry in entries:
+            start = length = -1
             if entry.kind == "file":
                 data = entry.data
                 start = spool.tell()
@@ -469,21 +476,62 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
                     finally:
                         if callable(data):
                             source.close()
-                staged.append(_spooled_entry(entry, spool, start, spool.tell() - start))
-            else:
-                staged.append(entry)
+                length = spool.tell() - start
+                files += 1
+            block.append(_staged_fields(entry, start, length))
+            count += 1
+            if len(block) >= _STAGED_BLOCK:
+                _stage(staged, block)
+                block = []
+        _stage(staged, block)
         spool.flush()  # _Window reads with pread, below the file object's buffer
         if progress is not None:
-            progress.start(sum(1 for entry in staged if entry.kind == "file"), spool.tell())
-        stats = pack_entries(staged, out, force=force, progress=progress)
+            progress.start(files, spool.tell())
+        # count: every entry, as len() of a list of them gives (the same bytes).
+        stats = pack_entries(_unstaged(staged, spool), out, count=count, force=force, progress=progress)
     return dataclasses.replace(stats, seconds=time.perf_counter() - started)  # both phases
 
 
-def _spooled_entry(entry: Entry, spool: BinaryIO, start: int, length: int) -> Entry:
-    def reopen() -> BinaryIO:
-        return _Window(spool, start, length)
+_STAGED_BLOCK = 256  # entries spooled at a time by _pack_spooled (each may hold a 4 KiB target)
 
-    return dataclasses.replace(entry, data=reopen, size=length)
+
+def _staged_fields(entry: Entry, start: int, length: int) -> tuple:
+    """``entry`` as plain values marshal can write (its data: ``length`` bytes of the
+    spool from ``start``, or none)."""
+    xattrs = None if not entry.xattrs else {name: bytes(value) for name, value in entry.xattrs.items()}
+    target = None if entry.target is None else os.fspath(entry.target)
+    return (os.fspath(entry.path), entry.kind, target, entry.mode, entry.uid, entry.gid, entry.mtime_ns,
+            entry.size, xattrs, start, length)
+
+
+def _stage(staged: BinaryIO, block: list[tuple]) -> None:
+    if block:
+        data = marshal.dumps(block)
+        staged.write(len(data).to_bytes(8, "little"))
+        staged.write(data)
+
+
+def _unstaged(staged: BinaryIO, spool: BinaryIO) -> Iterator[Entry]:
+    """The entries _pack_spooled spooled, in order, their data read from ``spool``."""
+    staged.seek(0)
+    while True:
+        length = staged.read(8)
+        if not length:
+            return
+        for path, kind, target, mode, uid, gid, mtime_ns, size, xattrs, start, data_length in \
+                marshal.loads(staged.read(int.from_bytes(length, "little"))):
+            data: Data = None
+            if start >= 0:
+                data, size = _window_opener(spool, start, data_length), data_length
+            yield Entry(path, data, kind, target=target, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns,
+                        size=size, xattrs=xattrs)
+
+
+def _window_opener(spool: BinaryIO, start: int, length: int) -> Callable[[], BinaryIO]:
+    def reopen() -> BinaryIO:
+        return _Window(spool, start, length)  # type: ignore[return-value]
+
+    return reopen
 
 
 class _Window:
