@@ -250,3 +250,36 @@ def test_an_iterator_of_unknown_length_is_spooled_in_bounded_memory(tmp_path: Pa
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 25 << 20
+
+
+def test_a_tar_stream_is_packed_without_its_member_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tarfile keeps every member it reads (about 1 KiB each); a streamed tar's are let
+    go as they are packed."""
+    import io
+    import tarfile
+
+    from packfs.write import archives
+
+    source = tmp_path / "t.tar"
+    with tarfile.open(source, "w") as tar:
+        for i in range(3000):
+            info = tarfile.TarInfo(f"d{i % 20}/f{i:06d}")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+        link = tarfile.TarInfo("d0/link")
+        link.type, link.linkname = tarfile.LNKTYPE, "d0/f000000"
+        tar.addfile(link)
+    held: list[int] = []
+    original = archives._tar_entry
+
+    def watched(tar: tarfile.TarFile, *args: object) -> Iterator[Entry]:
+        held.append(len(tar.members))
+        return original(tar, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(archives, "_tar_entry", watched)
+    with open(source, "rb") as stream:
+        archives.pack_archive("-", tmp_path / "out.ffr", stdin=stream)
+    assert len(held) == 3001 and max(held) <= 1
+    with PackedFolder(tmp_path / "out.ffr") as folder:
+        assert folder.stat("d0/link").nlink == 2
+        assert folder.read_view("d19/f002999") == b"x"
