@@ -283,3 +283,31 @@ def test_a_tar_stream_is_packed_without_its_member_list(tmp_path: Path, monkeypa
     with PackedFolder(tmp_path / "out.ffr") as folder:
         assert folder.stat("d0/link").nlink == 2
         assert folder.read_view("d19/f002999") == b"x"
+
+
+def test_long_paths_are_laid_out_alike(tmp_path: Path) -> None:
+    """A tree 300 deep with long names (paths of 12 KB: gathered as whole slices)."""
+    rows = TableRows()
+    stream = TableStream(str(tmp_path), TINY)
+    path = b""
+    crcs: list[int] = []
+    offsets: list[int] = []
+    for depth in range(300):
+        path = (path + b"/" if path else b"") + b"n%03d" % depth + b"x" * 37
+        for name, mode in ((path, S_IFDIR | 0o755), (path + b"-file", S_IFREG | 0o600)):
+            record = NO_RECORD if mode & S_IFDIR == S_IFDIR else len(crcs)
+            if record != NO_RECORD:
+                crcs.append(depth)
+                offsets.append(1000 + depth)
+            rows.add(name, mode, 1, 2, depth, 0, record)
+            stream.add(name, mode, 1, 2, depth, 0, record, *((depth, 1000 + depth) if record != NO_RECORD else (0, 0)))
+    rows.add(b"", S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
+    tables = build_tables(rows)
+    index = build_lookup_index(tables, crcs, offsets, len(crcs))
+    streamed = stream.finish()
+    try:
+        for name, _ in SECTIONS:
+            assert b"".join(streamed.section(name)) == tables[name].tobytes(), name
+        assert b"".join(streamed.section("index")) == index.data
+    finally:
+        streamed.close()

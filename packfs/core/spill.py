@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 
-__all__ = ["RowRuns", "KeyedRuns", "temporary_file"]
+__all__ = ["RowRuns", "KeyedRuns", "gather", "ranges", "temporary_file"]
 
 # Rows read back from a run at a time while merging (each run holds this many in memory).
 _READ_BLOCK = 1024
@@ -35,22 +35,27 @@ class RowRuns:
     sorted and spilled; :meth:`sorted` merges the runs.  Rows are plain tuples of
     bytes and integers (marshal writes and reads them at C speed)."""
 
-    def __init__(self, directory: str | None, run_rows: int) -> None:
+    def __init__(self, directory: str | None, run_rows: int, run_bytes: int | None = None) -> None:
         self.directory = directory
         self.run_rows = max(1, run_rows)
+        self.run_bytes = run_bytes  # a run also ends when the sizes given to add() reach this
         self.rows: list[tuple] = []
         self.runs: list[BinaryIO] = []
+        self._held_bytes = 0
 
-    def add(self, row: tuple) -> None:
-        """Add ``row``; a full run is sorted and spilled."""
+    def add(self, row: tuple, nbytes: int = 0) -> None:
+        """Add ``row`` (holding about ``nbytes`` of strings); a full run is sorted and
+        spilled."""
         self.rows.append(row)
-        if len(self.rows) >= self.run_rows:
+        self._held_bytes += nbytes
+        if len(self.rows) >= self.run_rows or (self.run_bytes is not None and self._held_bytes >= self.run_bytes):
             self._spill()
 
     def _spill(self) -> None:
         rows = self.rows
         rows.sort()
         self.rows = []
+        self._held_bytes = 0
         self.runs.append(self._write_run(rows))
 
     def _write_run(self, rows: Iterable[tuple]) -> BinaryIO:
@@ -125,6 +130,9 @@ class KeyedRuns:
         self.with_bytes = with_bytes
         self._held: list[tuple[np.ndarray, np.ndarray, np.ndarray, bytes]] = []
         self._held_rows = 0
+        self._held_bytes = 0
+        # Gathering a run's strings takes an 8-byte index a byte: runs end at this many.
+        self.run_bytes = max(1 << 16, self.run_rows * 32)
         self.runs: list[tuple[BinaryIO, int, int]] = []  # (file, rows, bytes)
 
     def add(self, keys: np.ndarray, rows: np.ndarray, lengths: np.ndarray | None = None, data: bytes = b"") -> None:
@@ -132,7 +140,8 @@ class KeyedRuns:
         lengths = np.zeros(len(keys), np.int64) if lengths is None else lengths.astype(np.int64)
         self._held.append((keys.astype(np.uint64), rows.astype(self.dtype), lengths, data))
         self._held_rows += len(keys)
-        if self._held_rows >= self.run_rows:
+        self._held_bytes += len(data)
+        if self._held_rows >= self.run_rows or self._held_bytes >= self.run_bytes:
             self._spill()
 
     def _take_held(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -140,7 +149,7 @@ class KeyedRuns:
         rows = np.concatenate([held[1] for held in self._held])
         lengths = np.concatenate([held[2] for held in self._held])
         data = np.frombuffer(b"".join(held[3] for held in self._held), np.uint8)
-        self._held, self._held_rows = [], 0
+        self._held, self._held_rows, self._held_bytes = [], 0, 0
         order = np.argsort(keys, kind="stable")
         return _gathered(keys, rows, lengths, data, order)
 
@@ -199,8 +208,17 @@ def _gathered(keys: np.ndarray, rows: np.ndarray, lengths: np.ndarray, data: np.
     np.cumsum(lengths, out=starts[1:])
     lengths = lengths[order]
     if len(data):
-        data = data[ranges(starts[:-1][order], lengths)]
+        data = gather(data, starts[:-1][order], lengths)
     return keys[order], rows[order], lengths, data
+
+
+def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The slices [start, start + length) of ``data``, concatenated."""
+    if len(starts) <= 64 or int(lengths.sum()) > 64 * len(starts):
+        # Few or long slices (the paths of a deep tree): copied whole, not indexed a byte at a time.
+        return np.concatenate([data[start : start + length] for start, length in
+                               zip(starts.tolist(), lengths.tolist())] or [data[:0]])
+    return data[ranges(starts, lengths)]
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

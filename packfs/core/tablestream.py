@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import PackError
 from ..format import INDEX_ROW, NO_RECORD, S_IFDIR, S_IFMT, S_IFREG, SECTIONS, crc32
-from .spill import KeyedRuns, RowRuns, ranges, temporary_file
+from .spill import KeyedRuns, RowRuns, gather, ranges, temporary_file
 
 __all__ = ["TableStream", "StreamedTable", "DEFAULT_BUDGET"]
 
@@ -38,6 +38,7 @@ _LEVEL_ROW_COST = 2000  # a fifth of the budget: the walk's rows wait beside the
 _INDEX_ROW_COST = 1000
 _COPY_CHUNK = 1 << 20
 _INDEX_BLOCK = 1 << 14  # index rows laid out at a time
+_INDEX_BYTES = 1 << 22  # and at most this many bytes of their paths
 
 # A depth's entries as the walk leaves them, before their places are known.
 _LEVEL_ROW = np.dtype([
@@ -64,7 +65,8 @@ class TableStream:
     def __init__(self, directory: str | None, budget: int = DEFAULT_BUDGET) -> None:
         self.directory = directory
         self.budget = budget
-        self._runs = RowRuns(directory, budget // _SORT_ROW_COST)
+        # Paths count twice: the row's key and, once walked, its path.
+        self._runs = RowRuns(directory, budget // _SORT_ROW_COST, budget // 4)
         self._added = 0
         self._link_targets: set[bytes] = set()
 
@@ -79,7 +81,7 @@ class TableStream:
         if link_to:
             self._link_targets.add(link_key)
         self._runs.add((path.replace(b"/", b"\0"), self._added, mode, uid, gid, mtime_ns, size, record,
-                        crc, offset, xattrs, link_key))
+                        crc, offset, xattrs, link_key), len(path) + len(xattrs))
         self._added += 1
 
     def finish(self) -> StreamedTable:
@@ -118,7 +120,9 @@ class _Walk:
         self.held: list[list[tuple]] = []  # each depth's rows not yet written
         self.held_paths: list[list[bytes]] = []
         self.held_rows = 0
+        self.held_bytes = 0
         self.hold_limit = max(1, budget // _LEVEL_ROW_COST)
+        self.hold_bytes = max(1 << 16, budget // 16)  # long paths: 20 KiB in a tree 10,000 deep
         self.chunks: list[list[tuple[int, int, int]]] = []  # each depth's (file offset, rows, path bytes)
         self.levels = temporary_file(directory)
         self.levels_end = 0
@@ -224,10 +228,11 @@ class _Walk:
             subdirs, crc32(path), len(key) - key.rfind(b"\0") - 1, len(path)))
         self.held_paths[depth].append(path)
         self.held_rows += 1
-        if self.held_rows >= self.hold_limit:
+        self.held_bytes += len(path)
+        if self.held_rows >= self.hold_limit or self.held_bytes >= self.hold_bytes:
             for level in range(len(self.held)):
                 self._write_level(level)
-            self.held_rows = 0
+            self.held_rows = self.held_bytes = 0
 
     def _write_level(self, depth: int) -> None:
         rows = self.held[depth]
@@ -351,7 +356,7 @@ class StreamedTable:
         below = starts[depth + 1] if depth + 1 < len(starts) else 0
         child_start = np.where(child_count > 0, rows["first_child"].astype(np.int64) + below, 0)
         path_ends = np.cumsum(rows["path_length"].astype(np.int64))
-        names = paths[ranges(path_ends - rows["name_length"], rows["name_length"].astype(np.int64))]
+        names = gather(paths, path_ends - rows["name_length"], rows["name_length"].astype(np.int64))
         name_end = self._names_end + np.cumsum(rows["name_length"].astype(np.int64))
         if count:
             self._names_end = int(name_end[-1])
@@ -409,10 +414,14 @@ class StreamedTable:
         row_end = 0
         for _keys, block, block_lengths, block_data in index.merged():
             block_ends = np.cumsum(block_lengths)
-            for at in range(0, len(block), _INDEX_BLOCK):  # bounds the index arrays made below
-                fixed, lengths = block[at : at + _INDEX_BLOCK], block_lengths[at : at + _INDEX_BLOCK]
+            at = 0
+            while at < len(block):  # a part at a time: bounds the index arrays made below
                 data_start = int(block_ends[at - 1]) if at else 0
-                data = block_data[data_start : data_start + int(lengths.sum())]
+                end = min(at + _INDEX_BLOCK, int(np.searchsorted(block_ends, data_start + _INDEX_BYTES, "right")))
+                end = max(end, at + 1)
+                fixed, lengths = block[at:end], block_lengths[at:end]
+                data = block_data[data_start : int(block_ends[end - 1])]
+                at = end
                 self._files["path_hash"].write(memoryview(np.ascontiguousarray(fixed["path_hash"])).cast("B"))
                 self._files["path_entry"].write(memoryview(np.ascontiguousarray(fixed["entry"])).cast("B"))
                 row_lengths = lengths + size
