@@ -8,14 +8,15 @@ TAIL_MAX bytes, so one suffix read of 1 MiB opens an archive of any size.
 from __future__ import annotations
 
 from array import array
-from typing import Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_ROW, NO_RECORD, S_IFDIR, S_IFMT, S_IFREG, TABLE_PAGE_MIN, TAIL_HEADER, TAIL_MAGIC,
                       TAIL_MAX, TAIL_SPAN, TAIL_SPAN_COUNT, crc32)
 
-__all__ = ["LookupIndex", "build_lookup_index", "build_tail", "page_crcs", "tail_page_size"]
+__all__ = ["LookupIndex", "PagedIndex", "build_lookup_index", "build_paged_tail", "build_tail", "page_crcs",
+           "tail_page_size"]
 
 
 class LookupIndex:
@@ -25,6 +26,10 @@ class LookupIndex:
         self.data = data
         self.row_ends = row_ends
         self.hashes = hashes
+
+    def page_crc(self, start: int, end: int) -> int:
+        """The CRC of the index's bytes [start, end)."""
+        return crc32(memoryview(self.data)[start:end])
 
     def pages(self, page_size: int) -> list[tuple[int, int, int]]:
         """(first_hash, start, end) of each page of at most ``page_size`` bytes (one
@@ -99,7 +104,7 @@ def page_crcs(data: bytes | memoryview, page_size: int) -> array:
     return array("I", (crc32(view[start : start + page_size]) for start in range(0, len(view), page_size)))
 
 
-def tail_page_size(region_lengths: Sequence[int], index: LookupIndex) -> int:
+def tail_page_size(region_lengths: Sequence[int], index: PagedIndex) -> int:
     """The smallest page size (a power of two from TABLE_PAGE_MIN) whose page CRCs of
     regions ``region_lengths`` long and pages of ``index`` fit a tail of TAIL_MAX."""
     page_size = TABLE_PAGE_MIN
@@ -118,21 +123,45 @@ def build_tail(*, record_count: int, data_end: int, tail_start: int, spans: Sequ
     ``spans`` are sections 0 .. 21's (start, length); ``regions`` are the bytes the
     page CRCs cover, in the tail's order (the header's data-record CRCs and offsets,
     then sections 0 .. 20)."""
+    return build_paged_tail(record_count=record_count, data_end=data_end, tail_start=tail_start, spans=spans,
+                            region_lengths=[memoryview(region).nbytes for region in regions],
+                            region_page_crcs=lambda page_size: [page_crcs(region, page_size).tobytes()
+                                                                for region in regions],
+                            index=index)
+
+
+class PagedIndex(Protocol):
+    """What the tail needs of a lookup index: its pages and their CRCs."""
+
+    def page_crc(self, start: int, end: int) -> int:
+        """The CRC of the index's bytes [start, end)."""
+        return crc32(memoryview(self.data)[start:end])
+
+    def pages(self, page_size: int) -> list[tuple[int, int, int]]:
+        """(first_hash, start, end) of each page of at most ``page_size`` bytes."""
+
+    def page_crc(self, start: int, end: int) -> int:
+        """The CRC of the index's bytes [start, end)."""
+
+
+def build_paged_tail(*, record_count: int, data_end: int, tail_start: int, spans: Sequence[tuple[int, int]],
+                     region_lengths: Sequence[int], region_page_crcs: Callable[[int], Iterable[bytes]],
+                     index: PagedIndex) -> bytes:
+    """:func:`build_tail` for regions not held in memory: ``region_lengths`` are their
+    lengths and ``region_page_crcs(page_size)`` their page CRCs (little-endian u32s),
+    region by region."""
     if len(spans) != TAIL_SPAN_COUNT:
         raise ValueError(f"a tail locates {TAIL_SPAN_COUNT} sections, got {len(spans)}")
-    lengths = [memoryview(region).nbytes for region in regions]
-    page_size = tail_page_size(lengths, index)
-    crc_count = sum(-(-length // page_size) for length in lengths)
+    page_size = tail_page_size(region_lengths, index)
+    crc_count = sum(-(-length // page_size) for length in region_lengths)
     pages = index.pages(page_size)
     size = TAIL_HEADER.size + TAIL_SPAN.size * len(spans) + 4 * crc_count + INDEX_PAGE.size * len(pages)
     file_size = tail_start + size + FOOTER_SIZE
     parts = [TAIL_HEADER.pack(TAIL_MAGIC, page_size, len(spans), record_count, data_end, len(pages), file_size,
                               bytes(16))]
     parts += [TAIL_SPAN.pack(start, length) for start, length in spans]
-    for region in regions:
-        parts.append(page_crcs(region, page_size).tobytes())
-    data = memoryview(index.data)
-    parts += [INDEX_PAGE.pack(first_hash, crc32(data[start:end]), start) for first_hash, start, end in pages]
+    parts += list(region_page_crcs(page_size))
+    parts += [INDEX_PAGE.pack(first_hash, index.page_crc(start, end), start) for first_hash, start, end in pages]
     tail = b"".join(parts)
     assert len(tail) == size
     return tail

@@ -126,6 +126,10 @@ def _attributes(member: tarfile.TarInfo, xattrs: bool) -> dict[str, Any]:
 def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], skips: SkipList,
                  xattrs: bool = True) -> Iterator[Entry]:
     for member in members:
+        # tarfile keeps every member it has read (for getmembers() and extracting hard
+        # links), about 1 KiB each; entries here name their link targets themselves, so
+        # the list is let go: a stream of any length is packed in bounded memory.
+        del tar.members[:]
         name = _safe_name(member.name, skips)
         if name is not None:
             yield from _tar_entry(tar, member, name, skips, xattrs)

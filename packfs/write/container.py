@@ -24,6 +24,10 @@ __all__ = ["ContainerWriter", "TEMP_MARKER"]
 # leftovers are recognisable.
 TEMP_MARKER = ".packfs-tmp-"
 _COPY_CHUNK = 1 << 20
+# Records whose CRC and offset are held before they are written into the header: the
+# header's arrays (12 bytes a record) are filled in batches, never held whole.
+_HEADER_BATCH = 1 << 16
+_HEADER_CRCS = 12  # where the header's CRC array starts (format section 1)
 
 
 def _remove_stale_temporaries(out: Path) -> None:
@@ -94,7 +98,8 @@ class ContainerWriter:
         # remove_unfinished() finds the file.
         register(self.temp_path)
         try:
-            fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            # Read and write: the header's CRCs are read back for its checksum.
+            fd = os.open(self.temp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except OSError as error:
             unregister(self.temp_path)
             raise PackError(
@@ -102,8 +107,11 @@ class ContainerWriter:
             ) from None
         self._file: BinaryIO = os.fdopen(fd, "wb", buffering=_COPY_CHUNK)
         try:
+            # The CRCs and offsets of records _flushed .. _flushed + len(_offsets) - 1.
             self._crcs = array("I")
             self._offsets = array("q")
+            self._flushed = 0
+            self._finished = 0  # records finished (what records_written says; read once a record)
             self.position = header_size(record_count)
             self._file.seek(self.position)
         except BaseException:
@@ -131,14 +139,16 @@ class ContainerWriter:
     @property
     def records_written(self) -> int:
         """How many records were finished so far."""
-        return len(self._offsets)
+        return self._finished
 
     def begin_record(self) -> None:
         """Start a record; its bytes follow with :meth:`write`."""
-        if len(self._offsets) >= self.record_count:
+        if self._finished >= self.record_count:
             raise PackError(
                 f"{str(self.out)!r}: more records written than the {self.record_count} declared"
             )
+        if len(self._offsets) >= _HEADER_BATCH:
+            self._flush_header_batch()
         self._record_start = self.position
         self._record_crc = 0
         del self._record_pieces[:]
@@ -201,7 +211,8 @@ class ContainerWriter:
         """Finish the current record and return its index."""
         self._offsets.append(self._record_start)
         self._crcs.append(self._record_crc)
-        record = len(self._offsets) - 1
+        record = self._finished
+        self._finished += 1
         length = self.position - self._record_start
         if self._pieces and length > PIECE_SIZE:
             if length % PIECE_SIZE:
@@ -220,16 +231,62 @@ class ContainerWriter:
         self._pieces = False
         return self._piece_records, self._piece_starts, self._piece_crcs
 
+    def _flush_header_batch(self) -> None:
+        """Write the held CRCs and offsets into their places in the header."""
+        fd = self._file.fileno()
+        first = self._flushed
+        os.pwrite(fd, self._crcs.tobytes(), _HEADER_CRCS + 4 * first)
+        os.pwrite(fd, self._offsets.tobytes(), _HEADER_CRCS + 4 * self.record_count + 8 * first)
+        self._flushed += len(self._offsets)
+        del self._crcs[:], self._offsets[:]
+
+    def _header_values(self, start: int, count: int, offsets: bool) -> array:
+        """The CRCs (or offsets) of records start .. start + count - 1, all finished."""
+        values = array("q" if offsets else "I")
+        on_disk = min(count, max(0, self._flushed - start))
+        if on_disk:
+            where = (_HEADER_CRCS + 4 * self.record_count + 8 * start) if offsets else _HEADER_CRCS + 4 * start
+            values.frombytes(os.pread(self._file.fileno(), on_disk * values.itemsize, where))
+        held = max(0, min(start + count, self.records_written) - max(start, self._flushed))
+        if held:
+            first = max(start - self._flushed, 0)
+            values.extend((self._offsets if offsets else self._crcs)[first : first + held])
+        return values
+
     def data_record_spans(self, data_records: int) -> tuple[array, array]:
         """The CRCs and file offsets of records 0 .. ``data_records`` - 1, all written
-        (what format 1.4's lookup index and tail record of them)."""
-        if data_records > len(self._offsets):
-            raise ValueError(f"{data_records} data records asked for, {len(self._offsets)} written")
-        return self._crcs[:data_records], self._offsets[:data_records]
+        (what format 1.4's lookup index and tail record of them).  They are read back
+        from the header, 12 bytes of memory a record: :meth:`record_span` asks for one."""
+        if data_records > self.records_written:
+            raise ValueError(f"{data_records} data records asked for, {self.records_written} written")
+        return self._header_values(0, data_records, False), self._header_values(0, data_records, True)
+
+    def record_span(self, record: int) -> tuple[int, int]:
+        """The CRC and file offset of record ``record``, already written."""
+        if not 0 <= record < self.records_written:
+            raise ValueError(f"record {record} asked for, {self.records_written} written")
+        if record >= self._flushed:
+            return self._crcs[record - self._flushed], self._offsets[record - self._flushed]
+        return self._header_values(record, 1, False)[0], self._header_values(record, 1, True)[0]
 
     def record_offset(self, record: int) -> int:
         """Where record ``record``, already written, starts in the file."""
-        return self._offsets[record]
+        return self.record_span(record)[1]
+
+    def header_regions(self, data_records: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(file offset, length) of the header's CRCs of records 0 .. ``data_records`` - 1
+        and of its offsets of records 0 .. ``data_records`` (the last: where the record
+        after them starts): what format 1.4's tail covers with page CRCs."""
+        return ((_HEADER_CRCS, 4 * data_records),
+                (_HEADER_CRCS + 4 * self.record_count, 8 * (data_records + 1)))
+
+    def read_back(self, start: int, length: int) -> bytes:
+        """``length`` bytes of the file from ``start``, as written so far (the header's
+        arrays hold the records finished so far)."""
+        self._file.flush()
+        if len(self._offsets):
+            self._flush_header_batch()
+        return os.pread(self._file.fileno(), length, start)
 
     def add_written_record(self, length: int, crc: int, piece_crcs: Sequence[int] = ()) -> int:
         """Count a record of ``length`` bytes that another descriptor of
@@ -258,19 +315,23 @@ class ContainerWriter:
 
     def commit(self) -> None:
         """Write the header, fsync, and rename the temporary file to ``out``."""
-        if len(self._offsets) != self.record_count:
+        if self.records_written != self.record_count:
             raise PackError(
-                f"{str(self.out)!r}: {len(self._offsets)} records written, "
+                f"{str(self.out)!r}: {self.records_written} records written, "
                 f"{self.record_count} declared"
             )
-        header = HEADER_PREFIX.pack(0, self.record_count)[4:] + self._crcs.tobytes()
-        header += self._offsets.tobytes()
-        checksum_meta = crc32(header)
         try:
-            self._file.seek(0)
-            self._file.write(checksum_meta.to_bytes(4, "little") + header)
+            if len(self._offsets):
+                self._flush_header_batch()
             self._file.flush()
-            os.fsync(self._file.fileno())
+            fd = self._file.fileno()
+            prefix = HEADER_PREFIX.pack(0, self.record_count)[4:]
+            checksum_meta = crc32(prefix)
+            end = header_size(self.record_count)
+            for start in range(HEADER_PREFIX.size, end, _COPY_CHUNK):
+                checksum_meta = crc32(os.pread(fd, min(_COPY_CHUNK, end - start), start), checksum_meta)
+            os.pwrite(fd, checksum_meta.to_bytes(4, "little") + prefix, 0)
+            os.fsync(fd)
             self._file.close()
             self._publish()
             unregister(self.temp_path)

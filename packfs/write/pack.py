@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import marshal
 import os
 import shutil
 import stat as stat_module
@@ -18,8 +19,8 @@ from typing import (BinaryIO, Callable, ContextManager, Iterable, Iterator, Lite
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError, PackSourceError
-from ..format import (INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
-                      XATTR_SECTIONS, pack_footer, record_count_for, section_count_for,
+from ..format import (INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
+                      XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
 from .parallel import FileStamp, Placer, files_on_workers
@@ -34,6 +35,10 @@ __all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pac
 log = logging.getLogger("packfs")
 
 _CHUNK = 1 << 20
+# Bytes of memory the table's layout may hold (None: packfs.core.tablestream's default);
+# more entries are sorted in runs on disk and merged.  Tests make it tiny so that small
+# packs spill.
+_TABLE_MEMORY: int | None = None
 
 PathLike = PathArg
 Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], None]
@@ -130,9 +135,10 @@ class _ArchiveBuilder:
         self.progress = progress
         self.with_xattrs = xattrs  # the writer's record count has room for section 4c
         # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
-        from ..core.tablebuild import TableRows
+        from ..core.tablestream import DEFAULT_BUDGET, TableStream
 
-        self.rows = TableRows()
+        self.rows = TableStream(str(writer.out.parent), DEFAULT_BUDGET if _TABLE_MEMORY is None else _TABLE_MEMORY)
+        self.dirs = 0  # known once the table is laid out
         self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
         self.file_bytes = 0
         self.changed: list[str] = []  # files read again because they changed: the user's answer
@@ -160,11 +166,10 @@ class _ArchiveBuilder:
         if kind not in _TYPE_BITS:
             raise ValueError(f"Entry.kind must be file, dir, symlink or hardlink, got {kind!r}")
         label = os.fsdecode(key)
-        if key in self.rows and not (kind == "dir" and key == b""):
-            raise PackError(f"duplicate path {label!r}")
         mode = (_DEFAULT_MODE[kind] if entry.mode is None else entry.mode) & 0o7777
         mode |= _TYPE_BITS[kind]
         uid, gid, mtime_ns = entry.uid, entry.gid, entry.mtime_ns
+        link_to = b""
         if kind == "dir":
             record, size = NO_RECORD, 0
         elif kind == "symlink":
@@ -185,45 +190,40 @@ class _ArchiveBuilder:
         elif kind == "hardlink":
             if entry.target is None:
                 raise PackError(f"hard link {label!r} has no target")
-            other = self.rows.row_of.get(archive_key(entry.target))
-            if other is None or self.rows.mode[other] & S_IFMT != S_IFREG:
-                raise PackError(
-                    f"hard link {label!r} points to {os.fsdecode(entry.target)!r}, "
-                    f"which is not an earlier file entry"
-                )
             # Every name of a file has its attributes: readers show the first name's
-            # (format section 4, first_link) under all of them.
-            rows = self.rows
-            record, size, mode = rows.record[other], rows.size[other], rows.mode[other]
-            uid, gid, mtime_ns = rows.uid[other], rows.gid[other], rows.mtime_ns[other]
+            # (format section 4, first_link) under all of them.  The table takes them
+            # from the file's entry, which must be an earlier one.
+            link_to = archive_key(entry.target)
+            record, size, mode = NO_RECORD, 0, S_IFREG
         else:
             record, size = self._write_file(entry, label)
             self.file_bytes += size
         self.counts[kind] += 1
-        self.rows.add(key, mode, uid, gid, mtime_ns, size, record)
-        if entry.xattrs and kind != "hardlink":  # a hard link has its file's (format 4c)
-            self._add_xattrs(key, label, entry.xattrs)
+        # A hard link has its file's extended attributes (format 4c).
+        self._add_row(key, label, mode, uid, gid, mtime_ns, size, record,
+                      None if kind == "hardlink" else entry.xattrs, link_to)
 
-    def _add_xattrs(self, key: bytes, label: str, attributes: Mapping[Union[str, bytes], bytes]) -> None:
-        from ..core.xattrs import encode_xattrs
+    def _add_row(self, key: bytes, label: str, mode: int, uid: int, gid: int, mtime_ns: int, size: int,
+                 record: int, xattrs: Mapping[Union[str, bytes], bytes] | None = None, link_to: bytes = b"") -> None:
+        """Give the table an entry (with its record's CRC and offset)."""
+        crc, offset = (0, 0) if record == NO_RECORD else self.writer.record_span(record)
+        encoded = b""
+        if xattrs:
+            from ..core.xattrs import encode_xattrs
 
-        try:
-            encoded = encode_xattrs({os.fsencode(name): bytes(value) for name, value in attributes.items()})
-        except ValueError as error:
-            raise PackError(f"{label!r} has an extended attribute the format cannot store: {error}") from None
-        self.rows.xattrs[self.rows.row_of[key]] = encoded
+            try:
+                encoded = encode_xattrs({os.fsencode(name): bytes(value) for name, value in xattrs.items()})
+            except ValueError as error:
+                raise PackError(f"{label!r} has an extended attribute the format cannot store: {error}") from None
+        self.rows.add(key, mode, uid, gid, mtime_ns, size, record, crc, offset, encoded, link_to)
 
     def _add_tree_file(self, source: TreeFile) -> None:
         key = archive_key(source.key)
-        if key in self.rows:
-            raise PackError(f"duplicate path {source.path!r}")
         record, size, info = self._write_tree_file(source)
         self.file_bytes += size
         self.counts["file"] += 1
-        self.rows.add(key, S_IFREG | stat_module.S_IMODE(info.st_mode), info.st_uid, info.st_gid,
-                      info.st_mtime_ns, size, record)
-        if source.xattrs:
-            self._add_xattrs(key, source.path, source.xattrs)
+        self._add_row(key, source.path, S_IFREG | stat_module.S_IMODE(info.st_mode), info.st_uid, info.st_gid,
+                      info.st_mtime_ns, size, record, source.xattrs)
 
     def _write_tree_file(self, source: TreeFile) -> tuple[int, int, os.stat_result | FileStamp]:
         """Copy a file of the tree into a record so that the bytes stored are one state
@@ -278,59 +278,62 @@ class _ArchiveBuilder:
             )
         return self.writer.end_record(), size
 
-    def _write_section(self, data: bytes | memoryview) -> tuple[int, int]:
-        """Write one section behind its padding record (format section 2); its span."""
+    def _write_section(self, chunks: Iterable[bytes | memoryview]) -> tuple[int, int]:
+        """Write one section, given in chunks, behind its padding record (format
+        section 2); its span."""
         writer = self.writer
         writer.write_record(bytes(-writer.position % SECTION_ALIGNMENT))
         start = writer.position
-        writer.write_record(data)
+        writer.begin_record()
+        for chunk in chunks:
+            writer.write(chunk)
+        writer.end_record()
         return start, writer.position
 
+    def _page_crcs(self, start: int, length: int, page_size: int) -> bytes:
+        """The CRC of each ``page_size`` page of the file's bytes [start, start + length)."""
+        crcs = array("I")
+        pages_a_read = max(1, _CHUNK // page_size)
+        for at in range(start, start + length, page_size * pages_a_read):
+            data = memoryview(self.writer.read_back(at, min(page_size * pages_a_read, start + length - at)))
+            crcs.extend(crc32(data[page : page + page_size]) for page in range(0, len(data), page_size))
+        return crcs.tobytes()
+
     def finish(self) -> int:
-        """Add implicit directories, write the table and footer; return the entry count."""
-        rows = self.rows
-        if b"" not in rows:
-            rows.add(b"", S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
-        for key in list(rows.paths):
-            head = key.rpartition(b"/")[0]
-            while key and head not in rows:
-                rows.add(head, S_IFDIR | 0o755, 0, 0, 0, 0, NO_RECORD)
-                key, head = head, head.rpartition(b"/")[0]
-            if key and rows.file_type(head) != S_IFDIR:
-                raise PackError(f"{os.fsdecode(key)!r} is inside {os.fsdecode(head)!r}, which is not a directory")
+        """Write the table, the lookup index, the tail and the footer (the directories
+        no entry named are added); return the entry count."""
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
-        from ..core.indexbuild import build_lookup_index, build_tail
-        from ..core.tablebuild import build_tables
+        from ..core.indexbuild import build_paged_tail
 
-        tables = build_tables(rows)
-        empty = {"xattr_entry": array("I"), "xattr_start": array("Q", [0]), "xattr_data": b""}
-        # Sections 4, 4b and 4c (4c empty without attributes: every 1.4 archive has it).
-        sections = ([tables[name] for name, _ in SECTIONS] + list(writer.piece_table())
-                    + [tables.get(name, empty[name]) for name, _ in XATTR_SECTIONS])
-        spans: list[tuple[int, int]] = []
-        regions: list[memoryview] = []
-        for section in sections:
-            data = memoryview(section).cast("B")
-            spans.append(self._write_section(data))
-            regions.append(data)
-        # Sections 4d and 4e: the lookup index, then the tail that locates everything.
-        crcs, offsets = writer.data_record_spans(self.data_slots)
-        data_end = writer.record_offset(self.data_slots)  # offset[D]: the padding before section 0
-        index = build_lookup_index(tables, crcs, offsets, self.data_slots)
-        spans.append(self._write_section(memoryview(index.data)))
-        header_regions = [memoryview(crcs).cast("B"), memoryview(offsets + array("q", [data_end])).cast("B")]
-        tail_start = writer.position + (-writer.position % SECTION_ALIGNMENT)
-        tail = build_tail(record_count=writer.record_count, data_end=data_end, tail_start=tail_start,
-                          spans=[(start, end - start) for start, end in spans], regions=header_regions + regions,
-                          index=index)
-        self._write_section(tail)
+        table = self.rows.finish()
+        try:
+            pieces = writer.piece_table()  # the records that follow (the table) have no pieces
+            spans = [self._write_section(table.section(name)) for name, _ in SECTIONS]
+            # Sections 4, 4b and 4c (4c empty without attributes: every 1.4 archive has it).
+            spans += [self._write_section([memoryview(column).cast("B")]) for column in pieces]
+            spans += [self._write_section(table.section(name)) for name, _ in XATTR_SECTIONS]
+            # Sections 4d and 4e: the lookup index, then the tail that locates everything.
+            data_end = writer.record_offset(self.data_slots)  # offset[D]: the padding before section 0
+            regions = list(writer.header_regions(self.data_slots)) + [(start, end - start) for start, end in spans]
+            spans.append(self._write_section(table.section("index")))
+            tail_start = writer.position + (-writer.position % SECTION_ALIGNMENT)
+            tail = build_paged_tail(
+                record_count=writer.record_count, data_end=data_end, tail_start=tail_start,
+                spans=[(start, end - start) for start, end in spans],
+                region_lengths=[length for _, length in regions],
+                region_page_crcs=lambda page_size: [self._page_crcs(start, length, page_size)
+                                                    for start, length in regions],
+                index=table)
+            self._write_section([tail])
+        finally:
+            table.close()
         if writer.records_written + 1 < writer.record_count:
             writer.write_record(b"")  # the parity record (format section 2)
-        entry_count = len(tables["parent"])
-        writer.write_record(pack_footer(entry_count, self.data_slots, INDEX_SINCE_MINOR, tail))
-        return entry_count
+        writer.write_record(pack_footer(table.entry_count, self.data_slots, INDEX_SINCE_MINOR, tail))
+        self.dirs = table.dir_count
+        return table.entry_count
 
 
 def pack_entries(
@@ -415,12 +418,12 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
                         continue
                     if progress is not None and entry.kind == "file":
                         progress.advance(1, 0)
+            builder.placer = None
+            builder.finish()  # the table's runs and columns are on disk too
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise PackError(f"cannot write {out!r}: {error.strerror}") from None
             raise PackError(f"packing into {out!r} failed: {error}") from None
-        builder.placer = None
-        builder.finish()
         writer.commit()
     return builder
 
@@ -429,7 +432,7 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
     counts = builder.counts
     return PackStats(
         files=counts["file"] + counts["hardlink"],
-        dirs=sum(1 for mode in builder.rows.mode if mode & S_IFMT == S_IFDIR),
+        dirs=builder.dirs,
         symlinks=counts["symlink"],
         hardlinks=counts["hardlink"],
         skipped=tuple(skipped),
@@ -442,12 +445,18 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
 
 def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
                   progress: PackProgress | None) -> PackStats:
-    """pack_entries for an iterator of unknown length: spool file data, then pack."""
+    """pack_entries for an iterator of unknown length: spool file data, then pack.  The
+    entries themselves are spooled too, a block at a time, so that an iterator of any
+    length is packed in bounded memory."""
     started = time.perf_counter()
     directory = os.path.dirname(os.path.abspath(os.fsdecode(out)))
-    with tempfile.TemporaryFile(dir=directory, prefix="." + TEMP_MARKER.strip(".-")) as spool:
-        staged: list[Entry] = []
+    prefix = "." + TEMP_MARKER.strip(".-")
+    with tempfile.TemporaryFile(dir=directory, prefix=prefix) as spool, \
+            tempfile.TemporaryFile(dir=directory, prefix=prefix) as staged:
+        block: list[tuple] = []
+        count = files = 0
         for entry in entries:
+            start = length = -1
             if entry.kind == "file":
                 data = entry.data
                 start = spool.tell()
@@ -460,21 +469,62 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
                     finally:
                         if callable(data):
                             source.close()
-                staged.append(_spooled_entry(entry, spool, start, spool.tell() - start))
-            else:
-                staged.append(entry)
+                length = spool.tell() - start
+                files += 1
+            block.append(_staged_fields(entry, start, length))
+            count += 1
+            if len(block) >= _STAGED_BLOCK:
+                _stage(staged, block)
+                block = []
+        _stage(staged, block)
         spool.flush()  # _Window reads with pread, below the file object's buffer
         if progress is not None:
-            progress.start(sum(1 for entry in staged if entry.kind == "file"), spool.tell())
-        stats = pack_entries(staged, out, force=force, progress=progress)
+            progress.start(files, spool.tell())
+        # count: every entry, as len() of a list of them gives (the same bytes).
+        stats = pack_entries(_unstaged(staged, spool), out, count=count, force=force, progress=progress)
     return dataclasses.replace(stats, seconds=time.perf_counter() - started)  # both phases
 
 
-def _spooled_entry(entry: Entry, spool: BinaryIO, start: int, length: int) -> Entry:
-    def reopen() -> BinaryIO:
-        return _Window(spool, start, length)
+_STAGED_BLOCK = 256  # entries spooled at a time by _pack_spooled (each may hold a 4 KiB target)
 
-    return dataclasses.replace(entry, data=reopen, size=length)
+
+def _staged_fields(entry: Entry, start: int, length: int) -> tuple:
+    """``entry`` as plain values marshal can write (its data: ``length`` bytes of the
+    spool from ``start``, or none)."""
+    xattrs = None if not entry.xattrs else {name: bytes(value) for name, value in entry.xattrs.items()}
+    target = None if entry.target is None else os.fspath(entry.target)
+    return (os.fspath(entry.path), entry.kind, target, entry.mode, entry.uid, entry.gid, entry.mtime_ns,
+            entry.size, xattrs, start, length)
+
+
+def _stage(staged: BinaryIO, block: list[tuple]) -> None:
+    if block:
+        data = marshal.dumps(block)
+        staged.write(len(data).to_bytes(8, "little"))
+        staged.write(data)
+
+
+def _unstaged(staged: BinaryIO, spool: BinaryIO) -> Iterator[Entry]:
+    """The entries _pack_spooled spooled, in order, their data read from ``spool``."""
+    staged.seek(0)
+    while True:
+        length = staged.read(8)
+        if not length:
+            return
+        for path, kind, target, mode, uid, gid, mtime_ns, size, xattrs, start, data_length in \
+                marshal.loads(staged.read(int.from_bytes(length, "little"))):
+            data: Data = None
+            if start >= 0:
+                data, size = _window_opener(spool, start, data_length), data_length
+            yield Entry(path, data, kind, target=target, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns,
+                        size=size, xattrs=xattrs)
+
+
+def _window_opener(spool: BinaryIO, start: int, length: int) -> Callable[[], BinaryIO]:
+    def reopen() -> BinaryIO:
+        return _Window(spool, start, length)  # type: ignore[return-value]
+
+    return reopen
 
 
 class _Window:
