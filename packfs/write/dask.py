@@ -1,0 +1,242 @@
+"""Packing a shard set on a Dask cluster (the optional extra ``packfs[dask]``).
+
+:func:`pack_on_dask` lists the files to pack with their sizes and attributes, sorts
+them in pack order and cuts them into partitions on the client, by bytes alone
+(:class:`~packfs.write.shards.ShardCutter`, the rule :func:`pack_shards` uses), never
+by the number of workers.  Each partition becomes one task, which packs it into one
+shard on a worker: to a temporary name in the output directory, renamed into place
+when complete; its result is the shard's manifest record.  The client writes the
+manifest last.  A task's output depends only on its partition, so the set is the
+same bytes whatever the number of workers, and for a list of every file of a tree
+(no symlinks, hard links or empty directories) the same bytes as ``pack_shards`` of
+that tree with the same ``shards`` or ``shard_size``.
+
+A worker that dies mid-task (killed, out of memory) leaves a temporary file; Dask
+runs the task again on another worker, which writes the same bytes under a new
+temporary name.  Every temporary name carries a token of the run, and once every
+task has ended the client removes whatever of its run is left, whichever host wrote
+it: a pid says nothing about another host.  If the run fails, the shards already in
+place are removed too, and no manifest is written.
+
+The output directory must be one every worker and the client see (a shared file
+system).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat as stat_module
+import time
+from typing import Any, BinaryIO, Sequence
+
+from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key
+from ..core.paths import archive_key
+from ..errors import PackError
+from .container import TEMP_MARKER
+from .pack import Entry, PathLike
+from .scan import read_xattrs
+from .shards import (ShardCutter, ShardSetStats, complete_shard, cut_entries, publish_set,
+                     remove_abandoned_temporaries, set_names, shard_name, write_shard)
+
+__all__ = ["SourceFile", "pack_on_dask", "describe_file"]
+
+
+class SourceFile:
+    """A file's data for an :class:`Entry`, opened by path when the entry is written
+    (on a worker): picklable, unlike an open file or a lambda."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> BinaryIO:
+        try:
+            return open(self.path, "rb", buffering=0)
+        except OSError as error:
+            raise PackError(f"{self.path!r}: cannot open: {error.strerror}") from None
+
+    def __repr__(self) -> str:
+        return f"SourceFile({self.path!r})"
+
+
+def describe_file(key: str, path: str, xattrs: bool = True) -> Entry:
+    """The entry of file ``path`` stored as ``key``: its size and attributes now (the
+    pack refuses it if its size changes before it is written)."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise PackError(f"{path!r}: cannot stat: {error.strerror}") from None
+    if not stat_module.S_ISREG(info.st_mode):
+        raise PackError(f"{path!r} is not a regular file")
+    return Entry(key, SourceFile(path), size=info.st_size, mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid,
+                 gid=info.st_gid, mtime_ns=info.st_mtime_ns,
+                 xattrs=read_xattrs(os.fsencode(path), True, path) if xattrs else None)
+
+
+def _describe_pair(pair: Sequence[str], xattrs: bool) -> Entry:
+    key, path = pair
+    return describe_file(key, path, xattrs)
+
+
+def _directory_entry(root: str, key: bytes, xattrs: bool) -> Entry:
+    path = os.path.join(root, os.fsdecode(key)) if key else root
+    info = os.lstat(path)
+    return Entry(key, None, "dir", mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
+                 mtime_ns=info.st_mtime_ns, xattrs=read_xattrs(os.fsencode(path), True, path) if xattrs else None)
+
+
+def _plan(items: Any, root: PathLike | None, client: Any, xattrs: bool) -> list[Entry]:
+    """Every entry to pack, in pack order: the files, and for a list under ``root``
+    the directories above them with their attributes."""
+    from dask.bag import Bag
+
+    if isinstance(items, Bag):
+        if root is not None:
+            raise ValueError("root applies to a list of files, not to a bag of (path in archive, file) pairs")
+        files = client.compute(items.map(_describe_pair, xattrs)).result()
+        directories: list[Entry] = []
+    else:
+        if root is None:
+            raise ValueError("a list of files needs the root they lie under (root=...)")
+        root_text = os.path.abspath(os.fsdecode(root))
+        files = []
+        for item in items:
+            path = os.path.join(root_text, os.fsdecode(item))
+            relative = os.path.relpath(path, root_text)
+            if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
+                raise PackError(f"{os.fsdecode(item)!r} is not a file under {root_text!r}")
+            files.append(describe_file(relative, path, xattrs))
+        above = {b""}
+        for entry in files:
+            key = archive_key(entry.path)
+            while b"/" in key:
+                key = key.rpartition(b"/")[0]
+                if key in above:
+                    break
+                above.add(key)
+        directories = [_directory_entry(root_text, key, xattrs) for key in above]
+    entries = sorted(directories + list(files), key=lambda entry: depth_first_key(archive_key(entry.path)))
+    for before, after in zip(entries, entries[1:]):
+        if archive_key(before.path) == archive_key(after.path):
+            raise PackError(f"{os.fsdecode(archive_key(after.path))!r} is given twice")
+    return entries
+
+
+def _pack_partition(entries: list[Entry], slots: int, directory: str, stem: str, name: str, run: str) -> ShardRecord:
+    """One task: pack a partition into the shard ``name`` (through a temporary file of
+    this attempt, renamed into place); its manifest record."""
+    temporary = os.path.join(directory, f".{stem}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}-{run}-{name}")
+    record = write_shard(entries, temporary, slots)
+    # Replace, not link: an earlier attempt cut off from the scheduler may have put
+    # the same bytes there already.
+    os.replace(temporary, os.path.join(directory, name))
+    return record._replace(file=name)
+
+
+def pack_on_dask(
+    items: Any,
+    out: PathLike,
+    *,
+    root: PathLike | None = None,
+    shards: int | None = None,
+    shard_size: int | None = None,
+    client: Any = None,
+    force: bool = False,
+    xattrs: bool = True,
+) -> ShardSetStats:
+    """Pack files into a shard set, one shard per task on a Dask cluster.
+
+    Parameters
+    ----------
+    items
+        A list of files under ``root`` (paths relative to it, or absolute below it),
+        stored at their paths relative to ``root``, with the directories above them
+        (their attributes from ``root``'s); or a ``dask.bag.Bag`` of ``(path in the
+        archive, source file)`` pairs, whose directories the shards create (0o755).
+    out
+        The set's name, as for :func:`pack_shards`: ``data.ffr`` gives
+        ``data-00000-of-0000N.ffr``... and ``data.ffrset``, in a directory every
+        worker sees.
+    shards, shard_size
+        Exactly one: N partitions of about equal bytes, or partitions of at most
+        ``shard_size`` file bytes (:class:`~packfs.write.shards.ShardCutter`).
+    client
+        The ``distributed.Client``; default: the current one.
+    force
+        Replace an existing set of the same name.
+    xattrs
+        Keep the files' (and directories') extended attributes.
+
+    Returns
+    -------
+    ShardSetStats
+
+    Raises
+    ------
+    PackError
+        A file cannot be read or changed size, a path is given twice, the set exists
+        (without ``force``), or a task failed (the set is then not written).
+    """
+    started = time.perf_counter()
+    try:
+        import distributed
+    except ImportError:
+        raise PackError("pack_on_dask needs Dask distributed: pip install 'packfs[dask]'") from None
+    if (shards is None) == (shard_size is None):
+        raise ValueError("pack_on_dask needs shards or shard_size (one of them)")
+    if client is None:
+        try:
+            client = distributed.get_client()
+        except ValueError:
+            raise PackError("pack_on_dask needs a Dask client (client=..., or a distributed.Client "
+                            "created before)") from None
+    directory, stem = set_names(out)
+    manifest = os.path.join(directory, stem + MANIFEST_SUFFIX)
+    if not force and os.path.lexists(manifest):
+        raise PackError(f"{manifest!r} already exists; use --force to replace it")
+    remove_abandoned_temporaries(directory, stem)
+    entries = _plan(items, root, client, xattrs)
+    files = [entry for entry in entries if entry.kind == "file"]
+    total = sum(entry.size or 0 for entry in files)
+    cutter = ShardCutter(shard_size=shard_size, shards=shards, total_bytes=total)
+    root_entry = next((entry for entry in entries if not archive_key(entry.path)), None)
+    directories = {archive_key(entry.path): entry for entry in entries if entry.kind == "dir"}
+    partitions = [complete_shard(shard, root_entry, directories, lambda key: None)
+                  for shard in cut_entries(entries, cutter)]
+    count = len(partitions)
+    names = [shard_name(stem, number, count) for number in range(count)]
+    if not force:
+        for name in names:
+            if os.path.lexists(os.path.join(directory, name)):
+                raise PackError(f"{os.path.join(directory, name)!r} already exists; use --force to replace it")
+    run = secrets.token_hex(6)
+    futures = [client.submit(_pack_partition, partition, slots, directory, stem, name, run,
+                             key=f"packfs-shard-{run}-{name}", pure=False)
+               for (partition, slots), name in zip(partitions, names)]
+    try:
+        try:
+            records = client.gather(futures)
+        except Exception as error:
+            raise PackError(f"packing the set {manifest!r} on Dask failed: {error}") from error
+        finally:
+            # Once every task has ended, whatever is left of this run is an attempt's
+            # debris, whichever host wrote it.
+            distributed.wait(futures)
+            remove_abandoned_temporaries(directory, stem, everyone_gone=f"-{run}-")
+        # The shards are in place already; publish_set renames each onto itself and
+        # writes the manifest.
+        written = [(os.path.join(directory, record.file), record) for record in records]
+        records = publish_set(directory, stem, written, force=True)
+    except BaseException:
+        for name in names:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+        raise
+    return ShardSetStats(
+        manifest=manifest, shards=tuple(records), files=len(files),
+        dirs=sum(1 for entry in entries if entry.kind == "dir"), symlinks=0, hardlinks=0, skipped=(),
+        file_bytes=total, archive_bytes=sum(record.size for record in records),
+        seconds=time.perf_counter() - started)
+
