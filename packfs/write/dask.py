@@ -1,15 +1,16 @@
 """Packing a shard set on a Dask cluster (the optional extra ``packfs[dask]``).
 
-:func:`pack_on_dask` lists the files to pack with their sizes and attributes, sorts
-them in pack order and cuts them into partitions on the client, by bytes alone
-(:class:`~packfs.write.shards.ShardCutter`, the rule :func:`pack_shards` uses), never
-by the number of workers.  Each partition becomes one task, which packs it into one
-shard on a worker: to a temporary name in the output directory, renamed into place
-when complete; its result is the shard's manifest record.  The client writes the
-manifest last.  A task's output depends only on its partition, so the set is the
-same bytes whatever the number of workers, and for a list of every file of a tree
-(no symlinks, hard links or empty directories) the same bytes as ``pack_shards`` of
-that tree with the same ``shards`` or ``shard_size``.
+:func:`pack_on_dask` plans on the client: the files' sizes (measured by tasks on the
+workers, in fixed chunks of files), sorted in pack order and cut into partitions by
+bytes alone (:class:`~packfs.write.shards.ShardCutter`, the rule :func:`pack_shards`
+uses), never by the number of workers.  Each partition becomes one task, which takes
+the attributes of its files and directories, packs them into one shard on a worker
+(to a temporary name in the output directory, renamed into place when complete) and
+returns the shard's manifest record.  The client writes the manifest last.  A task's
+output depends only on its partition and the files, so the set is the same bytes
+whatever the number of workers, and for a list of every file of a tree (no symlinks,
+hard links or empty directories) the same bytes as ``pack_shards`` of that tree with
+the same ``shards`` or ``shard_size``.
 
 A worker that dies mid-task (killed, out of memory) leaves a temporary file; Dask
 runs the task again on another worker, which writes the same bytes under a new
@@ -28,7 +29,7 @@ import os
 import secrets
 import stat as stat_module
 import time
-from typing import Any, BinaryIO, Sequence
+from typing import Any, BinaryIO, Optional, Sequence, Tuple
 
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key
 from ..core.paths import archive_key
@@ -59,74 +60,128 @@ class SourceFile:
         return f"SourceFile({self.path!r})"
 
 
-def describe_file(key: str, path: str, xattrs: bool = True) -> Entry:
-    """The entry of file ``path`` stored as ``key``: its size and attributes now (the
-    pack refuses it if its size changes before it is written)."""
+def describe_file(key: str | bytes, path: str, xattrs: bool = True, size: int | None = None) -> Entry:
+    """The entry of file ``path`` stored as ``key``, with its attributes now; ``size``:
+    the size it was planned with (a file whose size changed since is refused, and
+    the pack refuses it again if it changes before it is written)."""
     try:
         info = os.stat(path)
     except OSError as error:
         raise PackError(f"{path!r}: cannot stat: {error.strerror}") from None
     if not stat_module.S_ISREG(info.st_mode):
         raise PackError(f"{path!r} is not a regular file")
+    if size is not None and info.st_size != size:
+        raise PackError(f"{path!r} changed size while packing: {size} bytes when listed, {info.st_size} now")
     return Entry(key, SourceFile(path), size=info.st_size, mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid,
                  gid=info.st_gid, mtime_ns=info.st_mtime_ns,
                  xattrs=read_xattrs(os.fsencode(path), True, path) if xattrs else None)
 
 
-def _describe_pair(pair: Sequence[str], xattrs: bool) -> Entry:
-    key, path = pair
-    return describe_file(key, path, xattrs)
-
-
 def _directory_entry(root: str, key: bytes, xattrs: bool) -> Entry:
     path = os.path.join(root, os.fsdecode(key)) if key else root
-    info = os.lstat(path)
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        raise PackError(f"{path!r}: cannot stat: {error.strerror}") from None
     return Entry(key, None, "dir", mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
                  mtime_ns=info.st_mtime_ns, xattrs=read_xattrs(os.fsencode(path), True, path) if xattrs else None)
 
 
-def _plan(items: Any, root: PathLike | None, client: Any, xattrs: bool) -> list[Entry]:
-    """Every entry to pack, in pack order: the files, and for a list under ``root``
-    the directories above them with their attributes."""
+# Files sized by one task of the plan: the plan's own chunks, fixed, never tied to the
+# number of workers (what a shard holds does not depend on them either way).
+_SIZING_CHUNK = 4096
+
+
+def _sizes(paths: Sequence[str]) -> list[int]:
+    """A plan task: the size of each file (a regular file: anything else is refused)."""
+    sizes = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            raise PackError(f"{path!r}: cannot stat: {error.strerror}") from None
+        if not stat_module.S_ISREG(info.st_mode):
+            raise PackError(f"{path!r} is not a regular file")
+        sizes.append(info.st_size)
+    return sizes
+
+
+def _pair_size(pair: Sequence[str]) -> tuple[str, str, int]:
+    key, path = pair
+    return key, path, _sizes([path])[0]
+
+
+# A planned item: ("file", key, source path, size) or ("dir", key, None, 0).
+_Item = Tuple[str, bytes, Optional[str], int]
+
+
+def _plan(items: Any, root: str | None, client: Any) -> list[_Item]:
+    """Every item to pack, in pack order, with the files' sizes (measured on the
+    workers): the files, and for a list under ``root`` the directories above them."""
     from dask.bag import Bag
 
     if isinstance(items, Bag):
         if root is not None:
             raise ValueError("root applies to a list of files, not to a bag of (path in archive, file) pairs")
-        files = client.compute(items.map(_describe_pair, xattrs)).result()
-        directories: list[Entry] = []
+        listed = [(archive_key(key), path, size) for key, path, size in
+                  client.compute(items.map(_pair_size)).result()]
+        directories: set[bytes] = set()
     else:
         if root is None:
             raise ValueError("a list of files needs the root they lie under (root=...)")
-        root_text = os.path.abspath(os.fsdecode(root))
-        files = []
+        keys, paths = [], []
         for item in items:
-            path = os.path.join(root_text, os.fsdecode(item))
-            relative = os.path.relpath(path, root_text)
-            if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
-                raise PackError(f"{os.fsdecode(item)!r} is not a file under {root_text!r}")
-            files.append(describe_file(relative, path, xattrs))
-        above = {b""}
-        for entry in files:
-            key = archive_key(entry.path)
+            text = os.fsdecode(item)
+            relative = os.path.relpath(text, root) if os.path.isabs(text) else os.path.normpath(text)
+            if relative in (".", "..") or relative.startswith("../"):
+                raise PackError(f"{text!r} is not a file under {root!r}")
+            keys.append(archive_key(relative))
+            paths.append(os.path.join(root, relative))
+        chunks = [paths[start:start + _SIZING_CHUNK] for start in range(0, len(paths), _SIZING_CHUNK)]
+        sizes = [size for chunk in client.gather(client.map(_sizes, chunks, pure=False)) for size in chunk]
+        listed = list(zip(keys, paths, sizes))
+        directories = {b""}
+        for key, _, _ in listed:
             while b"/" in key:
                 key = key.rpartition(b"/")[0]
-                if key in above:
+                if key in directories:
                     break
-                above.add(key)
-        directories = [_directory_entry(root_text, key, xattrs) for key in above]
-    entries = sorted(directories + list(files), key=lambda entry: depth_first_key(archive_key(entry.path)))
-    for before, after in zip(entries, entries[1:]):
-        if archive_key(before.path) == archive_key(after.path):
-            raise PackError(f"{os.fsdecode(archive_key(after.path))!r} is given twice")
-    return entries
+                directories.add(key)
+    planned: list[_Item] = [("dir", key, None, 0) for key in directories]
+    planned += [("file", key, path, size) for key, path, size in listed]
+    planned.sort(key=lambda item: depth_first_key(item[1]))
+    for before, after in zip(planned, planned[1:]):
+        if before[1] == after[1]:
+            raise PackError(f"{os.fsdecode(after[1])!r} is given twice")
+    return planned
 
 
-def _pack_partition(entries: list[Entry], slots: int, directory: str, stem: str, name: str, run: str) -> ShardRecord:
-    """One task: pack a partition into the shard ``name`` (through a temporary file of
-    this attempt, renamed into place); its manifest record."""
+def _cut(planned: list[_Item], cutter: ShardCutter) -> list[list[_Item]]:
+    """The partitions: :func:`cut_entries`' rule, applied to the planned items."""
+    stand_ins = [Entry(key, None, kind, size=size) for kind, key, _, size in planned]  # type: ignore[arg-type]
+    item_of = {id(entry): item for entry, item in zip(stand_ins, planned)}
+    return [[item_of[id(entry)] for entry in shard] for shard in cut_entries(stand_ins, cutter)]
+
+
+def _pack_partition(root: str | None, items: list[_Item], xattrs: bool, directory: str, stem: str, name: str,
+                    run: str) -> ShardRecord:
+    """One task: take the attributes of a partition's files and directories (and of
+    those above its first item), pack it into the shard ``name`` through a
+    temporary file of this attempt renamed into place; its manifest record."""
+    entries = [describe_file(key, path, xattrs, size) if kind == "file" and path is not None
+               else _directory_entry(root, key, xattrs) for kind, key, path, size in items
+               if root is not None or kind == "file"]
+    directories: dict[bytes, Entry] = {}
+    root_entry = None
+    if root is not None and entries:
+        key = archive_key(entries[0].path)
+        while b"/" in key:
+            key = key.rpartition(b"/")[0]
+            directories[key] = _directory_entry(root, key, xattrs)
+        root_entry = _directory_entry(root, b"", xattrs)
+    complete, slots = complete_shard(entries, root_entry, directories, lambda key: None)
     temporary = os.path.join(directory, f".{stem}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}-{run}-{name}")
-    record = write_shard(entries, temporary, slots)
+    record = write_shard(complete, temporary, slots)
     # Replace, not link: an earlier attempt cut off from the scheduler may have put
     # the same bytes there already.
     os.replace(temporary, os.path.join(directory, name))
@@ -195,14 +250,10 @@ def pack_on_dask(
     if not force and os.path.lexists(manifest):
         raise PackError(f"{manifest!r} already exists; use --force to replace it")
     remove_abandoned_temporaries(directory, stem)
-    entries = _plan(items, root, client, xattrs)
-    files = [entry for entry in entries if entry.kind == "file"]
-    total = sum(entry.size or 0 for entry in files)
-    cutter = ShardCutter(shard_size=shard_size, shards=shards, total_bytes=total)
-    root_entry = next((entry for entry in entries if not archive_key(entry.path)), None)
-    directories = {archive_key(entry.path): entry for entry in entries if entry.kind == "dir"}
-    partitions = [complete_shard(shard, root_entry, directories, lambda key: None)
-                  for shard in cut_entries(entries, cutter)]
+    root_text = None if root is None else os.path.abspath(os.fsdecode(root))
+    planned = _plan(items, root_text, client)
+    total = sum(size for kind, _, _, size in planned if kind == "file")
+    partitions = _cut(planned, ShardCutter(shard_size=shard_size, shards=shards, total_bytes=total))
     count = len(partitions)
     names = [shard_name(stem, number, count) for number in range(count)]
     if not force:
@@ -210,9 +261,9 @@ def pack_on_dask(
             if os.path.lexists(os.path.join(directory, name)):
                 raise PackError(f"{os.path.join(directory, name)!r} already exists; use --force to replace it")
     run = secrets.token_hex(6)
-    futures = [client.submit(_pack_partition, partition, slots, directory, stem, name, run,
+    futures = [client.submit(_pack_partition, root_text, partition, xattrs, directory, stem, name, run,
                              key=f"packfs-shard-{run}-{name}", pure=False)
-               for (partition, slots), name in zip(partitions, names)]
+               for partition, name in zip(partitions, names)]
     try:
         try:
             records = client.gather(futures)
@@ -235,8 +286,8 @@ def pack_on_dask(
                 pass
         raise
     return ShardSetStats(
-        manifest=manifest, shards=tuple(records), files=len(files),
-        dirs=sum(1 for entry in entries if entry.kind == "dir"), symlinks=0, hardlinks=0, skipped=(),
+        manifest=manifest, shards=tuple(records), files=sum(1 for item in planned if item[0] == "file"),
+        dirs=sum(1 for item in planned if item[0] == "dir"), symlinks=0, hardlinks=0, skipped=(),
         file_bytes=total, archive_bytes=sum(record.size for record in records),
         seconds=time.perf_counter() - started)
 
