@@ -29,7 +29,7 @@ import os
 import secrets
 import stat as stat_module
 import time
-from typing import Any, BinaryIO, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, NamedTuple, Optional, Sequence
 
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key
 from ..core.paths import archive_key
@@ -40,7 +40,7 @@ from .scan import read_xattrs
 from .shards import (ShardCutter, ShardSetStats, complete_shard, cut_entries, publish_set,
                      remove_abandoned_temporaries, set_names, shard_name, write_shard)
 
-__all__ = ["SourceFile", "pack_on_dask", "describe_file"]
+__all__ = ["Planned", "SourceFile", "pack_on_dask", "describe_file"]
 
 
 class SourceFile:
@@ -111,11 +111,18 @@ def _pair_size(pair: Sequence[str]) -> tuple[str, str, int]:
     return key, path, _sizes([path])[0]
 
 
-# A planned item: ("file", key, source path, size) or ("dir", key, None, 0).
-_Item = Tuple[str, bytes, Optional[str], int]
+class Planned(NamedTuple):
+    """A planned item: a file (its key, source path and size) or a directory above
+    files; read by :func:`cut_entries` as it reads an Entry (kind, path, size, data)."""
+
+    kind: str
+    path: bytes
+    source: Optional[str]
+    size: int
+    data: None = None
 
 
-def _plan(items: Any, root: str | None, client: Any) -> list[_Item]:
+def _plan(items: Any, root: str | None, client: Any) -> list[Planned]:
     """Every item to pack, in pack order, with the files' sizes (measured on the
     workers): the files, and for a list under ``root`` the directories above them."""
     from dask.bag import Bag
@@ -135,8 +142,10 @@ def _plan(items: Any, root: str | None, client: Any) -> list[_Item]:
             relative = os.path.relpath(text, root) if os.path.isabs(text) else os.path.normpath(text)
             if relative in (".", "..") or relative.startswith("../"):
                 raise PackError(f"{text!r} is not a file under {root!r}")
-            keys.append(archive_key(relative))
-            paths.append(os.path.join(root, relative))
+            # normpath leaves no '.', '..' or doubled slash; the task's pack checks the
+            # rest of what a name may be (NAME_MAX, NUL).
+            keys.append(os.fsencode(relative))
+            paths.append(root + "/" + relative)
         chunks = [paths[start:start + _SIZING_CHUNK] for start in range(0, len(paths), _SIZING_CHUNK)]
         sizes = [size for chunk in client.gather(client.map(_sizes, chunks, pure=False)) for size in chunk]
         listed = list(zip(keys, paths, sizes))
@@ -147,30 +156,23 @@ def _plan(items: Any, root: str | None, client: Any) -> list[_Item]:
                 if key in directories:
                     break
                 directories.add(key)
-    planned: list[_Item] = [("dir", key, None, 0) for key in directories]
-    planned += [("file", key, path, size) for key, path, size in listed]
-    planned.sort(key=lambda item: depth_first_key(item[1]))
+    planned = [Planned("dir", key, None, 0) for key in directories]
+    planned += [Planned("file", key, path, size) for key, path, size in listed]
+    planned.sort(key=lambda item: depth_first_key(item.path))
     for before, after in zip(planned, planned[1:]):
-        if before[1] == after[1]:
-            raise PackError(f"{os.fsdecode(after[1])!r} is given twice")
+        if before.path == after.path:
+            raise PackError(f"{os.fsdecode(after.path)!r} is given twice")
     return planned
 
 
-def _cut(planned: list[_Item], cutter: ShardCutter) -> list[list[_Item]]:
-    """The partitions: :func:`cut_entries`' rule, applied to the planned items."""
-    stand_ins = [Entry(key, None, kind, size=size) for kind, key, _, size in planned]  # type: ignore[arg-type]
-    item_of = {id(entry): item for entry, item in zip(stand_ins, planned)}
-    return [[item_of[id(entry)] for entry in shard] for shard in cut_entries(stand_ins, cutter)]
-
-
-def _pack_partition(root: str | None, items: list[_Item], xattrs: bool, directory: str, stem: str, name: str,
+def _pack_partition(root: str | None, items: list[Planned], xattrs: bool, directory: str, stem: str, name: str,
                     run: str) -> ShardRecord:
     """One task: take the attributes of a partition's files and directories (and of
     those above its first item), pack it into the shard ``name`` through a
     temporary file of this attempt renamed into place; its manifest record."""
-    entries = [describe_file(key, path, xattrs, size) if kind == "file" and path is not None
-               else _directory_entry(root, key, xattrs) for kind, key, path, size in items
-               if root is not None or kind == "file"]
+    entries = [describe_file(item.path, item.source, xattrs, item.size) if item.source is not None
+               else _directory_entry(root, item.path, xattrs) for item in items
+               if root is not None or item.kind == "file"]
     directories: dict[bytes, Entry] = {}
     root_entry = None
     if root is not None and entries:
@@ -252,8 +254,9 @@ def pack_on_dask(
     remove_abandoned_temporaries(directory, stem)
     root_text = None if root is None else os.path.abspath(os.fsdecode(root))
     planned = _plan(items, root_text, client)
-    total = sum(size for kind, _, _, size in planned if kind == "file")
-    partitions = _cut(planned, ShardCutter(shard_size=shard_size, shards=shards, total_bytes=total))
+    total = sum(item.size for item in planned if item.kind == "file")
+    partitions = list(cut_entries(planned, ShardCutter(shard_size=shard_size, shards=shards,  # type: ignore[arg-type]
+                                                        total_bytes=total)))
     count = len(partitions)
     names = [shard_name(stem, number, count) for number in range(count)]
     if not force:
@@ -286,8 +289,8 @@ def pack_on_dask(
                 pass
         raise
     return ShardSetStats(
-        manifest=manifest, shards=tuple(records), files=sum(1 for item in planned if item[0] == "file"),
-        dirs=sum(1 for item in planned if item[0] == "dir"), symlinks=0, hardlinks=0, skipped=(),
+        manifest=manifest, shards=tuple(records), files=sum(1 for item in planned if item.kind == "file"),
+        dirs=sum(1 for item in planned if item.kind == "dir"), symlinks=0, hardlinks=0, skipped=(),
         file_bytes=total, archive_bytes=sum(record.size for record in records),
         seconds=time.perf_counter() - started)
 

@@ -204,7 +204,8 @@ def _entry_size(entry: Entry) -> int:
 
 def cut_entries(entries: Iterable[Entry], cutter: ShardCutter) -> Iterator[list[Entry]]:
     """The shards' entries, in pack order: a cut falls only before a file, and the
-    directories met just before it go with it.  The root's entry is left out (see
+    directories met just before it go with it.  (Anything with an Entry's ``kind``,
+    ``path``, ``size`` and ``data`` will do: a plan cuts its stand-ins the same way.)  The root's entry is left out (see
     :func:`complete_shard`).  Each list is complete when the next is taken; entries
     whose data must be read in order (a stream) need :func:`_stream_shards`."""
     shard: list[Entry] = []
