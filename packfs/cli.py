@@ -276,11 +276,16 @@ class _WarningHandler(logging.Handler):
 def main(ctx: click.Context, debug: bool) -> None:
     """Pack a directory tree into one checksummed file and read it in place.
 
+    Every ARCHIVE may also be a URL (https://, s3://) or a shard set served as one
+    tree: its manifest (NAME.ffrset, from pack --shards, set or append) or a quoted
+    glob of archives ('part-*.ffr').
+
     \b
     Example:
       packfs pack dataset/ data.ffr
       packfs ls -l data.ffr train
       packfs verify data.ffr
+      packfs mount data.ffrset /mnt/data
     """
     ctx.obj = {"debug": debug}
     # Warnings become "Warning: ..." lines for this command only: a caller running the
@@ -315,23 +320,32 @@ def _shard_count_option(ctx: click.Context, param: click.Parameter, value: int |
     return value
 
 
+def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of what is packed and how it is reported, for pack and append."""
+    for option in reversed((
+        click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to."),
+        click.option("--exclude", multiple=True, metavar="GLOB",
+                     help="Leave out paths or names matching GLOB (repeatable). ./GLOB, /GLOB and absolute "
+                          "paths inside SRC match from SRC's top only, as tar's and rsync's do; GLOB/ matches "
+                          "directories only. A GLOB that excluded nothing is warned about."),
+        click.option("-k", "--keep-going", is_flag=True,
+                     help="Pack the rest when paths cannot be read (unreadable, vanished, changing while read): "
+                          "each is printed as 'skipped: PATH (why)' and the exit status is 3."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary."),
+        _progress_option,
+        click.option("--no-xattrs", "no_xattrs", is_flag=True,
+                     help="Leave out extended attributes (kept by default: a directory's, as this user can read "
+                          "them; a tar's from its pax headers)."),
+    )):
+        function = option(function)
+    return function
+
+
 @main.command()
 @click.argument("src", type=click.Path(allow_dash=True))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("-L", "--follow-symlinks", is_flag=True, help="Store what symlinks point to.")
-@click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Leave out paths or names matching GLOB (repeatable). ./GLOB, /GLOB and absolute "
-                   "paths inside SRC match from SRC's top only, as tar's and rsync's do; GLOB/ matches "
-                   "directories only. A GLOB that excluded nothing is warned about.")
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("-k", "--keep-going", is_flag=True,
-              help="Pack the rest when paths cannot be read (unreadable, vanished, changing while read): "
-                   "each is printed as 'skipped: PATH (why)' and the exit status is 3.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-@_progress_option
-@click.option("--no-xattrs", "no_xattrs", is_flag=True,
-              help="Leave out extended attributes (kept by default: a directory's, as this user can read "
-                   "them; a tar's from its pax headers).")
+@_source_options
 @click.option("--shard-size", metavar="SIZE", callback=_size_option,
               help="Write a shard set: shards of at most SIZE file bytes (as 4G, 512M; a larger file gets a "
                    "shard of its own), OUT-00000-of-0000N.ffr... and the manifest OUT.ffrset.")
@@ -371,6 +385,19 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         raise click.UsageError("--shard-size and --shards cannot be used together")
     if (shard_size is not None or shards is not None) and keep_going:
         raise click.UsageError("--keep-going does not apply to a shard set (written whole or not at all)")
+    if shard_size is not None or shards is not None:
+        _check_source_options(src, follow_symlinks, exclude, keep_going)
+        progress = _TerminalProgress("packing", quiet, force_progress)
+        _pack_set(src, out, follow_symlinks, exclude, force, quiet, progress, not no_xattrs, shard_size, shards)
+        return
+    stats = _pack_source(src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=force,
+                         keep_going=keep_going, quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs)
+    if stats.failed or stats.changed:
+        click.get_current_context().exit(3)
+
+
+def _check_source_options(src: str, follow_symlinks: bool, exclude: tuple[str, ...], keep_going: bool) -> None:
+    """Usage errors in how SRC is to be read (for pack, a set's pack and append)."""
     from_archive = src == "-" or not os.path.isdir(src)
     if from_archive and (follow_symlinks or exclude or keep_going):
         raise click.UsageError("-L, --exclude and --keep-going apply to a directory SRC only")
@@ -381,10 +408,15 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
             ExcludePatterns(exclude, src)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--exclude'") from None
+
+
+def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
+                 keep_going: bool, quiet: bool, force_progress: bool, no_xattrs: bool) -> Any:
+    """pack's work, shared with append: SRC (a directory, a tar or a zip) into OUT, the
+    summary line printed; returns the PackStats."""
+    _check_source_options(src, follow_symlinks, exclude, keep_going)
+    from_archive = src == "-" or not os.path.isdir(src)
     progress = _TerminalProgress("packing", quiet, force_progress)
-    if shard_size is not None or shards is not None:
-        _pack_set(src, out, follow_symlinks, exclude, force, quiet, progress, not no_xattrs, shard_size, shards)
-        return
     try:
         with _exit_on_signals(repr(out)), _closing(progress):
             if from_archive:
@@ -414,6 +446,40 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
                if stats.changed else ""),
             err=True,
         )
+    return stats
+
+
+@main.command()
+@click.argument("manifest", type=click.Path(dir_okay=False))
+@click.argument("src", type=click.Path(allow_dash=True))
+@_source_options
+def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, ...], keep_going: bool,
+           quiet: bool, force_progress: bool, no_xattrs: bool) -> None:
+    """Add SRC (a directory, a tar or a zip, as pack takes it) to the shard set
+    MANIFEST as a new shard, and update MANIFEST atomically.
+
+    The new shard is a complete archive beside MANIFEST (STEM-NNNNN.ffr). Its paths
+    may go anywhere in the tree, into existing directories too, but none may already
+    be in the set (the set is refused, naming both shards, and nothing changes).
+    Readers and mounts opened before keep serving the set they opened; new ones see
+    the new files. Appends to one set wait for each other.
+
+    \b
+    Exit status: 0 appended; 1 error, the set unchanged; 2 usage error; 3 as pack's.
+
+    \b
+    Example:
+      packfs pack day1/ logs.ffr --shards 4    # logs.ffrset and its shards
+      packfs append logs.ffrset day2/
+    """
+    from .write.sets import append_shard
+
+    with _exit_on_signals(repr(manifest)):
+        record, stats = append_shard(manifest, lambda out: _pack_source(
+            src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=False, keep_going=keep_going,
+            quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs))
+    if not quiet:
+        click.echo(f"appended {record.file!r} ({record.entries} entries) to {manifest!r}", err=True)
     if stats.failed or stats.changed:
         click.get_current_context().exit(3)
 
@@ -445,6 +511,28 @@ def _pack_set(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...
             f"({human_size(stats.file_bytes / seconds)}/s)" + _skipped_summary(stats.skipped, 0),
             err=True,
         )
+
+
+@main.command(name="set")
+@click.argument("manifest", type=click.Path(dir_okay=False))
+@click.argument("archives", nargs=-1, required=True, type=ARCHIVE_PATH)
+@click.option("-f", "--force", is_flag=True, help="Replace MANIFEST if it exists.")
+def make_set(manifest: str, archives: tuple[str, ...], force: bool) -> None:
+    """Write the shard-set manifest MANIFEST (NAME.ffrset) listing ARCHIVES, so that
+    they are served as one tree by every command, PackedFolder, the datasets and
+    packfs mount. The archives must lie in MANIFEST's directory or below it, and no
+    path may be in two of them (directories are merged).
+
+    \b
+    Example:
+      packfs set data.ffrset train.ffr val.ffr
+      packfs mount data.ffrset /mnt/data
+    """
+    from .write.sets import make_set as write_set
+
+    records = write_set(manifest, list(archives), force=force)
+    click.echo(f"wrote {manifest!r}: {_count(len(records), 'archive')}, "
+               f"{sum(r.entries for r in records)} entries", err=True)
 
 
 def _skipped_summary(skipped: tuple[SkippedPath, ...], failed: int) -> str:

@@ -254,9 +254,9 @@ class PackedFiles(Sequence):
         self._storage_options = storage_options  # a worker re-opens a URL with them
         if isinstance(archive, PackedFolder):
             self._folder: PackedFolder | None = archive
-            self.archive, check_data = archive.path, archive.check_data
+            self.archive, check_data = archive.spec, archive.check_data
         else:
-            self.archive = os.fsdecode(archive)
+            self.archive = [os.fsdecode(a) for a in archive] if isinstance(archive, (list, tuple)) else os.fsdecode(archive)
             self._folder = PackedFolder(self.archive, check_data=check_data, storage_options=storage_options)
         self._pid = os.getpid()
         self._closed = False

@@ -12,7 +12,7 @@ import stat as stat_module
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
-from .core import CLOSED, Archive, PackedFile, PathArg, VerifyReport, lookup_key
+from .core import CLOSED, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
 from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 
@@ -69,7 +69,9 @@ class PackedFolder:
     ----------
     path
         The archive file, or its ``s3://`` or ``http(s)://`` URL (read with ranged
-        requests, every byte checked: ``pip install "packfs[remote]"``).
+        requests, every byte checked: ``pip install "packfs[remote]"``); or a shard
+        set served as one tree (:mod:`packfs.core.union`): its manifest
+        (``NAME.ffrset``), a list of archives, or a glob (``"data-*.ffr"``).
     check_data
         Check CRCs: of the header and the path table (at open before format 1.4, where
         first used from 1.4 on), and of a file's contents each time it is read (the
@@ -98,13 +100,17 @@ class PackedFolder:
         entry numbers, listings and reads for code that keeps its own index.
     """
 
-    def __init__(self, path: PathArg, check_data: bool = True,
+    def __init__(self, path: Union[PathArg, Sequence[PathArg]], check_data: bool = True,
                  storage_options: Optional[Mapping[str, Any]] = None,
                  cache_dir: Union[PathArg, bool, None] = None) -> None:
-        self.path = os.fsdecode(path)
         self.check_data = check_data
-        self.archive = Archive(self.path, checksums="always" if check_data else "never",
-                               storage_options=storage_options, cache_dir=cache_dir)
+        # What was given, as the folder pickles and a DataLoader worker re-opens it: a
+        # path, a URL, or a shard set's list of them.
+        self.spec: Union[str, list[str]] = ([os.fsdecode(p) for p in path] if isinstance(path, (list, tuple))
+                                            else os.fsdecode(path))
+        self.archive = open_archive(self.spec, checksums="always" if check_data else "never",
+                                    storage_options=storage_options, cache_dir=cache_dir)
+        self.path = self.archive.path
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
         self.footer = self.archive.footer
         self._file_count = -1
@@ -140,7 +146,7 @@ class PackedFolder:
 
     def __getstate__(self) -> dict[str, object]:
         # Pickles as its path, so DataLoader workers re-open (and share) the map.
-        return {"path": self.path, "check_data": self.check_data}
+        return {"path": self.spec, "check_data": self.check_data}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["path"], state["check_data"])  # type: ignore[misc, arg-type]
@@ -364,8 +370,8 @@ class PackedFolder:
         directory ``entry``, its columns read _LIST_PART entries at a time."""
         archive = self.archive
         children = archive.children(entry)
-        for low in range(children.start, children.stop, _LIST_PART):
-            part = range(low, min(low + _LIST_PART, children.stop))
+        for low in range(0, len(children), _LIST_PART):
+            part = children[low:low + _LIST_PART]  # a range, or a list in a shard set's merged directory
             yield from zip(part, *archive.listing_columns(part))
 
     def walk(self, top: PathArg = "") -> Iterator[tuple[str, list[str], list[str]]]:
@@ -377,9 +383,9 @@ class PackedFolder:
         while stack:
             entry, key = stack.pop()
             dirnames, filenames, subdirs = [], [], []
-            for child in archive.children(entry):
-                name = archive.name(child)
-                if archive.file_type(child) == S_IFDIR:
+            children, names, modes = archive.listing(entry)  # one slice a column, not a call a child
+            for child, name, mode in zip(children, names, modes):
+                if mode & S_IFMT == S_IFDIR:
                     dirnames.append(os.fsdecode(name))
                     subdirs.append((child, key + b"/" + name if key else name))
                 else:
@@ -421,7 +427,8 @@ class PackedFolder:
             # A legacy archive has no packfs footer: Archive.version says what it is.
             "format_version": self.archive.version,
             "files": int(is_file.sum()),
-            "dirs": int((file_type == S_IFDIR).sum()),
+            # A directory several shards of a set hold is one directory.
+            "dirs": int((file_type == S_IFDIR).sum()) - getattr(self.archive, "directories_counted_twice", int)(),
             "symlinks": int((file_type == S_IFLNK).sum()),
             "file_bytes": int(self.archive.column("size")[is_file].sum()),
             "archive_bytes": self.archive.size,

@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..core import ShardSet
+from ..core.union import is_shard_set_spec
 from ..folder import PackedFolder as FolderBase
 from ..folder import PathArg
 from ..format import S_IFDIR, S_IFMT, S_IFREG
@@ -28,7 +30,8 @@ def _array(data: bytes) -> np.ndarray:
 
 
 class PackedFolder(FolderBase):
-    """``PackedFolder(ffr_file, check_data=True)``: FFRecord's packed folder reader.
+    """``PackedFolder(ffr_file, check_data=True)``: FFRecord's packed folder reader
+    (``ffr_file`` may also be a shard set: a manifest, a list or a glob).
 
     FFRecord's methods (``num_files``, ``read_one``, ``read``, ``list``, ``exists``,
     ``is_file``, ``is_dir``) with its return types: contents as uint8 numpy arrays,
@@ -47,7 +50,8 @@ class PackedFolder(FolderBase):
     """
 
     def __init__(self, ffr_file: PathArg, check_data: bool = True) -> None:
-        if isinstance(ffr_file, (str, os.PathLike)) and not os.path.isdir(ffr_file):
+        if (isinstance(ffr_file, (str, os.PathLike)) and not os.path.isdir(ffr_file)
+                and not is_shard_set_spec(ffr_file)):
             ffr_paths(ffr_file)  # FFRecord's checks: exists, a file, named *.ffr
         super().__init__(ffr_file, check_data)
         self._reader: FileReader | None = None
@@ -75,7 +79,11 @@ class PackedFolder(FolderBase):
     def reader(self) -> FileReader:
         """A :class:`FileReader` of the archive's records (opened on first use)."""
         if self._reader is None:
-            self._reader = FileReader(self.path, self.check_data)
+            archive = self.archive
+            # A shard set's records are numbered over its shards in order, as FileReader
+            # numbers a list of files (and as ``structure`` gives them).
+            files = archive.shard_locations if isinstance(archive, ShardSet) else self.path
+            self._reader = FileReader(files, self.check_data)
         return self._reader
 
     @property

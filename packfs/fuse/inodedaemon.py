@@ -18,7 +18,7 @@ import signal
 import threading
 from typing import Any, Iterator
 
-from ..core import Archive
+from ..core import Archive, ShardSet
 from ..errors import MountError
 from ..source import is_url
 from .libfuse import CapturedStderr, options_error
@@ -56,6 +56,8 @@ def unavailable(archive: Archive | None = None) -> str | None:
         return f"libfuse {_lowlevel.FUSE_VERSION // 100}.{_lowlevel.FUSE_VERSION % 100} is older than 3.10"
     if archive is None:
         return None
+    if isinstance(archive, ShardSet):
+        return "the archive is a shard set: the Python daemon merges its shards"
     if archive.legacy:
         return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
     if archive.footer.version_minor < 1:

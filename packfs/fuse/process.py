@@ -18,7 +18,7 @@ import time
 import warnings
 from typing import Any
 
-from ..core import Archive
+from ..core import Archive, ShardSet, open_archive
 from ..errors import MountError
 from ..folder import PackedFolder
 from .common import DAEMONS, DEFAULT_BINDING, NAME_CODEC, PYTHON_FALLBACK, log
@@ -238,11 +238,11 @@ def open_for_mount(archive: str | Archive | PackedFolder, check_data: bool = Tru
     """The Archive a mount serves: a path opened with the "once" checksum policy (each
     file checked at its first read; "never" without ``check_data``), an Archive as it
     is, a PackedFolder's own archive."""
-    if isinstance(archive, Archive):
+    if isinstance(archive, (Archive, ShardSet)):
         return archive
     if isinstance(archive, PackedFolder):
         return archive.archive
-    return Archive(archive, checksums="once" if check_data else "never")
+    return open_archive(archive, checksums="once" if check_data else "never")
 
 
 def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,

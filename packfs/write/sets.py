@@ -1,0 +1,139 @@
+"""Writing shard sets' manifests: a set made of archives that exist, and a shard
+appended to a set (docs/format.md, "Shard sets"; the manifest's bytes are
+:mod:`packfs.core.manifest`'s).
+
+A manifest is replaced whole: written to a temporary file beside it, synced, and
+renamed over it, so a reader sees the old set or the new one, never a mix; readers and
+mounts that opened the old one keep serving it (shards never change once written).
+Appends to one set are serialised by a lock on the manifest file, taken again if the
+manifest was replaced while waiting for it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import Callable, Sequence, TypeVar
+
+from ..core import Archive, ShardSet
+from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, manifest_bytes, parse_manifest, shard_record
+from ..errors import PackError, PathNotFoundError
+from . import temporaries
+
+__all__ = ["write_manifest", "make_set", "append_shard", "set_stem", "appended_shard_name"]
+
+T = TypeVar("T")
+
+
+def set_stem(manifest: str) -> str:
+    """``/data/train`` for ``/data/train.ffrset`` (and for ``/data/train.ffr``): what a
+    set's shard names start with."""
+    for suffix in (MANIFEST_SUFFIX, ".ffr"):
+        if manifest.endswith(suffix):
+            return manifest[: -len(suffix)]
+    return manifest
+
+
+def write_manifest(manifest: str, records: Sequence[ShardRecord]) -> None:
+    """Write (or replace) ``manifest`` listing ``records``, atomically."""
+    data = manifest_bytes(records)
+    directory = os.path.dirname(os.path.abspath(manifest))
+    temporary = os.path.join(directory, f".{os.path.basename(manifest)}.tmp-{os.getpid()}")
+    temporaries.register(temporary)
+    try:
+        with open(temporary, "xb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, manifest)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        temporaries.unregister(temporary)
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)  # the rename itself survives a crash
+    finally:
+        os.close(descriptor)
+
+
+def _relative(manifest: str, archive: str) -> str:
+    base = os.path.dirname(os.path.abspath(manifest))
+    relative = os.path.relpath(os.path.abspath(archive), base)
+    if relative.startswith(".." + os.sep) or relative == "..":
+        raise PackError(f"{archive!r} is not in {base!r} or below it: a manifest names its shards relative to "
+                        "its own directory")
+    return relative
+
+
+def make_set(manifest: str, archives: Sequence[str], force: bool = False) -> list[ShardRecord]:
+    """Write ``manifest`` for ``archives`` (in or below its directory), which must make
+    a set: no path held by two of them (checked, as every open checks it)."""
+    if os.path.exists(manifest) and not force:
+        raise PackError(f"{manifest!r} exists (--force replaces it)")
+    records = []
+    for archive in archives:
+        with Archive(archive) as opened:
+            records.append(shard_record(opened, _relative(manifest, archive)))
+    with ShardSet([os.path.join(os.path.dirname(os.path.abspath(manifest)), r.file) for r in records], records,
+                  manifest, check_records=True):
+        pass  # opening checks that no path is in two shards
+    write_manifest(manifest, records)
+    return records
+
+
+def appended_shard_name(manifest: str, records: Sequence[ShardRecord]) -> str:
+    """The file an appended shard gets: ``STEM-NNNNN.ffr``, NNNNN its position in the
+    set, beside the manifest."""
+    stem = os.path.basename(set_stem(manifest))
+    directory = os.path.dirname(os.path.abspath(manifest))
+    taken = {record.file for record in records}
+    number = len(records)
+    # A file of that name that the set does not list (a killed append's shard, or
+    # anyone's file) is left alone: the next free number is taken.
+    while f"{stem}-{number:05d}.ffr" in taken or os.path.exists(os.path.join(directory, f"{stem}-{number:05d}.ffr")):
+        number += 1
+    return os.path.join(directory, f"{stem}-{number:05d}.ffr")
+
+
+def append_shard(manifest: str, pack_into: Callable[[str], T]) -> tuple[ShardRecord, T]:
+    """Add a shard to the set ``manifest`` lists: ``pack_into(path)`` writes it as a
+    complete archive at ``path`` (beside the manifest), the set with it is checked (no
+    path in two shards), and a new manifest is renamed into place.  If anything fails
+    the new shard is removed and the manifest is unchanged.  Returns the shard's record
+    and what ``pack_into`` returned."""
+    while True:
+        try:
+            descriptor = os.open(manifest, os.O_RDONLY)
+        except FileNotFoundError:
+            raise PathNotFoundError(f"{manifest!r}: no such shard-set manifest") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            if os.fstat(descriptor).st_ino != os.stat(manifest).st_ino:
+                continue  # another append replaced it while this one waited: read the new one
+            with os.fdopen(os.dup(descriptor), "rb") as current:
+                records = parse_manifest(current.read(), repr(manifest))
+            return _append_locked(manifest, records, pack_into)
+        finally:
+            os.close(descriptor)
+
+
+def _append_locked(manifest: str, records: list[ShardRecord],
+                   pack_into: Callable[[str], T]) -> tuple[ShardRecord, T]:
+    path = appended_shard_name(manifest, records)
+    result = pack_into(path)
+    temporaries.register(path)  # until the manifest lists it: a signal removes it
+    try:
+        with Archive(path) as opened:
+            record = shard_record(opened, os.path.basename(path))
+        grown = [*records, record]
+        base = os.path.dirname(os.path.abspath(manifest))
+        with ShardSet([os.path.join(base, r.file) for r in grown], grown, manifest, check_records=True):
+            pass  # opening checks the new shard against the shards its range overlaps
+        write_manifest(manifest, grown)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        temporaries.unregister(path)
+    return record, result
