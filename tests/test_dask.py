@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -47,6 +47,18 @@ def cluster2() -> Iterator[object]:
         yield client
 
 
+def patch_every_worker(client: Any, function: Callable[..., None], *args: str) -> None:
+    """Run ``function`` in both worker processes (both registered: a restart's
+    workers come back one by one)."""
+    client.wait_for_workers(2)
+    assert len(client.run(function, *args)) == 2
+
+
+def restart(client: Any) -> None:
+    client.restart()
+    client.wait_for_workers(2)
+
+
 @pytest.fixture
 def files(tmp_path: Path) -> tuple[Path, list[str]]:
     root = tmp_path / "src"
@@ -74,7 +86,7 @@ def test_the_same_bytes_with_one_worker_two_workers_and_pack_shards(files: tuple
 def test_a_bag_of_pairs_by_shard_size(files: tuple[Path, list[str]], tmp_path: Path, cluster2: object) -> None:
     import dask.bag
 
-    from packfs.core import Archive
+    from packfs.core import Archive, open_archive
     from packfs.write.dask import pack_on_dask
 
     root, names = files
@@ -91,6 +103,9 @@ def test_a_bag_of_pairs_by_shard_size(files: tuple[Path, list[str]], tmp_path: P
                 if archive.file_type(entry) != 0o040000:
                     found[os.fsdecode(archive.path_of(entry))] = archive.read(entry)
     assert found == {key: Path(path).read_bytes() for key, path in pairs}
+    with open_archive(out / "b.ffrset") as tree:  # the set served as one tree, no re-pack
+        assert {name: tree.read_path(name) for name in found} == found
+        assert len(tree.children(tree.lookup("images/d0/e0"))) == 5
     (tmp_path / "again").mkdir()
     pack_on_dask(dask.bag.from_sequence(pairs[::-1], npartitions=2), tmp_path / "again" / "b.ffr",
                  shard_size=100 * 1024, client=cluster2)
@@ -134,11 +149,11 @@ def test_a_worker_killed_mid_task_is_retried_and_leaves_no_debris(files: tuple[P
     out.mkdir()
     reference.mkdir()
     marker = tmp_path / "killed"
-    cluster2.run(_kill_the_first_attempt, str(marker), str(out))  # type: ignore[attr-defined]
+    patch_every_worker(cluster2, _kill_the_first_attempt, str(marker), str(out))
     try:
         pack_on_dask(names, out / "k.ffr", root=root, shards=3, client=cluster2)
     finally:
-        cluster2.restart()  # type: ignore[attr-defined]  # workers without the patch for the other tests
+        restart(cluster2)  # workers without the patch for the other tests
     seen_at_the_kill = marker.read_text().split("\n")
     assert any(".packfs-tmp-" in name for name in seen_at_the_kill)  # the killed attempt's file
     pack_shards(root, reference / "k.ffr", shards=3)
@@ -166,12 +181,12 @@ def test_a_failed_task_fails_the_set_and_leaves_nothing(files: tuple[Path, list[
     root, names = files
     out = tmp_path / "out"
     out.mkdir()
-    cluster2.run(_fail_the_second_shard)  # type: ignore[attr-defined]
+    patch_every_worker(cluster2, _fail_the_second_shard)
     try:
         with pytest.raises(PackError, match="No space left on device"):
             pack_on_dask(names, out / "m.ffr", root=root, shards=3, client=cluster2)
     finally:
-        cluster2.restart()  # type: ignore[attr-defined]
+        restart(cluster2)
     assert os.listdir(out) == []  # shards 0 and 2 were in place: removed
 
 

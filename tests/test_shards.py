@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from packfs.core import Archive
+from packfs.core import Archive, open_archive
 from packfs.core.manifest import parse_manifest
 from packfs.errors import PackError
 from packfs.ffrecord import FileReader
@@ -76,11 +76,37 @@ def source_contents(root: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
     return leaves, directories
 
 
+def one_tree(manifest: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """(leaves, directories) of the set read back as one tree (open_archive), walked
+    from its root through the merged listings."""
+    leaves: dict[str, tuple] = {}
+    directories: dict[str, tuple] = {}
+    with open_archive(manifest) as tree:
+        pending = [0]
+        while pending:
+            entry = pending.pop()
+            name = os.fsdecode(tree.path_of(entry))
+            info = tree.stat(entry)
+            attributes = (info.mode, info.mtime_ns, info.uid, info.gid)
+            kind = info.mode & S_IFMT
+            if kind == S_IFDIR:
+                assert name not in directories
+                directories[name] = attributes
+                pending.extend(tree.children(entry))
+            else:
+                body = tree.read(entry) if kind == S_IFREG else tree.readlink(entry)
+                leaves[name] = attributes + (body,)
+    return leaves, directories
+
+
 def assert_set_is_tree(manifest: Path, root: Path, whole_seconds: bool = False) -> None:
-    """The set holds exactly the tree at ``root`` (``whole_seconds``: mtimes compared
-    in seconds, as a tar keeps them)."""
+    """The set holds exactly the tree at ``root``, shard by shard and read back as
+    one tree (``whole_seconds``: mtimes compared in seconds, as a tar keeps them)."""
     leaves, directories = shard_contents(manifest)
     want_leaves, want_directories = source_contents(root)
+    merged_leaves, merged_directories = one_tree(manifest)
+    assert merged_leaves == leaves
+    assert merged_directories == {name: copies[0] for name, copies in directories.items()}
     if whole_seconds:
         def seconds(attributes: tuple) -> tuple:
             return (attributes[0], attributes[1] // 10**9) + attributes[2:]
