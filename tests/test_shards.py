@@ -423,3 +423,26 @@ def test_an_interruption_between_the_shards_and_the_manifest_leaves_nothing(
     with pytest.raises(KeyboardInterrupt):
         pack_shards(wide, out / "x.ffr", shard_size=50 * 1024)
     assert os.listdir(out) == []
+
+
+def test_a_signal_as_the_manifest_lands_removes_the_whole_set(wide: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's handler (remove_unfinished, then the exception) just after the
+    manifest's rename: the manifest goes with the shards, never the shards alone."""
+    import packfs.write.shards as shards
+    from packfs.write import remove_unfinished
+
+    real = shards._rename
+
+    def rename_then_signal(temporary: str, final: str, force: bool) -> None:
+        real(temporary, final, force)
+        if final.endswith(".ffrset"):
+            remove_unfinished()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(shards, "_rename", rename_then_signal)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        pack_shards(wide, out / "x.ffr", shard_size=50 * 1024)
+    assert os.listdir(out) == []

@@ -328,9 +328,17 @@ def publish_set(directory: str, stem: str, written: Sequence[tuple[str, ShardRec
             os.fsync(fd)
         finally:
             os.close(fd)
-        _rename(manifest_temporary, manifest, force)
-        unregister(manifest_temporary)
-        _fsync_directory(directory)
+        # Registered too: a signal between the rename and the unregistering below
+        # removes the whole set, manifest included, never the shards alone.
+        register(manifest)
+        try:
+            _rename(manifest_temporary, manifest, force)
+        except BaseException:
+            unregister(manifest)  # not renamed: what is there (if anything) is not this set's
+            raise
+        published.append(manifest)
+        for path in published + [manifest_temporary]:
+            unregister(path)
     except BaseException as error:
         for path in published + [manifest_temporary]:
             try:
@@ -341,8 +349,10 @@ def publish_set(directory: str, stem: str, written: Sequence[tuple[str, ShardRec
         if isinstance(error, OSError):
             raise PackError(f"cannot write the set {manifest!r}: {error.strerror or error}") from None
         raise
-    for path in published:
-        unregister(path)
+    try:
+        _fsync_directory(directory)
+    except OSError as error:
+        raise PackError(f"cannot write the set {manifest!r}: {error.strerror}") from None
     for name in old_files:
         if name not in names:
             try:
