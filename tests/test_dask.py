@@ -50,13 +50,13 @@ def cluster2() -> Iterator[object]:
 def patch_every_worker(client: Any, function: Callable[..., None], *args: str) -> None:
     """Run ``function`` in both worker processes (both registered: a restart's
     workers come back one by one)."""
-    client.wait_for_workers(2)
+    client.wait_for_workers(2, timeout=60)
     assert len(client.run(function, *args)) == 2
 
 
 def restart(client: Any) -> None:
-    client.restart()
-    client.wait_for_workers(2)
+    client.restart(timeout=60)
+    client.wait_for_workers(2, timeout=60)
 
 
 @pytest.fixture
