@@ -190,6 +190,27 @@ def test_a_failed_task_fails_the_set_and_leaves_nothing(files: tuple[Path, list[
     assert os.listdir(out) == []  # shards 0 and 2 were in place: removed
 
 
+def test_an_interrupted_client_stops_the_run_and_leaves_nothing(files: tuple[Path, list[str]], tmp_path: Path,
+                                                                   cluster2: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the client waits for the tasks: those not taken are cancelled,
+    those taken end, and nothing is left, not even a shard of a task that was running."""
+    from packfs.write.dask import pack_on_dask
+
+    root, names = files
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def interrupted(futures: list[Any]) -> None:
+        distributed.wait(futures[:1])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cluster2, "gather", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pack_on_dask(names, out / "i.ffr", root=root, shards=8, client=cluster2)
+    assert os.listdir(out) == []
+
+
 def test_bad_lists_are_refused_before_any_task(files: tuple[Path, list[str]], tmp_path: Path,
                                                cluster2: object) -> None:
     import dask.bag

@@ -204,6 +204,14 @@ def _pack_partition(root: str | None, partition: Opaque, xattrs: bool, directory
     return record._replace(file=name)
 
 
+def _stop(client: Any, futures: list[Any]) -> None:
+    """Cancel the tasks no worker has taken yet, so that a failed or interrupted run
+    ends soon; those taken run to their end (a running task cannot be stopped, and
+    its shard must not appear after the clean-up), and the caller waits for them."""
+    taken = {key for keys in client.processing().values() for key in keys}
+    client.cancel([future for future in futures if future.key not in taken])
+
+
 def pack_on_dask(
     items: Any,
     out: PathLike,
@@ -284,12 +292,15 @@ def pack_on_dask(
     try:
         try:
             records = client.gather(futures)
-        except Exception as error:
-            raise PackError(f"packing the set {manifest!r} on Dask failed: {error}") from error
+        except BaseException as error:
+            _stop(client, futures)
+            if isinstance(error, Exception):
+                raise PackError(f"packing the set {manifest!r} on Dask failed: {error}") from error
+            raise
         finally:
             # Once every task has ended, whatever is left of this run is an attempt's
             # debris, whichever host wrote it.
-            distributed.wait(futures)
+            distributed.wait([future for future in futures if not future.cancelled()])
             remove_abandoned_temporaries(directory, stem, everyone_gone=f"-{run}-")
         # The shards are in place already; publish_set renames each onto itself and
         # writes the manifest.
