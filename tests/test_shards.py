@@ -363,12 +363,14 @@ packfs.cli.main()
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
 @pytest.mark.parametrize("after", [1, 30])
+@pytest.mark.parametrize("source", ["dir", "tar"])
 def test_a_signal_mid_set_exits_128_plus_it_and_leaves_nothing(wide: Path, tmp_path: Path, sig: int,
-                                                               after: int) -> None:
+                                                               after: int, source: str) -> None:
+    src = wide if source == "dir" else _tar(wide, tmp_path / "t.tar")
     out = tmp_path / "out"
     out.mkdir()
     result = subprocess.run([sys.executable, "-c", _SIGNAL_MID_SET.format(sig=int(sig), after=after), "pack",
-                             str(wide), str(out / "x.ffr"), "--shard-size", "50K"],
+                             str(src), str(out / "x.ffr"), "--shard-size", "50K"],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 128 + sig, result.stderr
     assert f"Interrupted by {signal.Signals(sig).name}" in result.stderr
