@@ -533,7 +533,8 @@ def pack_shards(
                     raise PackError(f"{src_text!r}: --shards needs the total size first, and a tar stream or a "
                                     "compressed tar is read once; use --shard-size, or an uncompressed tar file")
                 else:
-                    _write_streamed(entries, directory, stem, ShardCutter(shard_size=shard_size), counts, written)
+                    _write_streamed(entries, directory, stem, ShardCutter(shard_size=shard_size), counts, written,
+                                    progress)
         records = publish_set(directory, stem, written, force)
     except BaseException:
         for temporary, _ in written:
@@ -592,9 +593,10 @@ def _write_planned(entries: list[Entry], directory: str, stem: str, shard_size: 
 
 
 def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter: ShardCutter, counts: _Counts,
-                    written: list[tuple[str, ShardRecord]]) -> None:
+                    written: list[tuple[str, ShardRecord]], progress: PackProgress | None = None) -> None:
     """Write a source read once (a stream): each shard ends when the next file would
-    not fit, its data spooled by pack_entries (the count is unknown until then)."""
+    not fit, its data spooled by pack_entries (the count is unknown until then), which
+    tells ``progress`` each shard's totals as it starts copying it."""
     directories: dict[bytes, Entry] = {}
     root: list[Entry] = []
     carried: list[Entry] = []  # the next shard's first entries: directories, then the file that cut
@@ -656,7 +658,7 @@ def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter:
     number = 0
     while not finished:
         path = os.path.join(directory, _temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
-        written.append((path, write_shard(shard_entries(), path, None)))
+        written.append((path, write_shard(shard_entries(), path, None, progress)))
         number += 1
 
 
