@@ -19,7 +19,7 @@ from packfs.core import Archive, open_archive
 from packfs.core.manifest import parse_manifest
 from packfs.errors import PackError
 from packfs.ffrecord import FileReader
-from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from packfs.format import S_IFDIR, S_IFMT, S_IFREG
 from packfs.write.shards import ShardCutter, pack_shards
 from tests.conftest import MTIME_NS, packfs_cli
 
