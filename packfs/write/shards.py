@@ -614,7 +614,9 @@ def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter:
             nonlocal first
             if first:
                 first = False
-                head, _ = complete_shard([entry], root[0] if root else None, directories, lambda key: None)
+                # The root and the directories above the entry (a stand-in: only its path counts).
+                head, _ = complete_shard([Entry(entry.path, kind="dir")], root[0] if root else None, directories,
+                                         lambda key: None)
                 yield from head[:-1]
             if entry.kind == "hardlink" and archive_key(entry.target or b"") not in in_shard:
                 entry = _copy_from_earlier(entry, [path for path, _ in written])
