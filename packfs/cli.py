@@ -303,6 +303,23 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.call_on_close(restore)
 
 
+def _size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from .source.cache import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+
+
+def _shard_count_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise click.BadParameter(f"{value} is not a number of shards: expected 1 or more", ctx=ctx, param=param)
+    return value
+
+
 def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
     """The options of what is packed and how it is reported, for pack and append."""
     for option in reversed((
@@ -333,8 +350,15 @@ def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @_source_options
+@click.option("--shard-size", metavar="SIZE", callback=_size_option,
+              help="Write a shard set: shards of at most SIZE file bytes (as 4G, 512M; a larger file gets a "
+                   "shard of its own), OUT-00000-of-0000N.ffr... and the manifest OUT.ffrset.")
+@click.option("--shards", metavar="N", type=int, callback=_shard_count_option,
+              help="Write a shard set of N shards of about equal bytes (at most N: fewer with fewer files). "
+                   "Not for a tar stream or a compressed tar (read once: use --shard-size).")
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
-         keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool) -> None:
+         keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool,
+         shard_size: int | None = None, shards: int | None = None) -> None:
     """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
     .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
     streamed in, never extracted to disk.
@@ -342,6 +366,11 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
     A path in SRC that cannot be read fails the pack, listing every such path, and
     nothing is written; with --keep-going the rest is packed.  FIFOs, sockets and
     devices are skipped ('skipped: PATH (why)').
+
+    With --shard-size or --shards, OUT names a shard set: complete archives
+    OUT-00000-of-0000N.ffr... (each opens alone, in packfs or FFRecord), cut in pack
+    order, and the manifest OUT.ffrset that makes them one tree; it appears whole or
+    not at all.  A tar stream's members must then be in pack order (tar --sort=name).
 
     \b
     Exit status: 0 packed; 1 error, OUT not written; 2 usage error;
@@ -355,7 +384,17 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
       packfs pack -k /scratch/project project.ffr   # exit status 3 if paths were left out
       packfs pack -j 8 /data/imagenet/train train.ffr   # 8 processes read the files
       packfs pack ILSVRC2012_img_val.tar val.ffr
+      packfs pack dataset/ train.ffr --shard-size 4G   # train-00000-of-0000N.ffr..., train.ffrset
     """
+    if shard_size is not None and shards is not None:
+        raise click.UsageError("--shard-size and --shards cannot be used together")
+    if (shard_size is not None or shards is not None) and keep_going:
+        raise click.UsageError("--keep-going does not apply to a shard set (written whole or not at all)")
+    if shard_size is not None or shards is not None:
+        _check_source_options(src, follow_symlinks, exclude, keep_going)
+        progress = _TerminalProgress("packing", quiet, force_progress)
+        _pack_set(src, out, follow_symlinks, exclude, force, quiet, progress, not no_xattrs, shard_size, shards)
+        return
     stats = _pack_source(src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=force,
                          keep_going=keep_going, jobs=jobs, quiet=quiet, force_progress=force_progress,
                          no_xattrs=no_xattrs)
@@ -363,10 +402,8 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         click.get_current_context().exit(3)
 
 
-def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
-                 keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool) -> Any:
-    """pack's work, shared with append: SRC (a directory, a tar or a zip) into OUT, the
-    summary line printed; returns the PackStats."""
+def _check_source_options(src: str, follow_symlinks: bool, exclude: tuple[str, ...], keep_going: bool) -> None:
+    """Usage errors in how SRC is to be read (for pack, a set's pack and append)."""
     from_archive = src == "-" or not os.path.isdir(src)
     if from_archive and (follow_symlinks or exclude or keep_going):
         raise click.UsageError("-L, --exclude and --keep-going apply to a directory SRC only")
@@ -377,6 +414,14 @@ def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[st
             ExcludePatterns(exclude, src)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--exclude'") from None
+
+
+def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
+                 keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool) -> Any:
+    """pack's work, shared with append: SRC (a directory, a tar or a zip) into OUT, the
+    summary line printed; returns the PackStats."""
+    _check_source_options(src, follow_symlinks, exclude, keep_going)
+    from_archive = src == "-" or not os.path.isdir(src)
     progress = _TerminalProgress("packing", quiet, force_progress)
     try:
         with _exit_on_signals(repr(out)), _closing(progress):
@@ -444,6 +489,35 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
         click.echo(f"appended {record.file!r} ({record.entries} entries) to {manifest!r}", err=True)
     if stats.failed or stats.changed:
         click.get_current_context().exit(3)
+
+
+def _pack_set(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool, quiet: bool,
+              progress: _TerminalProgress, xattrs: bool, shard_size: int | None, shards: int | None) -> None:
+    """packfs pack --shard-size/--shards: a shard set, and one summary line for it."""
+    from .write.shards import pack_shards, set_names
+
+    directory, stem = set_names(out)
+    try:
+        with _exit_on_signals(f"the set {os.path.join(directory, stem)!r}"), _closing(progress):
+            stats = pack_shards(src, out, shard_size=shard_size, shards=shards, follow_symlinks=follow_symlinks,
+                                exclude=exclude, force=force, progress=progress, xattrs=xattrs,
+                                stdin=sys.stdin.buffer)
+    except PackSourceError as error:
+        if len(error.failed) > 1:
+            for failed in error.failed:
+                click.echo(os.fsencode(f"cannot pack: {failed.path} ({failed.reason})"), err=True)
+        raise
+    if not quiet:
+        sizes = [record.size for record in stats.shards]
+        seconds = max(stats.seconds, 1e-9)
+        click.echo(
+            f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
+            f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into "
+            f"{_count(len(sizes), 'shard')} of {human_size(min(sizes))} to {human_size(max(sizes))} "
+            f"({human_size(stats.archive_bytes)} in all), set {stats.manifest!r}, in {stats.seconds:.2f} s "
+            f"({human_size(stats.file_bytes / seconds)}/s)" + _skipped_summary(stats.skipped, 0),
+            err=True,
+        )
 
 
 @main.command(name="set")

@@ -28,14 +28,14 @@ import stat as stat_module
 import tarfile
 import time
 import zipfile
-from typing import Any, BinaryIO, Iterator, cast
+from typing import Any, BinaryIO, Callable, Iterator, cast
 
 from ..errors import PackError
 from ..format import MAX_SYMLINK_TARGET, path_name_problem, symlink_length_problem, symlink_target_problem
 from ..source import url_error
 from .pack import Entry, PackProgress, PackStats, PathLike, SkipList, pack_entries
 
-__all__ = ["archive_kind", "pack_archive"]
+__all__ = ["archive_kind", "archive_entries", "pack_archive"]
 
 log = logging.getLogger("packfs")
 
@@ -182,16 +182,24 @@ def _tar_entries_in_pack_order(tar: tarfile.TarFile, skips: SkipList,
             if name in leader:
                 original = regular[name]
                 if name == leader[name]:
-                    yield Entry(name, tar.extractfile(original), size=original.size, **_attributes(original, xattrs))
+                    yield Entry(name, _opener(tar, original), size=original.size, **_attributes(original, xattrs))
                 else:
                     yield Entry(name, kind="hardlink", target=leader[name], **_attributes(original, xattrs))
             elif member.islnk():
                 skips.add(member.name, f"a hard link to {member.linkname!r}, which is not a file in the archive")
+            elif member.isreg():
+                yield Entry(name, _opener(tar, member), size=member.size, **_attributes(member, xattrs))
             else:
                 yield from _tar_entry(tar, member, name, skips, xattrs)  # its name was checked above
 
     count = sum(1 for m in members.values() if m.isreg() or m.issym())  # hard links take no record
     return entries(), count
+
+
+def _opener(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[], BinaryIO]:
+    """A member's data opened only when it is written: an open reader holds a buffer,
+    and a shard set plans every member's entry before it writes any."""
+    return lambda: cast(BinaryIO, tar.extractfile(member))
 
 
 def _compressed(path: str) -> bool:
@@ -369,5 +377,45 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                         has_xattrs = xattrs and any(_member_xattrs(member) for member in tar.getmembers())
                         stats = pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs)
         return dataclasses.replace(stats, skipped=tuple(skips.paths))
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
+        raise PackError(f"cannot read {source!r}: {error}") from None
+
+
+@contextlib.contextmanager
+def archive_entries(source: str, skips: SkipList, *, stdin: BinaryIO | None = None,
+                    xattrs: bool = True) -> Iterator[tuple[Iterator[Entry], bool]]:
+    """The entries of the tar or zip ``source`` (``"-"``: a tar on ``stdin``), for a
+    packer that cuts them into several archives (:mod:`packfs.write.shards`), as
+    ``(entries, planned)``.
+
+    ``planned``: an uncompressed tar file or a zip; the entries come in pack's order
+    (depth-first, names bytewise) and each file's data is opened only when it is
+    read, so all may be listed before any is written.  Otherwise (a stream, a
+    compressed tar) they come in member order, each file's data to be read before
+    the next entry is taken.  A damaged source raises PackError, from the ``with``
+    block too.
+    """
+    streamed = source == "-" or _is_stream(source)
+    if not streamed and not os.path.lexists(source):
+        raise url_error(source) or PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
+    kind = "tar" if streamed else archive_kind(source)
+    if kind not in ("tar", "zip"):
+        raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
+    if source == "-" and stdin is None:
+        raise ValueError('archive_entries("-") needs the stream to read as stdin')
+    try:
+        with contextlib.ExitStack() as stack:
+            raw = cast(BinaryIO, stdin) if source == "-" else stack.enter_context(open(source, "rb"))
+            if kind == "zip":
+                archive = stack.enter_context(zipfile.ZipFile(raw))
+                entries = sorted(_zip_entries(archive, skips), key=lambda entry: _depth_first_key(str(entry.path)))
+                yield iter(entries), True
+            elif streamed or _compressed(source):
+                fileobj = io.BufferedReader(_RawReader(raw), _CHUNK) if streamed else raw
+                tar = stack.enter_context(tarfile.open(fileobj=fileobj, mode="r|*" if streamed else "r:*"))
+                yield _tar_entries(tar, iter(tar), skips, xattrs), False
+            else:
+                tar = stack.enter_context(tarfile.open(fileobj=raw, mode="r:"))
+                yield _tar_entries_in_pack_order(tar, skips, xattrs)[0], True
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
         raise PackError(f"cannot read {source!r}: {error}") from None
