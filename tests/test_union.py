@@ -396,3 +396,17 @@ def test_a_set_at_a_url_opens_with_the_manifest_alone(files, shards, manifest, r
     result = packfs_cli("cat", url, "README", "--cache-dir", "off") if where == "http" else None
     if result is not None:
         assert result.returncode == 0 and result.stdout == "read me\n"
+
+
+def test_a_killed_writers_manifest_temporary_goes_with_the_next_append(manifest, tmp_path) -> None:
+    from packfs.write.container import TEMP_MARKER
+
+    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    leftover = tmp_path / f".data{TEMP_MARKER}{dead}-0badc0de-data.ffrset"
+    leftover.write_bytes(b"half a manifest")
+    new = tmp_path / "more"
+    new.mkdir()
+    (new / "z.txt").write_bytes(b"z")
+    assert packfs_cli("append", manifest, new).returncode == 0
+    assert not leftover.exists()
+    assert not [p for p in os.listdir(tmp_path) if TEMP_MARKER in p]

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 from typing import Callable, Sequence, TypeVar
 
 from ..core import Archive, ShardSet
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, manifest_bytes, parse_manifest, shard_record
 from ..errors import PackError, PathNotFoundError
 from . import temporaries
+from .container import TEMP_MARKER
+from .temporaries import abandoned
 
-__all__ = ["write_manifest", "make_set", "append_shard", "set_stem", "appended_shard_name"]
+__all__ = ["write_manifest", "make_set", "append_shard", "set_stem", "appended_shard_name", "temporary_name",
+           "remove_abandoned_temporaries"]
 
 T = TypeVar("T")
 
@@ -34,11 +38,49 @@ def set_stem(manifest: str) -> str:
     return manifest
 
 
+def temporary_name(stem: str, label: str) -> str:
+    """A temporary file of the set: the writer's pid in it, after TEMP_MARKER, as
+    ContainerWriter names its own, so that a killed writer's leftover is known."""
+    return f".{stem}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}-{label}"
+
+
+def remove_abandoned_temporaries(directory: str, stem: str, *, everyone_gone: str | None = None) -> None:
+    """Remove the temporary files of set ``stem`` in ``directory`` whose writer is gone
+    (its pid in the name): this module's own, and the ContainerWriter files behind
+    them.  ``everyone_gone``: also remove, whoever wrote them, those whose name holds
+    this text (a run that knows all its writers are done, whichever host they ran on)."""
+    prefixes = (f".{stem}{TEMP_MARKER}", f"..{stem}{TEMP_MARKER}")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        path = os.path.join(directory, name)
+        pid_text = name[len(prefix):].partition("-")[0]
+        gone = everyone_gone is not None and everyone_gone in name
+        if not gone and pid_text.isdigit():
+            pid = int(pid_text)
+            # Registered as str (here) or Path (ContainerWriter): gone only if neither.
+            from pathlib import Path
+
+            gone = abandoned(pid, path) and abandoned(pid, Path(path))
+        if gone:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def write_manifest(manifest: str, records: Sequence[ShardRecord]) -> None:
     """Write (or replace) ``manifest`` listing ``records``, atomically."""
     data = manifest_bytes(records)
     directory = os.path.dirname(os.path.abspath(manifest))
-    temporary = os.path.join(directory, f".{os.path.basename(manifest)}.tmp-{os.getpid()}")
+    stem = os.path.basename(set_stem(manifest))
+    remove_abandoned_temporaries(directory, stem)  # a killed writer's, known by its pid
+    temporary = os.path.join(directory, temporary_name(stem, os.path.basename(manifest)))
     temporaries.register(temporary)
     try:
         with open(temporary, "xb") as out:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import secrets
 import stat as stat_module
 import time
 from dataclasses import dataclass
@@ -49,7 +48,8 @@ from .container import TEMP_MARKER
 from .exclude import ExcludePatterns
 from .pack import Entry, PackProgress, PathLike, SkipList, SkippedPath, pack_entries
 from .scan import open_beneath, scan_tree
-from .temporaries import abandoned, register, unregister
+from .sets import remove_abandoned_temporaries, temporary_name
+from .temporaries import register, unregister
 
 __all__ = ["ShardSetStats", "ShardCutter", "pack_shards", "set_names", "shard_name", "cut_entries",
            "complete_shard", "write_shard", "publish_set", "remove_abandoned_temporaries"]
@@ -105,42 +105,6 @@ def set_names(out: PathLike) -> tuple[str, str]:
 def shard_name(stem: str, number: int, count: int) -> str:
     """The file name of shard ``number`` (from 0) of ``count``."""
     return f"{stem}-{number:05d}-of-{count:05d}{ARCHIVE_SUFFIX}"
-
-
-def _temporary_name(stem: str, label: str) -> str:
-    """A temporary file of the set: the writer's pid in it, after TEMP_MARKER, as
-    ContainerWriter names its own, so that a killed writer's leftover is known."""
-    return f".{stem}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}-{label}"
-
-
-def remove_abandoned_temporaries(directory: str, stem: str, *, everyone_gone: str | None = None) -> None:
-    """Remove the temporary files of set ``stem`` in ``directory`` whose writer is gone
-    (its pid in the name): this module's own, and the ContainerWriter files behind
-    them.  ``everyone_gone``: also remove, whoever wrote them, those whose name holds
-    this text (a run that knows all its writers are done, whichever host they ran on)."""
-    prefixes = (f".{stem}{TEMP_MARKER}", f"..{stem}{TEMP_MARKER}")
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        prefix = next((p for p in prefixes if name.startswith(p)), None)
-        if prefix is None:
-            continue
-        path = os.path.join(directory, name)
-        pid_text = name[len(prefix):].partition("-")[0]
-        gone = everyone_gone is not None and everyone_gone in name
-        if not gone and pid_text.isdigit():
-            pid = int(pid_text)
-            # Registered as str (here) or Path (ContainerWriter): gone only if neither.
-            from pathlib import Path
-
-            gone = abandoned(pid, path) and abandoned(pid, Path(path))
-        if gone:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
 
 # -- where a set is cut ----------------------------------------------------------------
@@ -311,7 +275,7 @@ def publish_set(directory: str, stem: str, written: Sequence[tuple[str, ShardRec
                 raise PackError(f"{os.path.join(directory, name)!r} already exists; use --force to replace it")
     old_files = _listed_shards(manifest) if force else []
     published: list[str] = []
-    manifest_temporary = os.path.join(directory, _temporary_name(stem, stem + MANIFEST_SUFFIX))
+    manifest_temporary = os.path.join(directory, temporary_name(stem, stem + MANIFEST_SUFFIX))
     try:
         for (temporary, _), name in zip(written, names):
             final = os.path.join(directory, name)
@@ -588,7 +552,7 @@ def _write_planned(entries: list[Entry], directory: str, stem: str, shard_size: 
     cutter = ShardCutter(shard_size=shard_size, shards=shards, total_bytes=total)
     for number, shard in enumerate(cut_entries(entries, cutter)):
         complete, slots = complete_shard(shard, root, directories, linked.get)
-        path = os.path.join(directory, _temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
+        path = os.path.join(directory, temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
         written.append((path, write_shard(complete, path, slots, progress)))
 
 
@@ -659,7 +623,7 @@ def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter:
 
     number = 0
     while not finished:
-        path = os.path.join(directory, _temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
+        path = os.path.join(directory, temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
         written.append((path, write_shard(shard_entries(), path, None, progress)))
         number += 1
 
