@@ -40,6 +40,7 @@ Opening a manifest trusts the check made when it was written (its CRC guards it)
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_right as _bisect_right
 import glob as glob_module
 import heapq
 import os
@@ -228,6 +229,8 @@ class ShardSet:
         self._lock = threading.Lock()
         self._closed = False
         self._shards = [_Shard(i, location, records[i] if records else None) for i, location in enumerate(locations)]
+        # Each shard's archive once opened (None before): the hot paths' one list index.
+        self._opened: list[Optional[Archive]] = [None] * len(self._shards)
         try:
             if records is None:
                 for shard in self._shards:
@@ -299,7 +302,7 @@ class ShardSet:
                 except BaseException:
                     opened.close()
                     raise
-                shard.archive = opened
+                shard.archive = self._opened[index] = opened
             return shard.archive
 
     def _check_against_manifest(self, shard: _Shard, archive: Archive) -> None:
@@ -943,8 +946,8 @@ class ShardSet:
         """Up to ``size`` bytes of file ``entry`` from ``offset`` (:meth:`Archive.read`)."""
         bases = self._bases
         if 0 <= entry < self._entry_count:
-            index = bisect.bisect_right(bases, entry) - 1
-            archive = self._shards[index].archive or self._shard(index)
+            index = _bisect_right(bases, entry) - 1
+            archive = self._opened[index] or self._shard(index)
             return archive.read(entry - bases[index], offset, size)
         index, local = self._split(entry)  # raises, naming the entry
         return self._shard(index).read(local, offset, size)
