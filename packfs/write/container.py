@@ -18,7 +18,7 @@ from ..errors import PackError
 from ..format import HEADER_PREFIX, PIECE_SIZE, crc32, header_size
 from .temporaries import abandoned, register, unregister
 
-__all__ = ["ContainerWriter", "TEMP_MARKER"]
+__all__ = ["ContainerWriter", "TEMP_MARKER", "carry_piece_crcs"]
 
 # Temporary files are named ".<out>.packfs-tmp-<pid>-<random>" so that a killed packer's
 # leftovers are recognisable.
@@ -47,6 +47,29 @@ def _remove_stale_temporaries(out: Path) -> None:
                 os.unlink(out.parent / name)
             except OSError:
                 pass
+
+
+def carry_piece_crcs(pieces: list[int], piece_crc: int, record_crc: int, data: memoryview, written: int) -> int:
+    """Carry a record's piece CRCs (format section 4b) over ``data``, which starts
+    ``written`` bytes into the record, whose CRC so far is ``record_crc``, and reaches
+    past its first PIECE_SIZE bytes: every piece ``data`` completes is appended to
+    ``pieces``; returns the CRC of the piece left unfinished (``piece_crc`` is the one
+    carried in).  A small record costs nothing, a large one a second CRC pass past its
+    first piece (whose CRC is the record's so far).  The one place the rule is written:
+    the packer's writer and -j's workers both call it."""
+    if written <= PIECE_SIZE:  # the first piece ends here: its CRC is the record's so far
+        head = PIECE_SIZE - written
+        pieces.append(crc32(data[:head], record_crc))
+        data, written, piece_crc = data[head:], PIECE_SIZE, 0
+    while data:
+        head = PIECE_SIZE - written % PIECE_SIZE
+        piece_crc = crc32(data[:head], piece_crc)
+        written += min(head, len(data))
+        if written % PIECE_SIZE == 0:
+            pieces.append(piece_crc)
+            piece_crc = 0
+        data = data[head:]
+    return piece_crc
 
 
 class ContainerWriter:
@@ -166,21 +189,7 @@ class ContainerWriter:
         self.position += len(data)
 
     def _add_to_pieces(self, data: memoryview, written: int) -> None:
-        """Carry the piece CRCs over ``data``, which starts ``written`` bytes into the
-        record: a small record costs nothing, a large one a second CRC pass past its
-        first piece."""
-        if written <= PIECE_SIZE:  # the first piece ends here: its CRC is the record's so far
-            head = PIECE_SIZE - written
-            self._record_pieces.append(crc32(data[:head], self._record_crc))
-            data, written, self._piece_crc = data[head:], PIECE_SIZE, 0
-        while data:
-            head = PIECE_SIZE - written % PIECE_SIZE
-            self._piece_crc = crc32(data[:head], self._piece_crc)
-            written += min(head, len(data))
-            if written % PIECE_SIZE == 0:
-                self._record_pieces.append(self._piece_crc)
-                self._piece_crc = 0
-            data = data[head:]
+        self._piece_crc = carry_piece_crcs(self._record_pieces, self._piece_crc, self._record_crc, data, written)
 
     @property
     def record_crc(self) -> int:

@@ -21,7 +21,7 @@ from typing import BinaryIO, Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import PackError
 from ..format import PIECE_SIZE, crc32
-from .container import ContainerWriter
+from .container import ContainerWriter, carry_piece_crcs
 from .scan import Scanned
 from .treefile import CannotPack, TreeFile, read_stable
 from .workers import Workers
@@ -134,20 +134,7 @@ class _PlaceSink:
         self._written += len(data)
 
     def _add_to_pieces(self, data: memoryview) -> None:
-        # As ContainerWriter's: the first piece's CRC is the record's CRC so far.
-        written = self._written
-        if written <= PIECE_SIZE:
-            head = PIECE_SIZE - written
-            self._pieces.append(crc32(data[:head], self._crc))
-            data, written, self._piece_crc = data[head:], PIECE_SIZE, 0
-        while data:
-            head = PIECE_SIZE - written % PIECE_SIZE
-            self._piece_crc = crc32(data[:head], self._piece_crc)
-            written += min(head, len(data))
-            if written % PIECE_SIZE == 0:
-                self._pieces.append(self._piece_crc)
-                self._piece_crc = 0
-            data = data[head:]
+        self._piece_crc = carry_piece_crcs(self._pieces, self._piece_crc, self._crc, data, self._written)
 
     @property
     def crc(self) -> int:
