@@ -50,11 +50,13 @@ are adjacent; readers do not depend on that order.
     offset  size  field
     0       8     magic                b"\\x93PACKFS\\x00"
     8       2     version_major  u16   1
-    10      2     version_minor  u16   2, 3 or 4 (1.1 gave section 11 its meaning;
+    10      2     version_minor  u16   2 to 5 (1.1 gave section 11 its meaning;
                                        1.2 added sections 15-17, section 4b; 1.3
                                        sections 18-20, section 4c; 1.4 sections
-                                       21-22, sections 4d and 4e)
-    12      4     flags          u32   0; a reader rejects any bit it does not know
+                                       21-22, sections 4d and 4e; 1.5 sections
+                                       22-23 before the tail, section 4f)
+    12      4     flags          u32   a reader rejects any bit it does not know;
+                                       FLAG_CODECS (1): section 4f (version 1.5)
     16      8     entry_count    u64   N, the number of path-table entries (>= 1)
     24      8     data_records   u64   D
     32      4     section_count  u32   S; 15 in versions 1.0 and 1.1, 18 in 1.2,
@@ -210,7 +212,8 @@ arrays, all little-endian)::
     offset  size  field
     0       8     magic        b"PACKTAIL"
     8       4     page_size    u32  a power of two, at least TABLE_PAGE_MIN = 65,536
-    12      4     spans        u32  K = 22: sections 0 .. 21
+    12      4     spans        u32  K = S - 1, every section but the tail: 22
+                                    (sections 0 .. 21) in 1.4, 24 in 1.5 (4f)
     16      8     n            u64  the container's record count (section 1)
     24      8     data_end     u64  offset[D]: where the data records end
     32      8     index_pages  u64  Q, the lookup index's pages
@@ -238,6 +241,86 @@ each span inside ``[12 + 12n, file_size)``, 64-byte aligned, the lengths of sect
 columns, the CRC count), and then checks each page of a region or of the index the
 first time it uses a value in it.  A reader that ignores the tail (1.3 and older)
 checks the header and every section whole at open, as before.
+
+4f. Codecs (sections 22..23, version 1.5, footer flag ``CODECS``)
+----------------------------------------------------------------
+Compressed, deduplicated and sparse files.  An archive that uses any of them sets the
+footer's ``flags`` bit ``FLAG_CODECS`` (1), so that a reader that does not know this
+section refuses it instead of serving stored bytes as contents; it has version 1.5 and
+``S = 25`` sections: sections 0 .. 21 as in 1.4, then ``record_codec`` (22) and
+``codec_data`` (23), then the tail, which is always the last section (in a 1.5 archive
+section 24; its ``spans`` field is ``S - 1`` = 24, locating sections 0 .. 23, and its
+page CRCs cover sections 0 .. 20, 22 and 23, each its own region, after the header's).
+An archive without codecs is written as 1.4, byte for byte as before.
+
+The stored bytes of a data record are what its record CRC (section 1), its pieces
+(4b) and FFRecord's reader see; a file's contents are its record *decoded*, and its
+``size`` column is the decoded length.  ``record_codec`` has one row per data record
+(``D`` rows of ``CODEC_ROW``, 16 bytes)::
+
+    offset  size  field
+    0       1     codec        u8   CODEC_STORED (0), CODEC_ZSTD (1), CODEC_FRAMES (2),
+                                    CODEC_SPARSE (3) or CODEC_DICTIONARY (4)
+    1       1     frame_log2   u8   CODEC_FRAMES: log2 of its frame size F, from
+                                    FRAME_LOG2_MIN (16) to FRAME_LOG2_MAX (20); else 0
+    2       2     reserved          zero
+    4       4     check        u32  CODEC_ZSTD: CRC-32 of the decoded bytes; else 0
+    8       8     aux          u64  CODEC_ZSTD: the dictionary's data record, or
+                                    2**64 - 1 for none; CODEC_FRAMES, CODEC_SPARSE: where
+                                    its frame table or extent list starts in section 23
+                                    (a byte offset, a multiple of 8); else 0
+
+- ``CODEC_STORED``: the record is the contents (the only codec before 1.5).
+- ``CODEC_ZSTD``: the record is one zstd frame (RFC 8878) that decodes to exactly
+  ``size`` bytes, at most ``ZSTD_SIZE_MAX`` = 1 MiB, whose CRC-32 is ``check``; with a
+  dictionary, the frame was compressed with that record's bytes as a zstd dictionary.
+- ``CODEC_FRAMES``: the record is ``count = ceil(size / F)`` independent zstd frames;
+  frame ``k`` decodes to bytes ``[k F, min((k + 1) F, size))`` of the file, so a read at
+  any offset decodes one frame per ``F`` bytes it covers.  Its frame table at ``aux`` in
+  section 23 is ``count`` rows of ``FRAME_ROW`` (16 bytes)::
+
+      0   8   stored_end   u64  where frame k ends in the record (it starts where
+                                frame k-1 ends, frame 0 at 0); strictly ascending
+      8   4   stored_crc   u32  CRC-32 of frame k's stored bytes
+      12  4   decoded_crc  u32  CRC-32 of frame k's decoded bytes
+
+  After the last frame the record holds zstd's seekable-format seek table (a skippable
+  frame: each frame's stored and decoded sizes, then the frame count, a descriptor
+  byte 0 and the magic 0x8F92EAB1), so the record is a file of zstd's seekable format
+  as well as a plain zstd stream (``zstd -d`` decodes it); packfs readers use the frame
+  table and check ``stored_end[count - 1] <= length``.
+- ``CODEC_SPARSE``: a file with holes.  Its extent list at ``aux`` in section 23 is a
+  count ``u64`` and then that many (``offset u64``, ``length u64``) data extents
+  (``EXTENT``), ascending, non-empty, not overlapping and inside ``[0, size)``; the record
+  holds their bytes back to back (the lengths add up to its length), checked like any
+  record's (section 1, 4b).  Every byte of the file outside the extents reads as zero.
+- ``CODEC_DICTIONARY``: the record is a zstd dictionary (at most ``DICTIONARY_MAX`` =
+  1 MiB) that ``CODEC_ZSTD`` rows name; no entry names it.
+
+Records shared by contents (deduplication): in an archive with ``FLAG_CODECS``, regular
+files with equal contents may name one record, each keeping its own mode, owner, mtime,
+inode number and ``nlink`` (unlike hard links, section 4); ``first_link`` stays the
+hard-link rule.  ``unpack`` writes each such name as its own file.
+
+Where used (section 5's style: nothing here is read at open):
+
+- a row is used only if its codec is known and its fields obey the codec (reserved
+  zero, ``frame_log2`` in range for frames and 0 otherwise, ``aux`` a dictionary record
+  whose row is ``CODEC_DICTIONARY``, or a table inside section 23);
+- a file's record must not be a ``CODEC_DICTIONARY`` record; ``size`` equals the record's
+  length for ``CODEC_STORED``, is at most ``ZSTD_SIZE_MAX`` for ``CODEC_ZSTD``, and is at
+  most ``2**63 - 1`` for the others, whose tables bound it: ``aux + 16 * count`` must lie
+  inside section 23 for frames, and the extent list must too;
+- a reader decodes into exactly the bytes it expects (one frame at most ``F``, a
+  ``CODEC_ZSTD`` file at most 1 MiB): a frame that decodes to more or fewer bytes, or
+  whose bytes do not match their CRCs, is a FormatError, so a decompression bomb costs
+  no more memory or time than an honest frame of that size;
+- stored bytes are checked before they are decoded (the record CRC for ``CODEC_ZSTD``,
+  ``stored_crc`` for a frame, the record CRC or pieces for ``CODEC_SPARSE``), decoded
+  bytes after (``check``, ``decoded_crc``).
+
+``verify`` also checks every row, table and list, decodes every file whole and checks
+that data records which no file names are dictionaries or empty.
 
 5. What a reader must reject, and when
 --------------------------------------
@@ -401,6 +484,29 @@ __all__ = [
     "TAIL_MAX",
     "FOOTER_TAIL",
     "tail_crc",
+    "tail_span_count",
+    "FLAG_CODECS",
+    "KNOWN_FLAGS",
+    "CODECS_SINCE_MINOR",
+    "CODEC_SECTIONS",
+    "RECORD_CODEC_SECTION",
+    "CODEC_DATA_SECTION",
+    "CODEC_ROW",
+    "FRAME_ROW",
+    "EXTENT",
+    "EXTENT_COUNT",
+    "CODEC_STORED",
+    "CODEC_ZSTD",
+    "CODEC_FRAMES",
+    "CODEC_SPARSE",
+    "CODEC_DICTIONARY",
+    "CODEC_NAMES",
+    "FRAME_LOG2_MIN",
+    "FRAME_LOG2_MAX",
+    "ZSTD_SIZE_MAX",
+    "DICTIONARY_MAX",
+    "SEEKABLE_MAGIC",
+    "SKIPPABLE_SEEK_TABLE_MAGIC",
     "NO_RECORD",
     "MAX_SYMLINK_TARGET",
     "NAME_MAX",
@@ -424,7 +530,7 @@ __all__ = [
 
 MAGIC = b"\x93PACKFS\x00"
 VERSION_MAJOR = 1
-VERSION_MINOR = 4  # the highest this packfs writes (section 3: only when used)
+VERSION_MINOR = 5  # the highest this packfs writes (section 3: only when used)
 
 # Section 1: checksum_meta u32, n i64.  The arrays that follow are read as numpy views.
 HEADER_PREFIX = struct.Struct("<Iq")
@@ -574,6 +680,39 @@ TABLE_PAGE_MIN = 1 << 16
 TAIL_MAX = (1 << 20) - 2 * FOOTER_SIZE
 
 
+# Section 4f (version 1.5, footer flag FLAG_CODECS): compressed, shared and sparse records.
+FLAG_CODECS = 1
+KNOWN_FLAGS = FLAG_CODECS
+CODECS_SINCE_MINOR = 5
+CODEC_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("record_codec", "u1"),
+    ("codec_data", "u1"),
+)
+RECORD_CODEC_SECTION = 22
+CODEC_DATA_SECTION = 23
+CODEC_ROW = struct.Struct("<BBHIQ")  # codec, frame_log2, reserved, check, aux
+FRAME_ROW = struct.Struct("<QII")  # stored_end, stored_crc, decoded_crc
+EXTENT = struct.Struct("<QQ")  # offset, length
+EXTENT_COUNT = struct.Struct("<Q")
+CODEC_STORED = 0
+CODEC_ZSTD = 1
+CODEC_FRAMES = 2
+CODEC_SPARSE = 3
+CODEC_DICTIONARY = 4
+CODEC_NAMES = ("stored", "zstd", "zstd frames", "sparse", "dictionary")
+FRAME_LOG2_MIN = 16
+FRAME_LOG2_MAX = 20
+ZSTD_SIZE_MAX = 1 << 20
+DICTIONARY_MAX = 1 << 20
+SEEKABLE_MAGIC = 0x8F92EAB1  # zstd's seekable format (contrib/seekable_format)
+SKIPPABLE_SEEK_TABLE_MAGIC = 0x184D2A5E
+
+
+def tail_span_count(section_count: int) -> int:
+    """How many sections the tail locates (section 4e): every one before it."""
+    return section_count - 1
+
+
 def tail_crc(tail: bytes | memoryview, footer: bytes | memoryview) -> int:
     """Section 3's ``tail_crc`` of a 1.4 archive: the CRC-32 of its tail, then of its
     footer's bytes but the ``tail_crc`` field itself."""
@@ -584,6 +723,8 @@ def tail_crc(tail: bytes | memoryview, footer: bytes | memoryview) -> int:
 
 def section_count_for(minor: int) -> int:
     """The sections an archive of version 1.``minor`` has at least (section 3)."""
+    if minor >= CODECS_SINCE_MINOR:
+        return SECTION_COUNT + len(PIECE_SECTIONS) + len(XATTR_SECTIONS) + len(INDEX_SECTIONS) + len(CODEC_SECTIONS)
     if minor >= INDEX_SINCE_MINOR:
         return SECTION_COUNT + len(PIECE_SECTIONS) + len(XATTR_SECTIONS) + len(INDEX_SECTIONS)
     if minor >= XATTRS_SINCE_MINOR:
@@ -631,11 +772,13 @@ def record_count_for(data_records: int, section_count: int = WRITTEN_SECTION_COU
 def pack_footer(entry_count: int, data_records: int, minor: int = PIECES_SINCE_MINOR,
                 tail: bytes | memoryview | None = None) -> bytes:
     """Encode the footer of a version 1.``minor`` archive (1.2; 1.3 with attributes; 1.4
-    with ``tail``, the tail section's bytes, whose length and CRC it records)."""
+    with ``tail``, the tail section's bytes, whose length and CRC it records; 1.5 with
+    codecs, flag FLAG_CODECS)."""
     if (tail is not None) != (minor >= INDEX_SINCE_MINOR):
         raise ValueError(f"a version 1.{minor} footer {'needs' if tail is None else 'has no'} tail")
+    flags = FLAG_CODECS if minor >= CODECS_SINCE_MINOR else 0
     footer = bytearray(FOOTER.pack(
-        MAGIC, VERSION_MAJOR, minor, 0, entry_count, data_records, section_count_for(minor), bytes(28)
+        MAGIC, VERSION_MAJOR, minor, flags, entry_count, data_records, section_count_for(minor), bytes(28)
     ))
     if tail is not None:
         FOOTER_TAIL.pack_into(footer, _FOOTER_TAIL_AT, len(tail), 0)
@@ -660,9 +803,14 @@ def unpack_footer(data: bytes, where: str) -> Footer:
             f"{where}: unsupported format version {major}.{minor}; "
             f"this packfs reads version {VERSION_MAJOR}.x"
         )
-    if flags:
-        raise FormatError(f"{where}: unknown feature flags {flags:#x} in the footer")
-    needed = section_count_for(minor)
+    if flags & ~KNOWN_FLAGS:
+        raise FormatError(f"{where}: unknown feature flags {flags & ~KNOWN_FLAGS:#x} in the footer "
+                          f"(written by a newer packfs: upgrade packfs to read it)")
+    if flags & FLAG_CODECS and minor < CODECS_SINCE_MINOR:
+        raise FormatError(f"{where}: the footer sets the codecs flag in a version {major}.{minor} archive, "
+                          f"expected 1.{CODECS_SINCE_MINOR} or later")
+    # A flagged archive has the codec sections whatever its minor version says.
+    needed = section_count_for(CODECS_SINCE_MINOR if flags & FLAG_CODECS else minor)
     if sections < needed:
         raise FormatError(
             f"{where}: footer lists {sections} sections, version {major}.{minor} needs {needed}"
