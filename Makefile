@@ -13,7 +13,7 @@ SYSTEM_PACKAGES := fuse3 libfuse2 nginx openssl
 # an archive is overwritten in place, and _lowlevel, the compiled mount daemon (libfuse3's
 # headers, found by pkg-config, and zlib's).  Optional: without them (and not root) the
 # install goes on without them; packfs falls back to its pure-Python checks and daemon.
-BUILD_PACKAGES := gcc python3-dev libfuse3-dev pkg-config zlib1g-dev
+BUILD_PACKAGES := gcc python3-dev libfuse3-dev pkg-config zlib1g-dev libzstd-dev
 
 .PHONY: setup system-packages build-packages apt-build-packages man test test-lowest demo bench bench-tools fuzz soak clean install-mount-helper fuzz-packages fuzz-c fuzz-c-tsan fuzz-c-coverage
 
@@ -186,7 +186,7 @@ clean:
 # The alternatives the benchmarks compare against: squashfs (mksquashfs, for pack and
 # bench/pack_parallel.py) + squashfuse from Debian,
 # ratarmount from PyPI in a venv of its own (so its dependencies never meet ours).
-BENCH_PACKAGES := squashfs-tools squashfuse
+BENCH_PACKAGES := squashfs-tools squashfuse erofs-utils zstd
 RATARMOUNT_VENV := bench/.ratarmount-venv
 
 bench-tools:
