@@ -12,14 +12,15 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .archive import Archive
+    from .codecs import CodecRow, CodecTable, SparseLayout
     from .pathtable import PathTable
 
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
-from ..format import S_IFMT, S_IFREG, crc32
+from ..format import CODEC_FRAMES, S_IFMT, S_IFREG, crc32
 from ..source import ByteSource
 from .container import Container
 
-__all__ = ["PackedFile", "MemoryFile", "StreamFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
+__all__ = ["PackedFile", "MemoryFile", "StreamFile", "DecodedFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
            "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE"]
 
 # Archive.open reads a file of at most SMALL_FILE_BYTES whole, with one pread, checks
@@ -124,6 +125,20 @@ class StreamFile(PackedFile, io.BufferedReader):
         super().__init__(_RecordReader(container, start, end, name), STREAM_BUFFER_BYTES)
 
 
+class DecodedFile(PackedFile, io.BufferedReader):
+    """A :class:`PackedFile` over a large file of an archive with codecs (format 1.5,
+    section 4f) whose record is zstd frames or a sparse file's extents: io.BufferedReader
+    over reads that decode only the frames (or read only the extents) they cover, so a
+    seek and a small read of a 10 GiB file decodes one frame.  It holds at most one
+    decoded frame besides the buffer.  Each frame is checked against its own CRCs as it
+    is decoded; a sparse file's record was checked at open under the policy."""
+
+    def __init__(self, container: Container, codecs: CodecTable, row: CodecRow, start: int, end: int, size: int,
+                 layout: SparseLayout | None, name: str, where: object) -> None:
+        super().__init__(_DecodedReader(container, codecs, row, start, end, size, layout, name, where),
+                         STREAM_BUFFER_BYTES)
+
+
 class _RecordReader(io.RawIOBase):
     """StreamFile's raw file: preads of one record of the archive file, not copies out
     of its memory map, each followed by the check that the archive is unchanged."""
@@ -213,6 +228,60 @@ class _RecordReader(io.RawIOBase):
     def _check_closed(self) -> None:
         if self.closed:
             raise ValueError("I/O operation on closed file")
+
+
+class _DecodedReader(_RecordReader):
+    """DecodedFile's raw file: a position in the decoded contents, each read served
+    from the frame (or the extents) under it."""
+
+    def __init__(self, container: Container, codecs: CodecTable, row: CodecRow, start: int, end: int, size: int,
+                 layout: SparseLayout | None, name: str, where: object) -> None:
+        super().__init__(container, start, end, name)
+        self._length = size  # the decoded size: seeks and reads are in its terms
+        self._end = end
+        self._codecs, self._row, self._layout, self._where = codecs, row, layout, where
+        self._frame = -1  # the frame last decoded, kept: BufferedReader refills in smaller steps
+        self._frame_bytes = b""
+
+    def readall(self) -> bytes:
+        parts = []
+        while True:
+            part = self.read(1 << 20)
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        container = self._open_container()
+        buffer = memoryview(buffer).cast("B")
+        begin = self._position
+        stop = min(self._length, begin + len(buffer))
+        if stop <= begin:
+            return 0
+        start, end, codecs, row, where = self._start, self._end, self._codecs, self._row, self._where
+        try:
+            if row.codec == CODEC_FRAMES:
+                frame_size = 1 << row.frame_log2
+                k = begin >> row.frame_log2
+                if k != self._frame:
+                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, self._length, k, end - start, where)
+                    frame = container.pread(start + low, start + high, end)
+                    self._frame_bytes = codecs.decode_frame(row, self._length, k, frame, stored_crc, decoded_crc,
+                                                            where)
+                    self._frame = k
+                at = begin - k * frame_size
+                data: bytes | memoryview = memoryview(self._frame_bytes)[at : at + stop - begin]
+            else:
+                data = codecs.sparse_range(self._layout, begin, stop,  # type: ignore[arg-type]
+                                           lambda low, high: container.pread(start + low, start + high, end))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        count = len(data)
+        buffer[:count] = data
+        self._position = begin + count
+        return count
 
 
 def read_entries(archive: Archive, table: PathTable, container: Container,
