@@ -1257,7 +1257,7 @@ class Archive:
 
         ``progress`` is called with byte counts as records are checked.
         """
-        return verify_archive(self._container, self._table, progress, self._pieces, self._xattrs)
+        return verify_archive(self._container, self._table, progress, self._pieces, self._xattrs, self._codecs)
 
     def check_records(self) -> int:
         """Check that the records the entries name are what writing the whole archive out

@@ -28,16 +28,20 @@ import struct
 import threading
 from array import array
 from bisect import bisect_right
-from typing import Callable, Iterator, NamedTuple, NoReturn, Union
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, NoReturn, Union
 
 import zstandard
 
 from ..errors import ChecksumError, FormatError
 from ..format import (CODEC_DICTIONARY, CODEC_FRAMES, CODEC_NAMES, CODEC_ROW, CODEC_SECTIONS, CODEC_SPARSE,
                       CODEC_STORED, CODEC_ZSTD, DICTIONARY_MAX, EXTENT, EXTENT_COUNT, FLAG_CODECS, FRAME_LOG2_MAX,
-                      FRAME_LOG2_MIN, FRAME_ROW, NO_RECORD, RECORD_CODEC_SECTION, ZSTD_SIZE_MAX, Footer, crc32)
+                      FRAME_LOG2_MIN, FRAME_ROW, NO_RECORD, RECORD_CODEC_SECTION, S_IFDIR, S_IFLNK, S_IFMT,
+                      ZSTD_SIZE_MAX, Footer, crc32)
 from .container import Container
 from .sections import open_sections
+
+if TYPE_CHECKING:
+    from .pathtable import PathTable
 
 __all__ = ["CodecTable", "CodecRow", "SparseLayout", "SIZE_MAX", "STORED_ROW"]
 
@@ -455,3 +459,78 @@ class CodecTable:
         high = layout.stored[last] + min(layout.lengths[last], stop - layout.offsets[last])
         stored = read_stored(low, high)
         return b"".join(self._sparse_parts(layout, stored, low, begin, stop))
+
+    # -- verify ----------------------------------------------------------------------------
+
+    def problems(self, table: PathTable, limit: int = 20) -> list[str]:
+        """Every rule of section 4f that ``verify`` checks, [] if all hold: every row; each
+        file's size against its row; every file decoded whole (a frames file frame by
+        frame, in bounded memory) and its CRCs checked, whatever the checksum policy; a
+        symlink's record stored as it is; data records no file names are dictionaries
+        or empty.  At most ``limit`` findings."""
+        import numpy as np
+
+        if not self.active:
+            return []
+        try:
+            if self._row_at is None:
+                self._open()
+        except FormatError as error:
+            return [str(error)]
+        found: list[str] = []
+        container = self._container
+        count = self._data_records
+        named = np.zeros(count, bool)
+        decoded = np.zeros(count, bool)  # a shared record decoded once (its names' sizes are checked each)
+        kinds = table.column("mode") & S_IFMT
+        records, sizes = table.column("record"), table.column("size")
+        saved, self._check = self._check, True  # verify checks every CRC, whatever the policy
+        try:
+            for entry in np.flatnonzero(kinds != S_IFDIR).tolist():
+                if len(found) >= limit:
+                    break
+                record = int(records[entry])
+                if record >= count:
+                    continue  # the path table's own rules report it
+                named[record] = True
+                try:
+                    start, end = container.record_span(record)
+                    if kinds[entry] == S_IFLNK:
+                        if self.row(record, entry).codec != CODEC_STORED:
+                            self.fail(entry, f"a symlink whose record {record} is not stored as it is")
+                        continue
+                    size = int(sizes[entry])
+                    row = self.file_row(record, size, end - start, entry)
+                    if not decoded[record]:
+                        decoded[record] = True
+                        self._decode_whole(row, record, start, end, size, entry)
+                except FormatError as error:
+                    found.append(str(error))
+            for record in np.flatnonzero(~named).tolist():
+                if len(found) >= limit:
+                    break
+                codec, frame_log2, reserved, check, aux = self._row_at(record << 4)  # type: ignore[misc]
+                problem = self._row_problem(codec, frame_log2, reserved, check, aux)
+                if problem is None and codec != CODEC_DICTIONARY and container.record_length(record):
+                    problem = f"codec {CODEC_NAMES[codec]!r}, but no file names it (expected a dictionary or empty)"
+                if problem is None and codec == CODEC_DICTIONARY and container.record_length(record) > DICTIONARY_MAX:
+                    problem = f"a dictionary of {container.record_length(record)} bytes, expected at most " \
+                              f"{DICTIONARY_MAX}"
+                if problem:
+                    found.append(f"{self.path!r}: data record {record} has {problem} (format section 4f)")
+        finally:
+            self._check = saved
+        return found
+
+    def _decode_whole(self, row: CodecRow, record: int, start: int, end: int, size: int, where: Where) -> None:
+        codec = row.codec
+        container = self._container
+        if codec == CODEC_ZSTD:
+            self.decode(row, record, container.pread(start, end), size, where)
+        elif codec == CODEC_FRAMES:
+            for k in range(-(-size >> row.frame_log2)):
+                low, high, stored_crc, decoded_crc = self.frame_span(row, size, k, end - start, where)
+                self.decode_frame(row, size, k, container.pread(start + low, start + high, end), stored_crc,
+                                  decoded_crc, where)
+        elif codec == CODEC_SPARSE:
+            self.sparse_layout(row, record, size, end - start, where)
