@@ -915,11 +915,40 @@ def info(archive: str, as_json: bool) -> None:
         return
     largest = details.pop("largest_files")
     del details["records"]  # the container's, which a user cannot relate to files (still in --json)
-    _echo_fields(details)
+    kinds = details.pop("kinds", None)
+    _echo_fields(_codec_fields(details))
     if largest:
         click.echo("largest files")
         for item in largest:  # type: ignore[attr-defined]
             _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
+    if kinds:
+        click.echo("by kind (original -> stored)")
+        for kind in kinds:  # type: ignore[attr-defined]
+            original, stored = kind["original_bytes"], kind["stored_bytes"]
+            ratio = f"{original / stored:.1f}x" if stored else "-"
+            _echo_path_line(f"  {human_size(original):>10} -> {human_size(stored):>10}  {ratio:>7}  "
+                            f"{_count(kind['files'], 'file')}  {kind['kind']}")
+
+
+def _codec_fields(details: dict[str, object]) -> dict[str, object]:
+    """``info``'s lines about format 1.5's codecs, in words: the ratio as a factor, files
+    per codec on one line, dictionaries with their bytes (``--json`` keeps the numbers)."""
+    if "files_by_codec" not in details:
+        return details
+    shown: dict[str, object] = {}
+    for key, value in details.items():
+        if key == "ratio":
+            shown[key] = f"{value}x (original / stored)"
+        elif key == "files_by_codec":
+            shown["codecs"] = ", ".join(f"{_count(files, 'file')} {codec}"
+                                        for codec, files in value.items())  # type: ignore[attr-defined]
+        elif key == "dedup_saved_bytes":
+            shown["dedup_bytes"] = value  # bytes saved: files sharing another's record
+        elif key == "dictionaries":
+            shown[key] = f"{value} ({human_size(details['dictionary_bytes'])})"  # type: ignore[arg-type]
+        elif key != "dictionary_bytes":
+            shown[key] = value
+    return shown
 
 
 # What ``info`` shows of an archive's stats() (an archive at a URL; a local one has

@@ -436,7 +436,17 @@ class PackedFolder:
             "xattr_bytes": self.archive.xattr_bytes,
             "records": self.archive.record_count,
             "largest_files": self._largest_files(5),
+            **self._codec_info(),
         }
+
+    def _codec_info(self) -> dict[str, object]:
+        """``info``'s fields about format 1.5's codecs: "uncompressed" for an archive
+        without them; else what :meth:`packfs.core.Archive.codec_summary` says."""
+        if not self.archive.has_codecs:
+            return {"compression": "uncompressed"}
+        summary = self.archive.codec_summary()
+        summary.pop("original_bytes")  # file_bytes already
+        return summary
 
     def _largest_files(self, count: int) -> list[dict[str, object]]:
         import numpy as np

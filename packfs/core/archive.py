@@ -1259,6 +1259,56 @@ class Archive:
         """
         return verify_archive(self._container, self._table, progress, self._pieces, self._xattrs, self._codecs)
 
+    @property
+    def has_codecs(self) -> bool:
+        """Whether the archive uses format 1.5's codecs (section 4f: its footer's
+        FLAG_CODECS): files compressed, sharing records or sparse."""
+        return self._coded
+
+    def codec_summary(self, top: int = 5) -> dict[str, object]:
+        """What the codecs did (:meth:`packfs.core.codecs.CodecTable.summary`): stored
+        and original bytes, ratio, files per codec, bytes saved by shared records,
+        dictionaries, and the ``top`` kinds of file by extension."""
+        return self._codecs.summary(self._table, top)
+
+    def codec(self, entry: int) -> int:
+        """File ``entry``'s codec (format 1.5, section 4f): CODEC_STORED, CODEC_ZSTD,
+        CODEC_FRAMES or CODEC_SPARSE (always CODEC_STORED in an archive without codecs),
+        its row and size checked."""
+        if not self._coded:
+            self._regular_file(entry)
+            return CODEC_STORED
+        return self._codec_row(entry).codec
+
+    def unpack_bytes(self) -> int:
+        """The bytes an unpack of the whole archive writes to disk: each regular file's
+        size once per inode (a hard link's other names are links), a sparse file's only
+        its data (its holes are skipped, format 1.5 section 4f); what ``unpack`` compares
+        with the destination's free space before it writes anything.  In chunks, with
+        numpy: memory bounded whatever the number of entries."""
+        import numpy as np
+
+        table, container = self._table, self._container
+        mode, record, size = table.column("mode"), table.column("record"), table.column("size")
+        nlink, first_link = table.column("nlink"), table.column("first_link")
+        sparse = self._codecs.codec_column() == CODEC_SPARSE if self._coded else None
+        offsets, count, chunk, total = container.offsets, self.entry_count, 1 << 16, 0
+        for start in range(0, count, chunk):
+            end = min(count, start + chunk)
+            index = np.arange(start, end)
+            primary = ((mode[start:end] & S_IFMT) == S_IFREG) & (
+                (nlink[start:end] <= 1) | (first_link[start:end] == 0) | (first_link[start:end] == index))
+            sizes = size[start:end][primary].astype(np.float64)  # no overflow on a hostile 2**64 - 1
+            if sparse is not None:
+                records = record[start:end][primary]
+                valid = records < self._data_record_count
+                holey = np.zeros(len(records), bool)
+                holey[valid] = sparse[records[valid].astype(np.int64)]
+                stored = records[holey].astype(np.int64)
+                sizes[holey] = (offsets[stored + 1] - offsets[stored]).astype(np.float64)
+            total += int(sizes.sum())
+        return total
+
     def check_records(self) -> int:
         """Check that the records the entries name are what writing the whole archive out
         may trust (format section 5: offsets non-decreasing, each record named by one
