@@ -658,7 +658,10 @@ class Archive:
         """
         container = self._container
         if self._coded:
-            return self._read_coded(self._path_entry(path), path)
+            entry = self._lookup_unchecked(lookup_key(path))  # _path_entry, inlined
+            if entry < 0 or self._mode_items[entry] & S_IFMT != S_IFREG:
+                entry = self.lookup_kind(path, S_IFREG)
+            return self._read_coded(entry, path)
         if not container.guarded:
             container.check_size()  # the table is read through the map
         # Guarded, a small file is copied out of the map (a truncation under the copy
@@ -1073,7 +1076,17 @@ class Archive:
         if not container.guarded:
             container.check_size()
         try:
-            record, start, end, length, row = self._coded_span(entry, where)
+            # _coded_span, inlined (the hot path of small compressed files).
+            record = self._record_items[entry]
+            if record < self._data_record_count:
+                offsets = self._offset_items
+                start, end = offsets[record], offsets[record + 1]
+                if not container.data_start <= start <= end <= container.data_end:
+                    container.record_span(record)  # raises, naming the rule
+            else:
+                self._table.record(entry)  # raises, naming the rule
+            length = self._size_items[entry]
+            row = self._codecs.file_row(record, length, end - start, where)
             if offset or size >= 0:
                 data = self._read_coded_part(entry, where, record, start, end, length, row, offset, size)
             else:

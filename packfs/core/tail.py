@@ -23,7 +23,8 @@ from typing import Callable, Iterable, List, NamedTuple, Sequence, Tuple, Union
 
 from ..errors import ChecksumError, FormatError
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
-                      TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc, tail_span_count)
+                      TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc, tail_span_count,
+                      CODECS_SINCE_MINOR, FLAG_CODECS, section_count_for)
 
 __all__ = ["Tail", "PageCache", "PagedColumn", "IndexPage", "HEADER_CRCS", "HEADER_OFFSETS", "section_region",
            "region_section", "has_tail", "prefetch_pages", "FetchMany"]
@@ -108,11 +109,12 @@ class Tail:
         if page_size < TABLE_PAGE_MIN or page_size & (page_size - 1):
             raise FormatError(f"{where}: the tail's page size is {page_size}, expected a power of two "
                               f">= {TABLE_PAGE_MIN}")
-        # Every section but the tail: 22 in 1.4, 24 in 1.5 (format section 4f).
-        expected_spans = tail_span_count(footer.section_count)
-        if span_count != expected_spans or span_count < TAIL_SPAN_COUNT:
-            raise FormatError(f"{where}: the tail locates {span_count} sections, expected {expected_spans} "
-                              f"(the footer's {footer.section_count} sections but the tail)")
+        # Every section but the tail: 22 in 1.4, 24 with codecs (format section 4f).  (A
+        # footer whose section count disagrees is refused by the record count.)
+        expected_spans = tail_span_count(section_count_for(
+            CODECS_SINCE_MINOR if footer.flags & FLAG_CODECS else INDEX_SINCE_MINOR))
+        if span_count != expected_spans:
+            raise FormatError(f"{where}: the tail locates {span_count} sections, expected {expected_spans}")
         if stated_size != file_size:
             raise FormatError(f"{where}: {file_size} bytes, but its tail says the archive is {stated_size} "
                               f"(truncated or extended)")
