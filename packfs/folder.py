@@ -241,6 +241,10 @@ class PackedFolder:
         while the folder is open), or touching them is SIGBUS (without the guard, or
         after the folder is closed).  ``read`` and ``open`` raise ArchiveChangedError
         instead; packfs itself only ever replaces archives whole.
+
+        A file stored compressed or sparse (an archive with codecs, format 1.5) has no
+        bytes of its own in the map: its view is of a decoded copy (bytes), which no
+        overwrite in place touches.
         """
         return self.archive.read_view(path)
 

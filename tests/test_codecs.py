@@ -472,3 +472,16 @@ def test_a_remote_1_5_archive_reads_right_and_costs_a_page_and_its_record(coded:
 
 
 from tests.test_remote_source import nginx  # noqa: E402,F401 (the fixture: a real server, stopped at the end)
+
+
+@pytest.mark.fuse
+def test_a_mount_serves_decoded_contents(coded: Path, files: dict[str, bytes], tmp_path: Path) -> None:
+    from tests.conftest import mounted
+
+    with mounted(coded, tmp_path / "mnt") as mountpoint:
+        for path, contents in files.items():
+            assert (mountpoint / path).read_bytes() == contents, path
+            assert os.stat(mountpoint / path).st_size == len(contents)
+        with open(mountpoint / "logs/big.log", "rb") as f:
+            f.seek(2 * FRAME - 10)
+            assert f.read(100) == files["logs/big.log"][2 * FRAME - 10 : 2 * FRAME + 90]

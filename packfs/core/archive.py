@@ -168,6 +168,9 @@ class Archive:
             self._coded = self._codecs.active
             if self._coded:
                 self._table.codecs = self._codecs
+                # Per thread, the frame a part read decoded last (record, frame, bytes): a
+                # mount reads a 1 MiB frame in 128 KiB requests, each would decode all of it.
+                self._last_frame = threading.local()
         except RecordFileError:
             container.close()
             raise
@@ -823,7 +826,9 @@ class Archive:
     def read_view(self, path: PathArg) -> memoryview:
         """A zero-copy, read-only view of the file at ``path`` in the map, checked under
         the policy.  The one read not protected from the archive being overwritten in
-        place while the view is held (``PackedFolder.read_view`` says what happens)."""
+        place while the view is held (``PackedFolder.read_view`` says what happens).
+        A file whose record is not stored as it is (format 1.5: compressed, sparse) is
+        decoded: its view is of a copy (bytes), as from a source without a map."""
         container = self._container
         if not container.zero_copy or (self._coded and self._codec_row(self._path_entry(path)).codec != CODEC_STORED):
             return memoryview(self.read_path(path))
@@ -1126,10 +1131,15 @@ class Archive:
         if codec == CODEC_FRAMES:
             frame_size = 1 << row.frame_log2
             parts = []
+            last = self._last_frame.__dict__
             for k in range(begin // frame_size, (stop - 1) // frame_size + 1):
-                low, high, stored_crc, decoded_crc = codecs.frame_span(row, length, k, end - start, where)
-                frame = self._container.pread(start + low, start + high, end)
-                decoded = codecs.decode_frame(row, length, k, frame, stored_crc, decoded_crc, where)
+                if last.get("key") == (record, k):
+                    decoded = last["bytes"]
+                else:
+                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, length, k, end - start, where)
+                    frame = self._container.pread(start + low, start + high, end)
+                    decoded = codecs.decode_frame(row, length, k, frame, stored_crc, decoded_crc, where)
+                    last["key"], last["bytes"] = (record, k), decoded
                 at = k * frame_size
                 parts.append(decoded[max(begin - at, 0) : stop - at])
             return parts[0] if len(parts) == 1 else b"".join(parts)
