@@ -162,6 +162,14 @@ class CodecTable:
                 unpack = CODEC_ROW.unpack
                 self._row_at = lambda at: unpack(rows[at : at + CODEC_ROW.size])  # type: ignore[index]
 
+    def row_items(self) -> object:
+        """Section 22's bytes as the archive reads them (a memoryview, or from a source
+        without a map a :class:`~packfs.core.tail.PagedColumn`): record ``r``'s row is
+        items ``[16 r, 16 r + 16)``.  For prefetching its pages with others."""
+        if self._row_at is None:
+            self._open()
+        return self._rows
+
     def _fail_section(self, problem: str) -> NoReturn:
         raise FormatError(f"{self.path!r}: invalid codec sections (format section 4f): {problem}")
 

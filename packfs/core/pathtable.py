@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from .container import Container
 from .lookupindex import LookupIndex
-from .tail import FetchMany, PagedColumn, section_region
+from .tail import FetchMany, PagedColumn, prefetch_pages, section_region
 
 from ..errors import ChecksumError, ClosedArchiveError, FormatError
 from ..format import (CODEC_STORED, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
@@ -361,6 +361,11 @@ class PathTable:
             # The row gives the record's end only where its length is the size: with
             # codecs (format 4f) a record stored as it is; others read their end's page.
             codecs = self.codecs
+            if codecs is not None:
+                fetch_many = getattr(container.source, "read_ranges", None)
+                if fetch_many is not None:  # both pages cold: fetched together, one round trip
+                    prefetch_pages([(codecs.row_items(), [row.record << 4]),
+                                    (container.offset_items, [row.record + 1])], fetch_many)
             if codecs is None or codecs.row(row.record, entry).codec == CODEC_STORED:
                 container.offset_items.hint(row.record + 1, row.offset + row.size)
         return entry
