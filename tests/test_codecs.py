@@ -485,3 +485,43 @@ def test_a_mount_serves_decoded_contents(coded: Path, files: dict[str, bytes], t
         with open(mountpoint / "logs/big.log", "rb") as f:
             f.seek(2 * FRAME - 10)
             assert f.read(100) == files["logs/big.log"][2 * FRAME - 10 : 2 * FRAME + 90]
+
+
+@pytest.mark.parametrize("checksums", ["always", "once", "never"])
+def test_every_policy_reads_decoded_contents_and_check_is_bounded(coded: Path, files: dict[str, bytes],
+                                                                  checksums: str) -> None:
+    with Archive(coded, checksums=checksums) as archive:
+        for _ in range(2):  # "once": the second pass finds every record checked
+            for path, contents in files.items():
+                entry = archive.lookup(path)
+                archive.check(entry)
+                assert archive.read(entry) == contents
+                assert archive.read(entry, len(contents) // 2, 5000) == contents[len(contents) // 2:][:5000]
+        tracemalloc.start()
+        try:
+            archive.check(archive.lookup("disk.img"))  # 20 MiB, checked without decoding it whole
+            assert tracemalloc.get_traced_memory()[1] < 4 << 20
+        finally:
+            tracemalloc.stop()
+
+
+def test_a_shard_set_of_compressed_archives(codec_tree: tuple[Path, dict[str, bytes]], files: dict[str, bytes],
+                                            tmp_path: Path) -> None:
+    from packfs.core import open_archive
+
+    root = codec_tree[0]
+    first, second = tmp_path / "a.ffr", tmp_path / "b.ffr"
+    packfs.pack_folder(root, first, compress="zstd", exclude=["json", "logs"])
+    packfs.pack_folder(root, second, exclude=["same", "other", "disk.img", "random.bin", "empty", "link"])
+    with open_archive([str(first), str(second)]) as shards:
+        assert shards.has_codecs
+        for path, contents in files.items():
+            entry = shards.lookup(path)
+            assert shards.read(entry) == contents
+            rebuilt = bytearray(len(contents))
+            for offset, data in shards.read_extents(entry):  # holes left out, as zeros here
+                rebuilt[offset : offset + len(data)] = data
+            assert rebuilt == contents
+        summary = shards.codec_summary()
+        assert summary["files_by_codec"]["sparse"] == 1 and summary["stored_bytes"] < summary["original_bytes"]
+        assert shards.verify().ok

@@ -812,7 +812,7 @@ class Archive:
         "once" remembers it); ChecksumError if it fails."""
         container = self._container
         if self._coded and self._codec_row(entry).codec != CODEC_STORED:
-            self._read_coded(self._regular_file(entry), entry)  # the stored and the decoded bytes checked
+            self._check_coded(entry)
             return
         try:
             record = self._file_span(self._regular_file(entry))[0]
@@ -1146,6 +1146,26 @@ class Archive:
         layout = codecs.sparse_layout(row, record, length, end - start, where)
         return codecs.sparse_range(layout, begin, stop,
                                    lambda low, high: self._read_part(entry, record, start, end, low, high - low))
+
+    def _check_coded(self, entry: int) -> None:
+        """:meth:`check` of a file whose record is not stored as it is, in bounded
+        memory: a zstd file (at most 1 MiB) decoded and checked; a frames or sparse
+        file's record checked under the policy (read in chunks), and a sparse file's
+        extent list; a frame's own CRCs are checked when it is decoded."""
+        container = self._container
+        try:
+            record, start, end, length, row = self._coded_span(self._regular_file(entry), entry)
+            if row.codec == CODEC_ZSTD:
+                self._read_coded(entry, entry)
+                return
+            if self._needs_check(record, entry):
+                self._checked_sound(record, None, entry)
+            if row.codec == CODEC_SPARSE:
+                self._codecs.sparse_layout(row, record, length, end - start, entry)
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
 
     def _open_coded(self, entry: int, name: str) -> PackedFile:
         """:meth:`open` of a file whose record is not stored as it is: a zstd file, or a
