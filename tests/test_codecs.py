@@ -12,7 +12,6 @@ import struct
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
 import zstandard
 
@@ -135,7 +134,8 @@ def test_every_read_gives_the_decoded_contents(coded: Path, files: dict[str, byt
                 assert archive.read(entry, offset, size) == contents[offset : offset + size]
 
 
-def test_a_view_of_a_compressed_file_is_a_copy_and_of_a_stored_one_the_map(coded: Path, files: dict[str, bytes]) -> None:
+def test_a_view_of_a_compressed_file_is_a_copy_and_of_a_stored_one_the_map(coded: Path,
+                                                                          files: dict[str, bytes]) -> None:
     with PackedFolder(coded) as folder:
         view = folder.read_view("random.bin")
         assert view.readonly and isinstance(view.obj, type(folder.archive.source.mapping))

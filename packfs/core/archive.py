@@ -1136,7 +1136,7 @@ class Archive:
                 if last.get("key") == (record, k):
                     decoded = last["bytes"]
                 else:
-                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, length, k, end - start, where)
+                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, where)
                     frame = self._container.pread(start + low, start + high, end)
                     decoded = codecs.decode_frame(row, length, k, frame, stored_crc, decoded_crc, where)
                     last["key"], last["bytes"] = (record, k), decoded
@@ -1241,7 +1241,7 @@ class Archive:
         if codec == CODEC_FRAMES:
             frame_size = 1 << row.frame_log2
             for k in range(-(-length // frame_size)):
-                low, high, stored_crc, decoded_crc = codecs.frame_span(row, length, k, end - start, entry)
+                low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, entry)
                 frame = container.pread(start + low, start + high, end)
                 container.check_unchanged()
                 if crc32(frame) != stored_crc:

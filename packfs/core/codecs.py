@@ -395,8 +395,8 @@ class CodecTable:
 
     # -- frames (CODEC_FRAMES) ------------------------------------------------------------
 
-    def frame_span(self, row: CodecRow, size: int, k: int, length: int, where: Where) -> tuple[int, int, int, int]:
-        """Frame ``k`` of a frames file of ``size`` bytes whose record is ``length`` bytes:
+    def frame_span(self, row: CodecRow, k: int, length: int, where: Where) -> tuple[int, int, int, int]:
+        """Frame ``k`` (below the file's frame count) of a frames file whose record is ``length`` bytes:
         (its stored start and end in the record, stored_crc, decoded_crc), checked."""
         at = row.aux + FRAME_ROW.size * k
         if k:
@@ -413,7 +413,7 @@ class CodecTable:
                    check_stored: bool = True) -> bytes:
         """Frame ``k``'s decoded bytes, cut from the whole record ``stored`` (its record
         CRC checked by the caller, so ``check_stored`` is False then)."""
-        begin, end, stored_crc, decoded_crc = self.frame_span(row, size, k, len(stored), where)
+        begin, end, stored_crc, decoded_crc = self.frame_span(row, k, len(stored), where)
         return self.decode_frame(row, size, k, stored[begin:end], stored_crc, decoded_crc, where, check_stored)
 
     def decode_frame(self, row: CodecRow, size: int, k: int, frame: Union[bytes, memoryview], stored_crc: int,
@@ -560,7 +560,7 @@ class CodecTable:
             self.decode(row, record, container.pread(start, end), size, where)
         elif codec == CODEC_FRAMES:
             for k in range(-(-size >> row.frame_log2)):
-                low, high, stored_crc, decoded_crc = self.frame_span(row, size, k, end - start, where)
+                low, high, stored_crc, decoded_crc = self.frame_span(row, k, end - start, where)
                 self.decode_frame(row, size, k, container.pread(start + low, start + high, end), stored_crc,
                                   decoded_crc, where)
         elif codec == CODEC_SPARSE:

@@ -264,7 +264,7 @@ class _DecodedReader(_RecordReader):
                 frame_size = 1 << row.frame_log2
                 k = begin >> row.frame_log2
                 if k != self._frame:
-                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, self._length, k, end - start, where)
+                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, where)
                     frame = container.pread(start + low, start + high, end)
                     self._frame_bytes = codecs.decode_frame(row, self._length, k, frame, stored_crc, decoded_crc,
                                                             where)
