@@ -17,7 +17,7 @@ Files of ``--size`` bytes (JSON-like text, 2 KiB by default) are packed with
   the stored record's CRC, decode), against ``read_path_plain`` + ``raw``: the same files
   packed uncompressed, read, plus the raw decompression.
 
-Prints each variant's median per-file time, the overheads (``decode - raw``,
+Prints each variant's median (and best) per-file time, the overheads (``decode - raw``,
 ``read_path - (read_path_plain + raw)``), ratios, and a drift check (the first and last
 rounds of ``raw`` must agree within 10%).  Threads: ``--threads N`` runs ``decode_local``,
 ``decode_locked`` and ``decode`` from N threads at once as well (per-file time of the
@@ -164,8 +164,12 @@ def main() -> None:
                 function()
                 times[name].append((time.perf_counter() - start) / len(items) * 1e6)
         median = {name: statistics.median(values) for name, values in times.items()}
+        best = {name: min(values) for name, values in times.items()}
         for name, value in median.items():
-            print(f"{name:>22}: {value:7.3f} us/file (rounds: {', '.join(f'{v:.2f}' for v in times[name])})")
+            print(f"{name:>22}: median {value:7.3f}, best {best[name]:7.3f} us/file "
+                  f"(rounds: {', '.join(f'{v:.2f}' for v in times[name])})")
+        print(f"best rounds: decode - raw {best['decode'] - best['raw']:+.3f} us/file; read_path - (plain + raw) "
+              f"{best['read_path'] - best['read_path_plain'] - best['raw']:+.3f} us/file")
         print(f"decode overhead over raw:            {median['decode'] - median['raw']:+.3f} us/file "
               f"(decode/raw {median['decode'] / median['raw']:.2f}x)")
         print(f"lock instead of per-thread (1 thread): {median['decode_locked'] - median['decode_local']:+.3f} us/file "

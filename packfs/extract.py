@@ -619,6 +619,7 @@ class _Extractor:
                     self._advance(len(chunk))
                 if os.fstat(fd).st_size != size:
                     os.ftruncate(fd, size)
+                    self._advance(size - length)  # a sparse file's holes: done, not written
             except ArchiveChangedError:
                 raise
             except ChecksumError:
