@@ -525,3 +525,17 @@ def test_a_shard_set_of_compressed_archives(codec_tree: tuple[Path, dict[str, by
         summary = shards.codec_summary()
         assert summary["files_by_codec"]["sparse"] == 1 and summary["stored_bytes"] < summary["original_bytes"]
         assert shards.verify().ok
+
+
+def test_bytes_after_a_files_zstd_frame_are_refused(coded: Path, tmp_path: Path, files: dict[str, bytes]) -> None:
+    with Archive(coded) as archive:
+        record = int(archive.column("record")[archive.lookup("json/012.json")])
+
+    def append(records: list[bytes], data_records: int) -> None:
+        records[record] += b"junk"  # a record is one frame (format 4f): nothing may follow it
+
+    hostile = _rewritten(coded, tmp_path / "junk.ffr", append)
+    with PackedFolder(hostile) as folder:
+        with pytest.raises(FormatError, match="json/012.json.*unused data"):
+            folder.read("json/012.json")
+        assert folder.read("json/013.json") == files["json/013.json"]
