@@ -303,7 +303,6 @@ class RecordEncoder:
         if candidate is not None and (self._frames or self._stored_as_is):
             # A large file, written already: compare what was just stored, decoded.
             if _equal_chunks(self.decoded_chunks(candidate, size), self._current_chunks(codec_row)):
-                writer.discard_record()
                 return self._shared(candidate, size)
         record = writer.end_record()
         codec, frame_log2, check, aux = codec_row

@@ -481,10 +481,17 @@ def _entry_dictionaries(entries: Sequence[Entry], compression: Compression) -> l
             return bytes(data)
         if callable(data):  # a stream given as such cannot be read twice: not sampled
             source = data()
-            try:
-                return source.read(SMALL_FILE_MAX + 1)
+            buffer = bytearray(SMALL_FILE_MAX + 1)
+            got = 0
+            try:  # readinto, the one read a Data source must have
+                while got < len(buffer):
+                    more = source.readinto(memoryview(buffer)[got:])  # type: ignore[attr-defined]
+                    if not more:
+                        break
+                    got += more
             finally:
                 source.close()
+            return bytes(buffer[:got])
         return None
 
     return train_dictionaries([(_kind(archive_key(entry.path)), size_of(entry)) for entry in files], read,
