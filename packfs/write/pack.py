@@ -24,6 +24,7 @@ from ..format import (CODECS_SINCE_MINOR, INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
 from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder
+from .encodeahead import EncodeAhead
 from .parallel import FileStamp, Placer, files_on_workers
 from .exclude import ExcludePatterns
 from .scan import Scanned, scan_tree
@@ -149,6 +150,7 @@ class _ArchiveBuilder:
         self.deduplicated = 0  # files stored as an earlier file's record (format 4f)
         self._buffer = bytearray(_CHUNK)
         self.placer: Placer | None = None  # with -j N: files read by worker processes
+        self.ahead: EncodeAhead | None = None  # with -j N and codecs: files read and encoded by threads
 
     def _advance_bytes(self, nbytes: int) -> None:
         if self.progress is not None:  # by chunk: a large file moves the bar too
@@ -240,6 +242,16 @@ class _ArchiveBuilder:
             if self.progress is not None:
                 self.progress.advance(0, nbytes)
         else:
+            ahead = self.ahead.take(source) if self.ahead is not None else None
+            if ahead is not None:
+                encoded, info, changed = ahead
+                self._new_record()
+                record, size = self.encoder.commit(encoded), len(encoded.raw)
+                self._advance_bytes(size)
+                if changed:
+                    log.warning("%r changed while it was read; stored as read again", source.path)
+                    self.changed.append(source.path)
+                return record, size, info
             source.open()
             try:
                 sparse = self._write_sparse(source) if self.encoder is not None else None
@@ -503,14 +515,16 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
                    cannot_pack: Callable[[CannotPack], None] | None = None, xattrs: bool = False,
                    parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None,
                    compression: Compression | None = None,
-                   dictionaries: Sequence[tuple[str, bytes]] = ()) -> _ArchiveBuilder:
+                   dictionaries: Sequence[tuple[str, bytes]] = (),
+                   encode_ahead: Callable[[RecordEncoder], EncodeAhead] | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
     or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3).
     ``parallel``: the worker processes that read the files of a tree (``-j N``),
     started once the writer exists and ended before the table is written.
     ``compression``: format 1.5's codecs (section 4f), with ``dictionaries`` (kind,
-    bytes) written as the first records."""
+    bytes) written as the first records; ``encode_ahead``: the threads that read and
+    encode a tree's files ahead of the writer (``-j N`` with codecs)."""
     encoded = compression is not None and compression.used
     data_slots += len(dictionaries)
     sections = section_count_for(CODECS_SINCE_MINOR if encoded else INDEX_SINCE_MINOR)
@@ -521,8 +535,11 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
             encoder = RecordEncoder(writer, compression, written, str(writer.out.parent))
         builder = _ArchiveBuilder(writer, data_slots, progress, xattrs, encoder)
         try:
-            with (parallel(writer) if parallel is not None else contextlib.nullcontext()) as placer:
+            with (parallel(writer) if parallel is not None else contextlib.nullcontext()) as placer, \
+                    (encode_ahead(encoder) if encode_ahead is not None and encoder is not None
+                     else contextlib.nullcontext()) as ahead:
                 builder.placer = placer
+                builder.ahead = ahead
                 for entry in entries:
                     try:
                         builder.add(entry)  # reports the bytes as they are written
@@ -533,7 +550,7 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
                         continue
                     if progress is not None and entry.kind == "file":
                         progress.advance(1, 0)
-            builder.placer = None
+            builder.placer = builder.ahead = None
             builder.finish()  # the table's runs and columns are on disk too
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -888,8 +905,13 @@ def pack_folder(
         failed_files.add(items[written - 1].key)
 
     files = sum(1 for item in items if item.kind == "file")
-    # Encoded records have sizes the scan cannot know, which -j's workers place by.
+    # Encoded records have sizes the scan cannot know, which -j's workers place by:
+    # with codecs, threads read and encode ahead of the writer instead.
     workers = 1 if compression.used else min(jobs, files)
+    threads = min(jobs, files) if compression.used else 1
+
+    def encode_ahead(encoder: RecordEncoder) -> EncodeAhead:
+        return EncodeAhead(encoder, root, items, threads, _kind)
     dictionaries = _tree_dictionaries(root, items, compression) if compression.dictionary else []
 
     def parallel(writer: ContainerWriter) -> ContextManager[Placer]:
@@ -897,7 +919,8 @@ def pack_folder(
     try:
         builder = _write_archive(entries(), out_text, data_slots, force, progress,
                                  skip_file if keep_going else None, any(item.xattrs for item in items),
-                                 parallel if workers > 1 else None, compression, dictionaries)
+                                 parallel if workers > 1 else None, compression, dictionaries,
+                                 encode_ahead if threads > 1 else None)
     except CannotPack as failure:  # the writer is gone: what else cannot be packed?
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
