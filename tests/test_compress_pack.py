@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from packfs.cli import main
+from packfs.errors import PackError
 from packfs.format import CODEC_DICTIONARY
 from packfs.write import pack_entries, pack_folder
 from packfs.write.encode import FRAME_SIZE, Compression, parse_compress
@@ -312,3 +313,28 @@ def test_jobs_give_the_same_bytes(mixed: Path, tmp_path: Path) -> None:
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1] == outputs[2]
     _check_round_trip(tmp_path / "j2.ffr", mixed)
+
+
+def test_verify_reads_the_archive_back_before_it_is_published(tmp_path: Path, monkeypatch) -> None:
+    """--verify: a file that changed after it was packed (here: just before the
+    rename) fails the pack, and nothing is left; an honest pack passes."""
+    from packfs.write import container
+
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "a.txt").write_bytes(_text(1, 500))
+    (src / "b.json").write_bytes(_json(2))
+    os.symlink("d/a.txt", src / "link")
+    for compress in (None, "zstd"):
+        pack_folder(src, tmp_path / f"ok-{compress}.ffr", compress=compress, verify=True)
+        assert Spec15(tmp_path / f"ok-{compress}.ffr").files()[b"b.json"][0] == _json(2)
+    original = container.ContainerWriter.commit
+
+    def commit_after_a_change(self, before_publish=None):
+        (src / "d" / "a.txt").write_bytes(_text(9, 500))
+        return original(self, before_publish)
+
+    monkeypatch.setattr(container.ContainerWriter, "commit", commit_after_a_change)
+    with pytest.raises(PackError, match=r"failed --verify: .*a\.txt.* differs"):
+        pack_folder(src, tmp_path / "changed.ffr", verify=True)
+    assert sorted(os.listdir(tmp_path)) == ["ok-None.ffr", "ok-zstd.ffr", "src"]

@@ -25,6 +25,7 @@ from ..format import (CODECS_SINCE_MINOR, INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR,
 from .container import TEMP_MARKER, ContainerWriter
 from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder
 from .encodeahead import EncodeAhead
+from .packverify import verify_written
 from .parallel import FileStamp, Placer, files_on_workers
 from .exclude import ExcludePatterns
 from .scan import Scanned, scan_tree
@@ -407,6 +408,7 @@ def pack_entries(
     dictionary: str | None = None,
     dedup: bool | None = None,
     sparse: bool | None = None,
+    verify: bool = False,
 ) -> PackStats:
     """Write an archive from entries instead of a directory on disk.
 
@@ -438,6 +440,9 @@ def pack_entries(
         Format 1.5's codecs, as for :func:`pack_folder`.  Dictionaries are trained on
         the entries' data when ``entries`` is a sequence or its data is spooled (an
         iterator without ``count``); an iterator with ``count`` is packed without.
+    verify
+        Before the archive is moved into place, open it and check it whole (every
+        CRC, every rule, every file decoded), as ``packfs verify`` does.
 
     Returns
     -------
@@ -449,16 +454,17 @@ def pack_entries(
         Invalid or duplicate paths, a short read, or an I/O error while writing.
     """
     return _pack_entries(entries, out, count, force, progress, xattrs,
-                         Compression.from_options(compress, dictionary, dedup, sparse))
+                         Compression.from_options(compress, dictionary, dedup, sparse), verify)
 
 
 def _pack_entries(entries: Iterable[Entry], out: PathLike, count: int | None, force: bool,
-                  progress: PackProgress | None, xattrs: bool | None, compression: Compression) -> PackStats:
+                  progress: PackProgress | None, xattrs: bool | None, compression: Compression,
+                  verify: bool = False) -> PackStats:
     """pack_entries, its codec options read."""
     if count is None and isinstance(entries, Sequence):
         count = len(entries)
     if count is None:
-        return _pack_spooled(entries, out, force=force, progress=progress, compression=compression)
+        return _pack_spooled(entries, out, force=force, progress=progress, compression=compression, verify=verify)
     if xattrs is None:
         xattrs = isinstance(entries, Sequence) and any(entry.xattrs for entry in entries)
     started = time.perf_counter()
@@ -471,7 +477,8 @@ def _pack_entries(entries: Iterable[Entry], out: PathLike, count: int | None, fo
             log.warning("%r: no dictionaries trained: the entries are an iterator with a count "
                         "(give a sequence, or no count, to sample them)", out_path)
     builder = _write_archive(entries, out_path, count, force, progress, xattrs=xattrs, compression=compression,
-                             dictionaries=dictionaries)
+                             dictionaries=dictionaries,
+                             before_publish=(lambda temporary: verify_written(temporary, out_path)) if verify else None)
     return _stats(builder, (), out_path, started)
 
 
@@ -516,7 +523,8 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
                    parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None,
                    compression: Compression | None = None,
                    dictionaries: Sequence[tuple[str, bytes]] = (),
-                   encode_ahead: Callable[[RecordEncoder], EncodeAhead] | None = None) -> _ArchiveBuilder:
+                   encode_ahead: Callable[[RecordEncoder], EncodeAhead] | None = None,
+                   before_publish: Callable[[str], None] | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
     or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3).
@@ -524,7 +532,8 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
     started once the writer exists and ended before the table is written.
     ``compression``: format 1.5's codecs (section 4f), with ``dictionaries`` (kind,
     bytes) written as the first records; ``encode_ahead``: the threads that read and
-    encode a tree's files ahead of the writer (``-j N`` with codecs)."""
+    encode a tree's files ahead of the writer (``-j N`` with codecs);
+    ``before_publish``: checks the complete archive under its temporary name (--verify)."""
     encoded = compression is not None and compression.used
     data_slots += len(dictionaries)
     sections = section_count_for(CODECS_SINCE_MINOR if encoded else INDEX_SINCE_MINOR)
@@ -560,7 +569,7 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
             if encoder is not None:
                 builder.deduplicated = encoder.deduplicated
                 encoder.close()
-        writer.commit()
+        writer.commit(before_publish)
     return builder
 
 
@@ -581,7 +590,7 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
 
 
 def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
-                  progress: PackProgress | None, compression: Compression) -> PackStats:
+                  progress: PackProgress | None, compression: Compression, verify: bool = False) -> PackStats:
     """pack_entries for an iterator of unknown length: spool file data, then pack.  The
     entries themselves are spooled too, a block at a time, so that an iterator of any
     length is packed in bounded memory."""
@@ -621,7 +630,7 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
         unstaged: Iterable[Entry] = _unstaged(staged, spool)
         if compression.dictionary:  # sampled from the spool, which a sequence can read twice
             unstaged = list(unstaged)
-        stats = _pack_entries(unstaged, out, count, force, progress, None, compression)
+        stats = _pack_entries(unstaged, out, count, force, progress, None, compression, verify)
     return dataclasses.replace(stats, seconds=time.perf_counter() - started)  # both phases
 
 
@@ -758,6 +767,7 @@ def pack_folder(
     dictionary: str | None = None,
     dedup: bool | None = None,
     sparse: bool | None = None,
+    verify: bool = False,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
 
@@ -824,6 +834,10 @@ def pack_folder(
     sparse
         Store files with holes without them (SEEK_DATA/SEEK_HOLE); default: on with
         ``compress``.
+    verify
+        Before the archive is moved into place, open it, check it whole (as
+        ``packfs verify`` does) and compare every file and symlink with ``src``,
+        read again: a file that changed since it was packed fails the pack.
 
     Returns
     -------
@@ -920,7 +934,8 @@ def pack_folder(
         builder = _write_archive(entries(), out_text, data_slots, force, progress,
                                  skip_file if keep_going else None, any(item.xattrs for item in items),
                                  parallel if workers > 1 else None, compression, dictionaries,
-                                 encode_ahead if threads > 1 else None)
+                                 encode_ahead if threads > 1 else None,
+                                 (lambda temporary: verify_written(temporary, out_text, root, items)) if verify else None)
     except CannotPack as failure:  # the writer is gone: what else cannot be packed?
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
