@@ -40,7 +40,7 @@ from ..format import (CODEC_DICTIONARY, CODEC_FRAMES, CODEC_ROW, CODEC_SPARSE, C
                       crc32)
 from .container import ContainerWriter
 
-__all__ = ["Compression", "RecordEncoder", "Encoded", "parse_compress", "DEFAULT_LEVEL", "FRAME_LOG2", "FRAME_SIZE",
+__all__ = ["Compression", "RecordEncoder", "Encoded", "may_have_holes", "SPARSE_MIN_HOLES", "parse_compress", "DEFAULT_LEVEL", "FRAME_LOG2", "FRAME_SIZE",
            "MIN_SAVING", "DEDUP_INDEX_MAX"]
 
 FRAME_LOG2 = 20
@@ -479,6 +479,12 @@ class _FileEncoding:
             return (CODEC_ZSTD, 0, self.crc, NO_RECORD if dictionary is None else dictionary, b"")
         self.out(raw)
         return (CODEC_STORED, 0, 0, 0, b"")
+
+
+def may_have_holes(info: os.stat_result) -> bool:
+    """Whether a file's allocated blocks fall short of its size by SPARSE_MIN_HOLES:
+    only then are its holes looked for (the one statement of the rule)."""
+    return info.st_blocks * 512 + SPARSE_MIN_HOLES <= info.st_size
 
 
 def _worth_trying(raw: memoryview | bytes) -> bool:

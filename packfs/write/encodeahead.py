@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
-from .encode import SPARSE_MIN_HOLES, Encoded, RecordEncoder
+from .encode import Encoded, RecordEncoder, may_have_holes
 from .scan import Scanned
 from .treefile import TreeFile, read_stable
 
@@ -129,4 +129,4 @@ class EncodeAhead:
 def _ahead(info: os.stat_result) -> bool:
     """Whether a file is read ahead: small, and not one that may have holes (those are
     the packer's, which looks for them)."""
-    return info.st_size <= AHEAD_FILE_MAX and info.st_blocks * 512 + SPARSE_MIN_HOLES > info.st_size
+    return info.st_size <= AHEAD_FILE_MAX and not may_have_holes(info)

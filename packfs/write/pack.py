@@ -23,7 +23,7 @@ from ..format import (CODECS_SINCE_MINOR, INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR,
                       XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
-from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder
+from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder, may_have_holes
 from .encodeahead import EncodeAhead
 from .packverify import verify_written
 from .parallel import FileStamp, Placer, files_on_workers
@@ -278,8 +278,7 @@ class _ArchiveBuilder:
         encoder = self.encoder
         if encoder is None or not encoder.compression.sparse:
             return None
-        scanned = source.scanned
-        if scanned.st_blocks * 512 + SPARSE_MIN_HOLES > scanned.st_size:
+        if not may_have_holes(source.scanned):
             return None  # too few blocks missing for holes that pay
         before = source.state()
         size = before[0].st_size
@@ -927,6 +926,13 @@ def pack_folder(
     def encode_ahead(encoder: RecordEncoder) -> EncodeAhead:
         return EncodeAhead(encoder, root, items, threads, _kind)
     dictionaries = _tree_dictionaries(root, items, compression) if compression.dictionary else []
+    if not compression.sparse:
+        holey = [item for item in items if item.kind == "file" and may_have_holes(item.info)]
+        if holey:  # a 5 GiB disk image of 1 MiB of data would take 5 GiB
+            log.warning("%d files with holes (the largest: %r, %d bytes) are stored whole, holes as zeros; "
+                        "--sparse (or --compress) leaves the holes out", len(holey),
+                        os.fsdecode(max(holey, key=lambda item: item.info.st_size).key),
+                        max(item.info.st_size for item in holey))
 
     def parallel(writer: ContainerWriter) -> ContextManager[Placer]:
         return files_on_workers(writer, root, items, workers)
