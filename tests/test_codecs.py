@@ -41,9 +41,13 @@ def make_codec_tree(root: Path) -> dict[str, bytes]:
     multi-frame file, incompressible bytes (stored), equal files (shared), a sparse
     file, an empty file, a hard link and a symlink.  Returns the files' contents."""
     files: dict[str, bytes] = {}
-    for i in range(120):
-        files[f"json/{i:03d}.json"] = json.dumps({"id": i, "name": f"item {i}", "tags": ["a", "b", str(i % 7)],
-                                                   "score": i * 0.5, "ok": i % 2 == 0}).encode() * 3
+    for i in range(200):
+        generator = random.Random(i)
+        files[f"json/{i:03d}.json"] = json.dumps({
+            "id": i, "user": f"user{i}", "score": generator.random(),
+            "tags": generator.sample(["red", "green", "blue", "cyan", "magenta", "yellow"], 3),
+            "city": generator.choice(["Paris", "Berlin", "Lima", "Osaka"]),
+            "text": _text(600, i).decode()}).encode()
     files["logs/big.log"] = _text(3 * FRAME + 12345, 1)
     files["random.bin"] = os.urandom(200_000)
     files["same/one.txt"] = files["same/two.txt"] = files["other/three.txt"] = _text(9000, 2)
