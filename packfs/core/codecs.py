@@ -60,6 +60,7 @@ class CodecRow(NamedTuple):
 
 STORED_ROW = CodecRow(CODEC_STORED, 0, 0, 0, 0)  # every record of an archive without codecs
 _as_row = tuple.__new__  # a checked row's tuple as a CodecRow, without NamedTuple's argument handling
+_KINDS_MAX = 4096  # extensions counted apart in info's summary; the rest as "(other)"
 _CACHED_DICTIONARIES = 64  # dictionaries (at most 1 MiB each) kept per archive, and decompressors per thread
 
 # Where a label comes from: an entry number or the path a caller gave, made into a
@@ -605,17 +606,28 @@ class CodecTable:
         dictionary_bytes = int((offsets[dictionary_records + 1] - offsets[dictionary_records]).sum()) \
             if len(dictionary_records) else 0
         # Kinds by extension: each file's bytes, and its record's share of the stored ones.
-        names, name_end = table.column("names").tobytes(), table.column("name_end")
-        shares = np.bincount(np.searchsorted(unique, records), minlength=len(unique))[np.searchsorted(unique, records)]
+        # The names are read a chunk of entries at a time (a copy of the chunk's names).
+        names, name_end = table.column("names"), table.column("name_end")
+        position = np.searchsorted(unique, records)
+        shares = np.bincount(position, minlength=len(unique))[position]
         kinds: dict[str, list[float]] = {}
-        for entry, size, length, share in zip(entries.tolist(), sizes.tolist(), lengths.tolist(), shares.tolist()):
-            name = names[int(name_end[entry - 1]) if entry else 0 : int(name_end[entry])]
-            dot = name.rfind(b".")
-            kind = name[dot:].decode("utf-8", "replace").lower() if 0 < dot < len(name) - 1 else "(none)"
-            totals = kinds.setdefault(kind, [0, 0.0, 0.0])
-            totals[0] += 1
-            totals[1] += size
-            totals[2] += length / share
+        chunk = 1 << 16
+        for low in range(0, len(entries), chunk):
+            part = entries[low : low + chunk]
+            base = int(name_end[part[0] - 1]) if part[0] else 0
+            text = names[base : int(name_end[part[-1]])].tobytes()
+            for entry, size, length, share in zip(part.tolist(), sizes[low : low + chunk].tolist(),
+                                                  lengths[low : low + chunk].tolist(),
+                                                  shares[low : low + chunk].tolist()):
+                name = text[(int(name_end[entry - 1]) if entry else 0) - base : int(name_end[entry]) - base]
+                dot = name.rfind(b".")
+                kind = name[dot:].decode("utf-8", "replace").lower() if 0 < dot < len(name) - 1 else "(none)"
+                if kind not in kinds and len(kinds) >= _KINDS_MAX:
+                    kind = "(other)"  # a hostile or odd tree's many extensions: the summary stays bounded
+                totals = kinds.setdefault(kind, [0, 0.0, 0.0])
+                totals[0] += 1
+                totals[1] += size
+                totals[2] += length / share
         ranked = sorted(kinds.items(), key=lambda item: -item[1][1])[:top]
         file_bytes = int(sizes.sum())
         return {
