@@ -20,6 +20,13 @@ The checksum policy is decided here, once, for every front end (``checksums``):
   the first bytes of a large file wait for one piece's check, not the whole file's;
 - ``"never"``: no CRC of contents is checked (the header and the table are not
   checked at open either).
+
+In an archive with codecs (format 1.5, section 4f) every read returns the decoded
+contents (:mod:`packfs.core.codecs`): the stored bytes are checked under the policy
+before they are decoded (a frame of a large compressed file against its own CRC, so
+a read decodes and checks only the frames it covers), the decoded bytes against the
+row's or the frame's CRC after (but under "never"), and a frame is never decoded into
+more bytes than the archive declares, whatever the policy.
 """
 
 from __future__ import annotations
@@ -1013,8 +1020,10 @@ class Archive:
                 record = self._record_items[entry]
                 if record < count:
                     records.append(record)
-        prefetch_pages([(self._offset_items, records + [record + 1 for record in records]),
-                        (self._crc_items, records)], fetch_many)
+        wanted = [(self._offset_items, records + [record + 1 for record in records]), (self._crc_items, records)]
+        if self._coded:  # and their codec rows (format 1.5), 16 bytes each
+            wanted.append((self._codecs.row_items(), [record << 4 for record in records]))
+        prefetch_pages(wanted, fetch_many)
 
     def read_chunks(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """File ``entry``'s contents in chunks of ``chunk_size`` bytes, read with pread
