@@ -452,7 +452,7 @@ def test_unpack_trusts_shared_records_with_codecs_but_not_overlapping_ones(coded
 
 
 def test_a_remote_1_5_archive_reads_right_and_costs_a_page_and_its_record(coded: Path, files: dict[str, bytes],
-                                                                          nginx) -> None:  # noqa: F811
+                                                                          nginx, tmp_path: Path) -> None:  # noqa: F811
     nginx.put("coded.ffr", coded.read_bytes())
     url = nginx.url("coded.ffr")
     with PackedFolder(url, cache_dir=False) as folder:
@@ -473,6 +473,11 @@ def test_a_remote_1_5_archive_reads_right_and_costs_a_page_and_its_record(coded:
         assert [data for _, data in sorted(archive.read_batch(entries))] == [
             files["logs/big.log"], files["json/050.json"], files["random.bin"]]
         assert folder.verify().ok
+    dest = tmp_path / "out"
+    packfs_cli("unpack", "--cache-dir", "off", url, dest, check=True)
+    for path, contents in files.items():
+        assert (dest / path).read_bytes() == contents, path
+    assert os.stat(dest / "disk.img").st_blocks * 512 < 1 << 20
 
 
 from tests.test_remote_source import nginx  # noqa: E402,F401 (the fixture: a real server, stopped at the end)

@@ -1248,16 +1248,28 @@ class Archive:
             yield 0, codecs.decode(row, record, stored, length, entry)
             return
         if codec == CODEC_FRAMES:
-            frame_size = 1 << row.frame_log2
-            for k in range(-(-length // frame_size)):
-                low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, entry)
-                frame = container.pread(start + low, start + high, end)
+            frame_size, count = 1 << row.frame_log2, -(-length // (1 << row.frame_log2))
+            # Frames read a window at a time (from a remote source, windows of parallel
+            # ranged parts as read_chunks reads: one GET per frame cost a round trip each).
+            window = chunk_size if container.zero_copy else max(
+                chunk_size, min(_REMOTE_WINDOW, getattr(container.source, "memory_cap", _REMOTE_WINDOW) // 4))
+            k = 0
+            while k < count:
+                frames = [(k, *codecs.frame_span(row, k, end - start, entry))]
+                while k + len(frames) < count and frames[-1][2] - frames[0][1] < window:
+                    frames.append((k + len(frames), *codecs.frame_span(row, k + len(frames), end - start, entry)))
+                base = frames[0][1]
+                block = memoryview(container.pread(start + base, start + frames[-1][2], end))
                 container.check_unchanged()
-                if crc32(frame) != stored_crc:
-                    raise container.checksum_error(record, f"{self._label(entry)}: frame {k}")
-                decoded = codecs.decode_frame(row, length, k, frame, stored_crc, decoded_crc, entry, False)
-                for at in range(0, len(decoded), chunk_size):
-                    yield k * frame_size + at, decoded[at : at + chunk_size] if len(decoded) > chunk_size else decoded
+                for index, low, high, stored_crc, decoded_crc in frames:
+                    frame = block[low - base : high - base]
+                    if crc32(frame) != stored_crc:
+                        raise container.checksum_error(record, f"{self._label(entry)}: frame {index}")
+                    decoded = codecs.decode_frame(row, length, index, frame, stored_crc, decoded_crc, entry, False)
+                    for at in range(0, len(decoded), chunk_size):
+                        yield (index * frame_size + at,
+                               decoded[at : at + chunk_size] if len(decoded) > chunk_size else decoded)
+                k += len(frames)
             return
         stored_chunks = self._stored_chunks(entry, record, start, end, chunk_size)
         if codec == CODEC_STORED:
