@@ -960,6 +960,11 @@ def cat(archive: str, paths: tuple[str, ...]) -> None:
 def info(archive: str, as_json: bool) -> None:
     """Show counts, sizes and the format version of ARCHIVE.
 
+    A compressed archive (pack --compress, format 1.5) also shows its stored bytes, the
+    ratio of the files' bytes to them, how many files each codec holds, the bytes saved
+    by files sharing another's record (dedup), its dictionaries, and the kinds of file
+    (by extension) with the most bytes; any other says "compression uncompressed".
+
     For an archive at a URL, also what this command fetched (requests, bytes) and,
     with a disk cache, its block hits, misses and waits (blocks another process was
     already fetching) and the bytes read ahead.
@@ -1072,6 +1077,9 @@ def _mount_daemon(folder: PackedFolder) -> str:
                    "the exit status is the same.")
 def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> None:
     """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
+
+    A compressed archive (format 1.5) has every file decoded and checked too, and every
+    codec row, frame table and extent list held to the format's rules.
 
     \b
     Example:
@@ -1193,7 +1201,10 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, force_p
     Restores modes, mtimes, symlinks, hard links and empty directories; never writes
     outside DEST and never overwrites an existing file.  A damaged file is left out
     (never written in part) and listed as "damaged: PATH (why)"; everything intact is
-    unpacked, and the exit status is then 1.
+    unpacked, and the exit status is then 1.  From a compressed archive (format 1.5)
+    files are written decoded, sparse files with their holes, and files that share a
+    record as files of their own; if they need more than DEST's free space, nothing is
+    written (exit 1).
 
     \b
     Example:
