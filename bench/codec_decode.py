@@ -15,7 +15,10 @@ Files of ``--size`` bytes (JSON-like text, 2 KiB by default) are packed with
   decompressor per dictionary behind a lock: the two ways to be thread-safe, alone;
 - ``read_path``: ``Archive.read_path`` of each file of the compressed archive (lookup,
   the stored record's CRC, decode), against ``read_path_plain`` + ``raw``: the same files
-  packed uncompressed, read, plus the raw decompression.
+  packed uncompressed, read, plus the raw decompression;
+- ``read_batch`` against ``read_batch_plain`` + ``raw``: the datasets' path, batches of
+  256 entries (an uncompressed batch joins adjacent small files into one pread; a
+  compressed one reads and decodes each file).
 
 Prints each variant's median (and best) per-file time, the overheads (``decode - raw``,
 ``read_path - (read_path_plain + raw)``), ratios, and a drift check (the first and last
@@ -143,6 +146,19 @@ def main() -> None:
             for name in names:
                 plain_read(name)
 
+        coded_entries = [coded.lookup(name) for name in names]
+        plain_entries = [plain.lookup(name) for name in names]
+
+        def batch_coded() -> None:
+            for start in range(0, len(coded_entries), 256):
+                for _ in coded.read_batch(coded_entries[start : start + 256]):
+                    pass
+
+        def batch_plain() -> None:
+            for start in range(0, len(plain_entries), 256):
+                for _ in plain.read_batch(plain_entries[start : start + 256]):
+                    pass
+
         pool = ThreadPoolExecutor(args.threads)
         slices = [items[k :: args.threads] for k in range(args.threads)]
 
@@ -151,7 +167,7 @@ def main() -> None:
 
         variants = {"raw": raw, "decode": decoded, "decode_local": decoded_local, "decode_locked": decoded_locked,
                     "read_path": read_coded,
-                    "read_path_plain": read_plain,
+                    "read_path_plain": read_plain, "read_batch": batch_coded, "read_batch_plain": batch_plain,
                     f"decode_x{args.threads}_threads": lambda: threaded(lambda part: decoded(part)),
                     f"local_x{args.threads}_threads": lambda: threaded(lambda part: decoded_local(part)),
                     f"locked_x{args.threads}_threads": lambda: threaded(lambda part: decoded_locked(part))}
@@ -177,6 +193,9 @@ def main() -> None:
         baseline = median["read_path_plain"] + median["raw"]
         print(f"read_path over plain read + raw:     {median['read_path'] - baseline:+.3f} us/file "
               f"(read_path/(plain+raw) {median['read_path'] / baseline:.2f}x)")
+        baseline = median["read_batch_plain"] + median["raw"]
+        print(f"read_batch over plain batch + raw:   {median['read_batch'] - baseline:+.3f} us/file "
+              f"(read_batch/(plain+raw) {median['read_batch'] / baseline:.2f}x; batches of 256 entries)")
         threads_decode, threads_locked = (median[f"local_x{args.threads}_threads"],
                                           median[f"locked_x{args.threads}_threads"])
         print(f"{args.threads} threads: per-thread decompressors {threads_decode:.3f} us/file, one behind a lock "

@@ -335,7 +335,8 @@ def test_a_codec_row_that_breaks_a_rule_is_a_format_error_naming_the_file(
         record = int(archive.column("record")[archive.lookup("json/009.json")])
     hostile = _rewritten(coded, tmp_path / "h.ffr", lambda records, d: _set_row(records, d, record, **fields))
     with PackedFolder(hostile) as folder:
-        for call in (folder.read, folder.stat, folder.open):
+        entry = folder.archive.lookup("json/009.json")
+        for call in (folder.read, folder.stat, folder.open, lambda path: list(folder.archive.read_batch([entry]))):
             with pytest.raises(FormatError, match=f"json/009.json.*{message}"):
                 call("json/009.json")
         assert folder.read("json/010.json")

@@ -895,9 +895,6 @@ class Archive:
         is read with one pread.  From a URL, the batch is fetched as :meth:`read_many`
         fetches it (neighbours share a GET, many in flight, groups bounded in bytes)."""
         container = self._container
-        if self._coded and container.zero_copy:
-            yield from self._read_batch_coded(entries)
-            return
         if not container.zero_copy:
             # From a URL: the batch's spans fetched in parallel (read_many's path); the
             # header's and the table's whole arrays that read_entries indexes would be
@@ -907,7 +904,7 @@ class Archive:
         if not container.guarded:
             container.check_size()
         try:
-            yield from read_entries(self, self._table, container, entries)
+            yield from read_entries(self, self._table, container, entries, self._codecs if self._coded else None)
         except PackfsError:
             container.changed_instead()
             raise
@@ -1198,23 +1195,6 @@ class Archive:
             raise
         container.check_unchanged()
         return DecodedFile(container, self._codecs, row, start, end, length, layout, name, where)
-
-    def _read_batch_coded(self, entries: Sequence[int] | np.ndarray) -> Iterator[tuple[int, bytes]]:
-        """:meth:`read_batch` in an archive with codecs: each file located (refused
-        before anything is read), then read and decoded in archive order."""
-        container = self._container
-        try:
-            located = []
-            for position, entry in enumerate(entries):
-                entry = self._regular_file(operator.index(entry))
-                located.append((self._coded_span(entry, entry)[1], position, entry))
-        except PackfsError:
-            container.changed_instead()
-            raise
-        located.sort()
-        read = self._read_coded
-        for _, position, entry in located:
-            yield position, read(entry, entry)
 
     def _coded_chunks(self, entry: int, chunk_size: int) -> Iterator[bytes]:
         """:meth:`read_chunks` of a file whose record is not stored as it is: its

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .pathtable import PathTable
 
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
-from ..format import CODEC_FRAMES, S_IFMT, S_IFREG, crc32
+from ..format import CODEC_FRAMES, CODEC_STORED, S_IFMT, S_IFREG, crc32
 from ..source import ByteSource
 from .container import Container
 
@@ -285,9 +285,10 @@ class _DecodedReader(_RecordReader):
 
 
 def read_entries(archive: Archive, table: PathTable, container: Container,
-                 entries: Sequence[int] | np.ndarray) -> Iterator[tuple[int, bytes]]:
+                 entries: Sequence[int] | np.ndarray, codecs: CodecTable | None = None) -> Iterator[tuple[int, bytes]]:
     """Archive.read_batch's work, for its ``table`` and ``container`` (which it checks
-    around this call)."""
+    around this call); with ``codecs`` (an archive with codecs, format 1.5) each file's
+    row is checked with the rest of the batch and its stored bytes decoded."""
     import numpy as np
 
     entries = np.asarray(entries, dtype=np.int64)
@@ -298,15 +299,25 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
     # Compared while still unsigned: a hostile record or size of 2**63 or more would
     # turn negative as int64, and a negative record indexes from the end.
     records = table.column("record")[entries]
-    sizes = table.column("size")[entries]
-    refused = (((table.column("mode")[entries] & S_IFMT) != S_IFREG) | (records >= table.data_records)
-               | (sizes > container.file_size))
+    declared = table.column("size")[entries]
+    refused = ((table.column("mode")[entries] & S_IFMT) != S_IFREG) | (records >= table.data_records)
+    if codecs is None:  # a compressed file may be larger than the archive
+        refused |= declared > container.file_size
+    rows: list = []
     if not refused.any():
-        records, sizes = records.astype(np.int64), sizes.astype(np.int64)
+        records, sizes = records.astype(np.int64), declared.astype(np.int64)
         starts = container.offsets[records]
         ends = container.offsets[records + 1]  # a data record is never the last record
-        refused = ((ends - starts != sizes) | (ends < starts) | (starts < container.data_start)
-                   | (ends > container.data_end))
+        mismatch = ends - starts != sizes
+        if codecs is not None:  # only a stored record's length is its file's size (format 4f)
+            coded = codecs.codec_column()[records] != CODEC_STORED
+            mismatch &= ~coded
+        refused = mismatch | (ends < starts) | (starts < container.data_start) | (ends > container.data_end)
+        if codecs is not None and not refused.any():
+            rows = [None] * len(entries)
+            for k in np.flatnonzero(coded).tolist():  # each row held to its rules (section 4f)
+                rows[k] = codecs.file_row(int(records[k]), int(declared[k]), int(ends[k] - starts[k]),
+                                          int(entries[k]))
     if refused.any():
         bad = int(entries[np.argmax(refused)])
         archive.read(bad)  # raises, naming the rule
@@ -332,10 +343,12 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
             if stored is not None and crc32(data) != stored[position]:
                 container.check_crc(int(records[position]), data,
                                     repr(os.fsdecode(table.full_path(int(entries[position])))))
+            if rows and rows[position] is not None:
+                data = codecs.decode(rows[position], int(records[position]), data,  # type: ignore[union-attr]
+                                     int(declared[position]), int(entries[position]))
             yield position, data
         view.release()
         i = j
-
 
 
 def read_spans(source: ByteSource, spans: Sequence[Tuple[int, int]]) -> Iterator[Tuple[range, List[bytes]]]:
