@@ -586,3 +586,23 @@ def test_random_damage_that_passes_every_checksum_is_an_error_or_the_declared_si
                 except FormatError:
                     pass
             folder.verify()
+
+
+def test_a_mounts_small_reads_decode_each_frame_once(coded: Path, files: dict[str, bytes],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from packfs.core.codecs import CodecTable
+
+    decoded = []
+    real = CodecTable.decode_frame
+
+    def counting(self, row, size, k, *args, **kwargs):  # type: ignore[no-untyped-def]
+        decoded.append(k)
+        return real(self, row, size, k, *args, **kwargs)
+
+    monkeypatch.setattr(CodecTable, "decode_frame", counting)
+    contents = files["logs/big.log"]
+    with Archive(coded, checksums="once") as archive:  # the mount's policy
+        entry = archive.lookup("logs/big.log")
+        for offset in range(0, 2 * FRAME, 128 << 10):
+            assert archive.read(entry, offset, 128 << 10) == contents[offset : offset + (128 << 10)]
+    assert decoded == [0, 1]

@@ -175,8 +175,9 @@ class Archive:
             self._coded = self._codecs.active
             if self._coded:
                 self._table.codecs = self._codecs
-                # Per thread, the frame a part read decoded last (record, frame, bytes): a
-                # mount reads a 1 MiB frame in 128 KiB requests, each would decode all of it.
+                # Per thread, the frame a part read decoded last (record, frame, bytes; a
+                # zstd file is frame -1): a mount reads a 1 MiB frame in 128 KiB
+                # requests, each would decode all of it.
                 self._last_frame = threading.local()
         except RecordFileError:
             container.close()
@@ -1131,13 +1132,19 @@ class Archive:
         if begin >= stop:
             return b""
         codecs = self._codecs
-        if codec == CODEC_ZSTD or (begin == 0 and stop == length):
-            data = self._read_coded(entry, where)
+        # This thread's last decoded frame (a zstd file is one), reused but under
+        # "always", where every read checks what it returns.
+        last = self._last_frame.__dict__ if not self._check_every_read else {}
+        if codec == CODEC_ZSTD:
+            if last.get("key") != (record, -1):
+                last["key"], last["bytes"] = (record, -1), self._read_coded(entry, where)
+            data = last["bytes"]
             return data if begin == 0 and stop == length else data[begin:stop]
+        if begin == 0 and stop == length:
+            return self._read_coded(entry, where)
         if codec == CODEC_FRAMES:
             frame_size = 1 << row.frame_log2
             parts = []
-            last = self._last_frame.__dict__
             for k in range(begin // frame_size, (stop - 1) // frame_size + 1):
                 if last.get("key") == (record, k):
                     decoded = last["bytes"]
