@@ -315,9 +315,12 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
         refused = mismatch | (ends < starts) | (starts < container.data_start) | (ends > container.data_end)
         if codecs is not None and not refused.any():
             rows = [None] * len(entries)
+            # Python ints once (a numpy scalar costs a conversion at every use).
+            record_list, size_list, entry_list = records.tolist(), declared.tolist(), entries.tolist()
+            lengths = (ends - starts).tolist()
+            file_row = codecs.file_row
             for k in np.flatnonzero(coded).tolist():  # each row held to its rules (section 4f)
-                rows[k] = codecs.file_row(int(records[k]), int(declared[k]), int(ends[k] - starts[k]),
-                                          int(entries[k]))
+                rows[k] = file_row(record_list[k], size_list[k], lengths[k], entry_list[k])
     if refused.any():
         bad = int(entries[np.argmax(refused)])
         archive.read(bad)  # raises, naming the rule
@@ -344,8 +347,8 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
                 container.check_crc(int(records[position]), data,
                                     repr(os.fsdecode(table.full_path(int(entries[position])))))
             if rows and rows[position] is not None:
-                data = codecs.decode(rows[position], int(records[position]), data,  # type: ignore[union-attr]
-                                     int(declared[position]), int(entries[position]))
+                data = codecs.decode(rows[position], record_list[position], data,  # type: ignore[union-attr]
+                                     size_list[position], entry_list[position])
             yield position, data
         view.release()
         i = j
