@@ -58,7 +58,8 @@ def make_codec_tree(root: Path) -> dict[str, bytes]:
     sparse = bytearray(20 << 20)
     with open(root / "disk.img", "wb") as out:
         out.truncate(len(sparse))
-        for at, data in ((1 << 20, _text(100_000, 3)), (9 << 20, os.urandom(70_000)), ((20 << 20) - 5, b"tail!")):
+        # The record is over 1 MiB: it has piece CRCs (format 4b), and a read checks just its pieces.
+        for at, data in ((1 << 20, _text(100_000, 3)), (9 << 20, os.urandom(1_500_000)), ((20 << 20) - 5, b"tail!")):
             out.seek(at)
             out.write(data)
             sparse[at : at + len(data)] = data
@@ -160,7 +161,7 @@ def test_seeks_and_reads_at_random_offsets_decode_only_what_they_cover(coded: Pa
         assert f.read() == contents[-10:]
     sparse = files["disk.img"]
     with PackedFolder(coded) as folder, folder.open("disk.img") as f:
-        for offset in (0, (1 << 20) - 3, (9 << 20) + 69_999, (20 << 20) - 7, 5 << 20):
+        for offset in (0, (1 << 20) - 3, (9 << 20) + 69_999, (9 << 20) + 1_499_990, (20 << 20) - 7, 5 << 20):
             f.seek(offset)
             assert f.read(50_000) == sparse[offset : offset + 50_000]
 
@@ -191,7 +192,7 @@ def test_unpack_restores_sparse_files_sparse_and_shared_records_as_separate_file
     for path, contents in files.items():
         assert (dest / path).read_bytes() == contents, path
     image = os.stat(dest / "disk.img")
-    assert image.st_size == 20 << 20 and image.st_blocks * 512 < 1 << 20  # the holes stayed holes
+    assert image.st_size == 20 << 20 and image.st_blocks * 512 < 2 << 20  # the holes stayed holes
     one, two, three = (os.stat(dest / path) for path in ("same/one.txt", "same/two.txt", "other/three.txt"))
     assert len({one.st_ino, two.st_ino, three.st_ino}) == 3  # files of their own, not hard links
     assert os.stat(dest / "same/linked.txt").st_ino == one.st_ino  # the hard link stays one
@@ -478,7 +479,7 @@ def test_a_remote_1_5_archive_reads_right_and_costs_a_page_and_its_record(coded:
     packfs_cli("unpack", "--cache-dir", "off", url, dest, check=True)
     for path, contents in files.items():
         assert (dest / path).read_bytes() == contents, path
-    assert os.stat(dest / "disk.img").st_blocks * 512 < 1 << 20
+    assert os.stat(dest / "disk.img").st_blocks * 512 < 2 << 20
 
 
 from tests.test_remote_source import nginx  # noqa: E402,F401 (the fixture: a real server, stopped at the end)
@@ -606,3 +607,19 @@ def test_a_mounts_small_reads_decode_each_frame_once(coded: Path, files: dict[st
         for offset in range(0, 2 * FRAME, 128 << 10):
             assert archive.read(entry, offset, 128 << 10) == contents[offset : offset + (128 << 10)]
     assert decoded == [0, 1]
+
+
+def test_a_damaged_piece_of_a_sparse_record_fails_only_the_reads_that_cover_it(coded: Path, tmp_path: Path,
+                                                                             files: dict[str, bytes]) -> None:
+    with Archive(coded) as archive:
+        start, end = archive.extent(archive.lookup("disk.img"))
+    assert end - start > 1 << 20  # two pieces (format 4b)
+    damaged = _flipped(coded, tmp_path / "d.ffr", start + (1 << 20) + 10)  # in the second piece
+    sparse = files["disk.img"]
+    with Archive(damaged) as archive:
+        entry = archive.lookup("disk.img")
+        assert archive.read(entry, 1 << 20, 1000) == sparse[1 << 20 : (1 << 20) + 1000]  # the first piece
+        with pytest.raises(ChecksumError, match="disk.img"):
+            archive.read(entry, (9 << 20) + 1_400_000, 1000)
+        with pytest.raises(ChecksumError, match="disk.img"):
+            archive.read(entry)
