@@ -21,8 +21,9 @@ from collections import OrderedDict
 from typing import Callable, Iterable, List, NamedTuple, Sequence, Tuple, Union
 
 from ..errors import ChecksumError, FormatError
-from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
-                      TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc)
+from ..format import (CODEC_DATA_SECTION, FLAG_CODECS, FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR,
+                      RECORD_CODEC_SECTION, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER, TAIL_MAGIC, TAIL_SPAN,
+                      TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc, tail_span_count)
 
 __all__ = ["Tail", "PageCache", "PagedColumn", "IndexPage", "HEADER_CRCS", "HEADER_OFFSETS", "section_region",
            "has_tail", "prefetch_pages", "FetchMany"]
@@ -98,8 +99,10 @@ class Tail:
         if page_size < TABLE_PAGE_MIN or page_size & (page_size - 1):
             raise FormatError(f"{where}: the tail's page size is {page_size}, expected a power of two "
                               f">= {TABLE_PAGE_MIN}")
-        if span_count != TAIL_SPAN_COUNT:
-            raise FormatError(f"{where}: the tail locates {span_count} sections, expected {TAIL_SPAN_COUNT}")
+        codecs = bool(footer.flags & FLAG_CODECS)
+        expected_spans = tail_span_count(footer.section_count) if codecs else TAIL_SPAN_COUNT
+        if span_count != expected_spans:
+            raise FormatError(f"{where}: the tail locates {span_count} sections, expected {expected_spans}")
         if stated_size != file_size:
             raise FormatError(f"{where}: {file_size} bytes, but its tail says the archive is {stated_size} "
                               f"(truncated or extended)")
@@ -121,7 +124,7 @@ class Tail:
         self.file_size = file_size
         position = TAIL_HEADER.size
         tail_start = file_size - FOOTER_SIZE - len(data)
-        self.spans: list[tuple[int, int]] = []  # (start, end) of sections 0 .. 21
+        self.spans: list[tuple[int, int]] = []  # (start, end) of sections 0 .. 21 (.. 23 with codecs)
         previous_end = data_end
         for k in range(span_count):
             start, length = TAIL_SPAN.unpack_from(data, position)
@@ -137,6 +140,8 @@ class Tail:
             (12, 12 + 4 * data_records),
             (12 + 4 * record_count, 12 + 4 * record_count + 8 * (data_records + 1)),
         ] + self.spans[:_PAGED_SECTIONS]
+        if codecs:  # format 1.5 (section 4f): sections 22 and 23 are paged too, after 0 .. 20
+            self.regions += self.spans[RECORD_CODEC_SECTION : CODEC_DATA_SECTION + 1]
         self._first_crc: list[int] = []
         count = 0
         for start, end in self.regions:
@@ -205,13 +210,13 @@ class Tail:
 
     def region_name(self, region: int) -> str:
         """What region ``region`` is, for messages."""
-        from ..format import PIECE_SECTIONS, SECTIONS, XATTR_SECTIONS
+        from ..format import CODEC_SECTIONS, PIECE_SECTIONS, SECTIONS, XATTR_SECTIONS
 
         if region == HEADER_CRCS:
             return "the header's record CRCs"
         if region == HEADER_OFFSETS:
             return "the header's record offsets"
-        names = [name for name, _ in SECTIONS + PIECE_SECTIONS + XATTR_SECTIONS]
+        names = [name for name, _ in SECTIONS + PIECE_SECTIONS + XATTR_SECTIONS + CODEC_SECTIONS]
         return f"section {names[region - 2]!r}"
 
     def section_span(self, section: int) -> tuple[int, int]:

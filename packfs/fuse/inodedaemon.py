@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from ..core import Archive, ShardSet
 from ..errors import MountError
+from ..format import FLAG_CODECS
 from ..source import is_url
 from .libfuse import CapturedStderr, options_error
 
@@ -88,6 +89,12 @@ def _archive_unavailable(archive: Archive) -> str | None:
         return "the archive is not a local file read in place"
     if source.guard_slot < 0:
         return "the archive's map is not guarded against truncation (packfs._sigbus is not built)"
+    if archive.footer.flags & FLAG_CODECS:
+        from .. import _lowlevel
+
+        if not _lowlevel.ZSTD_VERSION:
+            return ("the archive has codecs (format 1.5) and packfs._lowlevel was built without libzstd "
+                    "(install libzstd-dev and reinstall packfs)")
     return None
 
 
@@ -141,10 +148,24 @@ def _tree(archive: Archive, log_fd: int) -> Any:
     from .. import _lowlevel
 
     source = archive.source
+    pages = archive.page_checks
     return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
                           archive.data_records, archive.entry_count, archive.section_spans,
                           archive.checksums != "never", os.fsdecode(archive.path), log_fd,
-                          pieces=archive.piece_spans, xattrs=archive.xattr_spans, pages=archive.page_checks)
+                          pieces=archive.piece_spans, xattrs=archive.xattr_spans, pages=pages,
+                          codecs=_codec_spans(archive, pages))
+
+
+def _codec_spans(archive: Archive, pages: tuple[int, tuple[tuple[int, int], ...], Any, int] | None
+                 ) -> tuple[tuple[int, int], ...] | None:
+    """Where a 1.5 archive's record_codec and codec_data sections lie (format section 4f),
+    or None without codecs: the last two of its paged regions (section 4e: after the
+    header's two arrays and sections 0-20 come sections 22 and 23)."""
+    if not archive.footer.flags & FLAG_CODECS:
+        return None
+    if pages is None:  # every 1.5 archive has a tail; one not read in place is not served here
+        raise MountError(f"the compiled daemon cannot serve {archive.path!r}: its codec sections are not in place")
+    return tuple(pages[1][-2:])
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:
