@@ -295,3 +295,47 @@ def test_without_libzstd_the_archive_goes_to_the_python_daemon(codecs_archive: P
     monkeypatch.setattr(_lowlevel, "ZSTD_VERSION", 0)
     with Archive(codecs_archive) as opened:
         assert "built without libzstd" in unavailable(opened)
+
+
+def _packed_tree(src: Path) -> dict[str, bytes]:
+    rng = random.Random(3)
+    (src / "docs").mkdir(parents=True)
+    files: dict[str, bytes] = {}
+    for i in range(300):  # enough alike small files for --dictionary auto to train one
+        files[f"docs/r{i}.json"] = (b'{"id": %d, "name": "%s", "tags": ["alpha", "beta"], "v": %d}\n'
+                                    % (i, b"n" * (i % 11), i * i)) * (1 + i % 5)
+    files["big.txt"] = b"".join(b"line %d %d\n" % (i, rng.randrange(99)) for i in range(400_000))
+    files["dup1.txt"] = files["dup2.txt"] = b"duplicate " * 1000
+    files["random.bin"] = os.urandom(200_000)
+    for path, data in files.items():
+        (src / path).write_bytes(data)
+    os.chmod(src / "dup2.txt", 0o600)
+    with open(src / "sparse.img", "wb") as sparse:  # holes the packer finds with SEEK_HOLE
+        sparse.truncate(8 << 20)
+        sparse.seek(1 << 20)
+        sparse.write(os.urandom(70_000))
+        sparse.seek(5 << 20)
+        sparse.write(b"z" * 100_000)
+    files["sparse.img"] = (src / "sparse.img").read_bytes()
+    return files
+
+
+def test_what_the_packer_writes_with_every_codec_reads_back(tmp_path: Path) -> None:
+    files = _packed_tree(tmp_path / "src")
+    archive = tmp_path / "packed.ffr"
+    packfs.pack_folder(tmp_path / "src", archive, compress="zstd", dictionary="auto", dedup=True, sparse=True)
+    with Archive(archive) as opened:
+        start, end = opened.page_checks[1][-2]  # record_codec (format section 4f)
+    rows = archive.read_bytes()[start:end]
+    assert {rows[at] for at in range(0, len(rows), 16)} == {0, 1, 2, 3, 4}  # every codec, a dictionary
+    rng = random.Random(9)
+    with mounted(archive, tmp_path / "m", binding="lowlevel") as mountpoint:
+        for path, data in files.items():
+            assert (mountpoint / path).read_bytes() == data, path
+        one, two = os.stat(mountpoint / "dup1.txt"), os.stat(mountpoint / "dup2.txt")
+        assert one.st_ino != two.st_ino and (one.st_mode & 0o777, two.st_mode & 0o777) == (0o644, 0o600)
+        for path in ("big.txt", "sparse.img"):
+            with open(mountpoint / path, "rb") as stream:
+                for _ in range(100):
+                    offset = rng.randrange(len(files[path]))
+                    assert os.pread(stream.fileno(), 5000, offset) == files[path][offset : offset + 5000]
