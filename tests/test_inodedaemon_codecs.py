@@ -286,17 +286,6 @@ def test_damaged_bytes_answer_eio_for_the_files_they_hold(tmp_path: Path) -> Non
             assert (mountpoint / path).read_bytes() == CONTENTS[path], path
 
 
-def test_without_libzstd_the_archive_goes_to_the_python_daemon(codecs_archive: Path, monkeypatch) -> None:
-    from packfs import _lowlevel
-    from packfs.fuse import unavailable
-
-    if unavailable() is not None:
-        pytest.skip(unavailable())
-    monkeypatch.setattr(_lowlevel, "ZSTD_VERSION", 0)
-    with Archive(codecs_archive) as opened:
-        assert "built without libzstd" in unavailable(opened)
-
-
 def _packed_tree(src: Path) -> dict[str, bytes]:
     rng = random.Random(3)
     (src / "docs").mkdir(parents=True)
@@ -339,3 +328,50 @@ def test_what_the_packer_writes_with_every_codec_reads_back(tmp_path: Path) -> N
                 for _ in range(100):
                     offset = rng.randrange(len(files[path]))
                     assert os.pread(stream.fileno(), 5000, offset) == files[path][offset : offset + 5000]
+
+
+def test_built_without_libzstd_the_daemon_refuses_codecs_and_mount_falls_back(codecs_archive: Path,
+                                                                                tmp_path: Path) -> None:
+    """setup.py builds the extension with PACKFS_NO_ZSTD where libzstd's headers are
+    missing: that build says so (ZSTD_VERSION 0), refuses a Tree with codecs in one
+    line naming the library, and `packfs mount` then serves with the Python daemon."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+
+    from packfs.fuse import unavailable
+
+    if unavailable() is not None or shutil.which("gcc") is None or shutil.which("pkg-config") is None:
+        pytest.skip("needs the compiled daemon's build tools")
+    fuse3 = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    built = tmp_path / "_lowlevel.so"
+    source = Path(__file__).resolve().parent.parent / "packfs" / "_lowlevel.c"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-DPACKFS_NO_ZSTD", f"-I{sysconfig.get_paths()['include']}",
+                    str(source), "-o", str(built), *fuse3, "-lz"], check=True)
+    spec = importlib.util.spec_from_file_location("packfs_without_zstd._lowlevel", built)
+    without = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(without)
+    assert without.ZSTD_VERSION == 0
+    with Archive(codecs_archive) as opened:
+        source_ = opened.source
+        with pytest.raises(ValueError, match="built without libzstd"):
+            without.Tree(source_.mapping, source_.fileno(), -1, opened.record_count, opened.data_records,
+                         opened.entry_count, opened.section_spans, True, "codecs.ffr", 2,
+                         pieces=opened.piece_spans, xattrs=opened.xattr_spans, pages=opened.page_checks,
+                         codecs=tuple(opened.page_checks[1][-2:]))
+
+
+def test_auto_falls_back_to_the_python_daemon_naming_libzstd(codecs_archive: Path, monkeypatch) -> None:
+    from packfs import _lowlevel
+    from packfs.fuse import choose_binding, unavailable
+
+    if unavailable() is not None:
+        pytest.skip(unavailable())
+    monkeypatch.setattr(_lowlevel, "ZSTD_VERSION", 0)
+    with Archive(codecs_archive) as opened:
+        binding, notice = choose_binding("auto", opened)
+        assert binding != "lowlevel" and "libzstd" in notice
+        with pytest.raises(packfs.errors.MountError, match="libzstd"):
+            choose_binding("lowlevel", opened)
