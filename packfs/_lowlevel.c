@@ -3330,6 +3330,100 @@ static PyObject *py_read(PyObject *self, PyObject *args)
     return result;
 }
 
+/* Whether entry ``entry``'s full path (format section 4: names from the root down,
+ * joined by '/') is ``path``: compared from its last name up, each parent below its
+ * child (section 5), so the walk ends. */
+static int path_is(Tree *t, uint64_t entry, const uint8_t *path, size_t length, int *same)
+{
+    *same = 0;
+    size_t end = length;
+    for (uint64_t steps = 0; entry != 0; steps++) {
+        const uint8_t *name;
+        uint64_t name_length;
+        int error = name_of(t, entry, &name, &name_length);
+        if (error)
+            return error;
+        if (name_length > end || memcmp(path + end - name_length, name, (size_t) name_length) != 0)
+            return 0;
+        end -= (size_t) name_length;
+        uint64_t parent = COLUMN32(t, PARENT, entry);
+        if (parent >= entry)
+            return broken(t, entry, 49, "names a parent that is not before it");
+        if (parent != 0) {
+            if (end == 0 || path[end - 1] != '/')
+                return 0;
+            end--;
+        }
+        entry = parent;
+    }
+    *same = end == 0;
+    return 0;
+}
+
+/* The entry whose stored path is exactly ``path`` (canonical, as packfs.core's
+ * Archive.find takes it: no leading or trailing slash, symlinks not followed), by a
+ * binary search of path_hash and a comparison of each candidate's full path: ENOENT if
+ * there is none. */
+static int tree_find(Tree *t, const uint8_t *path, size_t length, uint64_t *found)
+{
+    uint32_t hash = (uint32_t) crc32(crc32(0L, Z_NULL, 0), path, (uInt) length);
+    uint64_t low = 0, high = t->entries;
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        if (COLUMN32(t, PATH_HASH, middle) < hash)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    for (uint64_t j = low; j < t->entries && COLUMN32(t, PATH_HASH, j) == hash && !page_failure; j++) {
+        uint64_t entry = COLUMN32(t, PATH_ENTRY, j);
+        if (entry >= t->entries)
+            return broken(t, entry, 50, "is named by a path_entry value beyond the table");
+        int same, error = path_is(t, entry, path, length, &same);
+        if (error)
+            return error;
+        if (same) {
+            *found = entry;
+            return 0;
+        }
+    }
+    return page_failure ? EIO : ENOENT;
+}
+
+PyDoc_STRVAR(read_file_doc,
+"read_file(path) -> bytes: the whole contents of the file stored at ``path`` (bytes,\n"
+"canonical as Archive.find takes it: no leading slash, symlinks not followed), found,\n"
+"read, checked and decoded in C in one call, without the GIL: the in-process read path\n"
+"(what a READ of each part of it answers).  OSError with the errno: ENOENT, EISDIR for a\n"
+"directory, EINVAL for a symlink, EIO for a damaged or changed archive.");
+
+static PyObject *py_read_file(Tree *t, PyObject *args)
+{
+    Py_buffer path;
+    if (!ready(t) || !PyArg_ParseTuple(args, "y*:read_file", &path))
+        return NULL;
+    uint64_t entry = 0;
+    uint8_t *data = NULL;
+    size_t got = 0, skip = 0;
+    int error;
+    Py_BEGIN_ALLOW_THREADS
+    error = tree_find(t, path.buf, (size_t) path.len, &entry);
+    /* All of it: a READ of the whole file (its type, size and record held to their rules
+     * there), one entry read for its own contents, not for a hard link's first name. */
+    if (!error)
+        error = read_or_park(t, entry + 1, 0, PY_SSIZE_T_MAX, &data, &got, &skip, NULL);
+    error = finished(t, error);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&path);
+    if (error) {
+        free(data);
+        return os_error(error);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(data ? (const char *) data + skip : "", (Py_ssize_t) got);
+    free(data);
+    return result;
+}
+
 PyDoc_STRVAR(readlink_doc, "readlink(inode) -> bytes (READLINK); OSError with the errno.");
 
 static PyObject *py_readlink(PyObject *self, PyObject *args)
@@ -3610,6 +3704,7 @@ static PyMethodDef tree_methods[] = {
     {"checking", (PyCFunction) py_checking, METH_NOARGS,
      "checking() -> (records, reads): the records being checked from the archive now (claimed),\n"
      "and the READs parked until those checks end."},
+    {"read_file", (PyCFunction) py_read_file, METH_VARARGS, read_file_doc},
     {"decodes", (PyCFunction) py_decodes, METH_NOARGS,
      "decodes() -> int: how many zstd files and frames were decoded (format 1.5's codecs): what\n"
      "the kept decoded bytes save is seen here."},

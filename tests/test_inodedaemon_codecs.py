@@ -375,3 +375,42 @@ def test_auto_falls_back_to_the_python_daemon_naming_libzstd(codecs_archive: Pat
         assert binding != "lowlevel" and "libzstd" in notice
         with pytest.raises(packfs.errors.MountError, match="libzstd"):
             choose_binding("lowlevel", opened)
+
+
+def test_read_file_finds_reads_and_decodes_in_one_call(codecs_archive: Path) -> None:
+    """The in-process read path (Tree.read_file): a stored path's whole contents, each
+    codec decoded; the errno of a READ or a lookup otherwise."""
+    opened, tree = _lowlevel_tree(codecs_archive)
+    with opened:
+        for path, data in CONTENTS.items():
+            assert tree.read_file(path.encode()) == data, path
+        for path, expected in ((b"nothing", errno.ENOENT), (b"dict", errno.EISDIR), (b"", errno.EISDIR),
+                               (b"link", errno.EINVAL), (b"/small.txt", errno.ENOENT), (b"dict/", errno.ENOENT),
+                               (b"dict//a.json", errno.ENOENT), (b"copies/one.txt/x", errno.ENOENT)):
+            with pytest.raises(OSError) as caught:
+                tree.read_file(path)
+            assert caught.value.errno == expected, path
+
+
+def test_read_file_answers_eio_for_a_damaged_file_alone(tmp_path: Path) -> None:
+    archive = _build(tmp_path / "hostile.ffr", _hostile)
+    opened, tree = _lowlevel_tree(archive)
+    with opened:
+        for path in ("small.txt", "big_frames.bin", "sparse.bin", "frames.txt"):
+            with pytest.raises(OSError) as caught:
+                tree.read_file(path.encode())
+            assert caught.value.errno == errno.EIO, path
+        assert tree.read_file(b"dict/b.json") == CONTENTS["dict/b.json"]
+        assert tree.read_file(b"copies/three.txt") == CONTENTS["copies/three.txt"]
+
+
+def test_read_file_of_a_stored_archive_with_hard_links(archive: Path) -> None:
+    """Format 1.4 (no codecs): every file of the suite's tree, hard links included."""
+    opened, tree = _lowlevel_tree(archive)
+    with opened, packfs.PackedFolder(archive) as folder:
+        files = [f"{top}/{name}".lstrip("/") for top, _, names in folder.walk() for name in names]
+        assert "hardlink.txt" in files
+        for path in files:
+            if folder.is_symlink(path):
+                continue
+            assert tree.read_file(os.fsencode(path)) == folder.read(path), path
