@@ -1227,6 +1227,76 @@ static void python_child(Walk *w, uint64_t parent, const Child *c)
     python_call(w, "readdir", "(KK)", inode, 2ull);
 }
 
+/* The in-process read path (Tree.read_file) for the stored paths of the first entries,
+ * built from the table unchecked (parents before their children, at most 4 KiB): it
+ * returns bytes or raises OSError with an errno a READ may get, and what it returns is
+ * what READs of that entry answer. */
+static void python_read_files(Walk *w)
+{
+    Tree *t = w->tree;
+    const uint8_t *table_names = table_at(w, NAMES, 0);
+    for (uint64_t entry = 1; entry < t->entries && entry <= 32; entry++) {
+        char path[4096];
+        size_t length = 0;
+        int ok = 1;
+        for (uint64_t at = entry, depth = 0; at != 0 && ok; depth++) {
+            uint64_t start = at ? u64_at(table_at(w, NAME_END, at - 1)) : 0, end = u64_at(table_at(w, NAME_END, at));
+            uint64_t parent = u32_at(table_at(w, PARENT, at));
+            ok = depth < 64 && start <= end && end <= t->names_size && end - start + 1 + length <= sizeof path
+                 && parent < at;
+            if (ok) {  /* prepend the name, and a '/' unless it is the first */
+                size_t name = (size_t) (end - start), slash = length ? 1 : 0;
+                memmove(path + name + slash, path, length);
+                memcpy(path, table_names + start, name);
+                if (slash)
+                    path[name] = '/';
+                length += name + slash;
+                at = parent;
+            }
+        }
+        if (!ok)
+            continue;
+        /* the entry read_file finds (a hostile table may hold the path twice) */
+        uint64_t found = entry;
+        int missing = tree_find(t, (const uint8_t *) path, length, &found);
+        finished(t, 0);  /* this thread's page failures are the next operation's otherwise */
+        PyObject *result = PyObject_CallMethod((PyObject *) t, "read_file", "(y#)", path, (Py_ssize_t) length);
+        w->operations++;
+        if (result == NULL) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            PyObject *number = value != NULL && PyErr_GivenExceptionMatches(type, PyExc_OSError)
+                               ? PyObject_GetAttrString(value, "errno") : NULL;
+            int error = number != NULL && PyLong_Check(number) ? (int) PyLong_AsLong(number) : -1;
+            Py_XDECREF(number);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            PyErr_Clear();
+            if (!errno_allowed(error))
+                violation("Tree.read_file raised something other than OSError with an allowed errno");
+            continue;
+        }
+        if (!PyBytes_Check(result))
+            violation("Tree.read_file returned a value of another type");
+        if (missing)
+            violation("Tree.read_file returned the contents of a path it does not find");
+        Py_ssize_t size = PyBytes_GET_SIZE(result);
+        size_t ask = size < (Py_ssize_t) MAX_REQUEST ? (size_t) size + 1 : MAX_REQUEST;
+        struct fuse_req r;
+        begin(&r, t);
+        ll_read(&r, found + 1, ask, 0, &(struct fuse_file_info){0});
+        if (answered(&r, REPLY_BUF, "read after read_file") && !changed(w)
+            && (r.size != (size_t) (size < (Py_ssize_t) ask ? size : (Py_ssize_t) ask)
+                || memcmp(r.data, PyBytes_AS_STRING(result), r.size) != 0))
+            violation("Tree.read_file of entry %llu: %zd bytes that a READ of it does not answer",
+                      (unsigned long long) found, size);
+        end(&r);
+        Py_DECREF(result);
+    }
+}
+
 /* The walk from the root: each directory's listing, then everything of each child;
  * ``variant`` rotates the order of the children so threads meet in different places. */
 static void walk_tree(Walk *w)
@@ -1272,6 +1342,7 @@ static void walk_tree(Walk *w)
         python_call(w, "readdir", "(K)", 1ull);
         python_call(w, "read", "(KKn)", 1ull, 0ull, (Py_ssize_t) -1);  /* EINVAL */
         python_call(w, "getattr", "(K)", (unsigned long long) w->tree->entries + 1);
+        python_read_files(w);
     }
 }
 
