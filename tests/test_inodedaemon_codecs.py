@@ -149,6 +149,29 @@ def test_shared_records_keep_their_own_inodes_and_modes(codecs_archive: Path, tm
             assert (mountpoint / "copies" / name).read_bytes() == CONTENTS["copies/one.txt"]
 
 
+def _daemon_read_calls(mountpoint: Path) -> int:
+    """The read system calls the daemon serving ``mountpoint`` made so far (each FUSE
+    request it takes is one, besides its preads)."""
+    from tests.conftest import daemon_pid
+
+    io = Path(f"/proc/{daemon_pid(mountpoint)}/io").read_text()
+    return int(io.split("syscr:")[1].split()[0])
+
+
+def test_warm_reads_of_compressed_files_never_reach_the_daemon(codecs_archive: Path, tmp_path: Path) -> None:
+    """The kernel keeps a decoded file's pages (no_open: as a stored file's), so a
+    second read of a 2.4 MB file of 36 zstd frames is not one request."""
+    with mounted(codecs_archive, tmp_path / "m", binding="lowlevel") as mountpoint:
+        path = mountpoint / "frames.txt"
+        before = _daemon_read_calls(mountpoint)
+        assert path.read_bytes() == CONTENTS["frames.txt"]
+        cold = _daemon_read_calls(mountpoint) - before
+        with open(path, "rb", buffering=0) as stream:  # another open: the kernel keeps the pages across opens
+            assert stream.read() == CONTENTS["frames.txt"]
+        warm = _daemon_read_calls(mountpoint) - before - cold
+        assert cold >= 3 and warm == 0, (cold, warm)
+
+
 def test_a_frame_is_decoded_once_for_the_reads_that_cover_it(codecs_archive: Path) -> None:
     opened, tree = _lowlevel_tree(codecs_archive)
     with opened:
