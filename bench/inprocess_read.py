@@ -7,7 +7,8 @@ Each round reads every file once in a fresh random order through each system in 
 (all warm: the files and the archives are in the page cache after the first round,
 which is not counted); medians of the rounds, ratios to ``open().read()`` (files/s:
 higher is better), and a drift check (``open().read()`` again at the end).  The
-archives: the tree stored, and with ``compress="zstd"`` (one zstd frame per file).
+archives: the tree stored, with ``compress="zstd"`` (one zstd frame per file), and with
+a dictionary too (``dictionary="auto"``, trained from the files).
 
     taskset -c 1 python bench/inprocess_read.py --files 20000 --size 4096 --rounds 5
 
@@ -66,18 +67,21 @@ def main() -> int:
     args = parser.parse_args()
     src = args.work / "src"
     names = make_tree(src, args.files, args.size)
-    stored, compressed = args.work / "stored.ffr", args.work / "zstd.ffr"
+    stored, compressed, with_dictionary = (args.work / "stored.ffr", args.work / "zstd.ffr",
+                                           args.work / "zstd-dictionary.ffr")
     packfs.pack_folder(src, stored, force=True)
     packfs.pack_folder(src, compressed, force=True, compress="zstd")
+    packfs.pack_folder(src, with_dictionary, force=True, compress="zstd", dictionary="auto")
     devnull = os.open(os.devnull, os.O_WRONLY)
-    opened_stored, opened_zstd = Archive(stored, checksums="once"), Archive(compressed, checksums="once")
-    tree_stored, tree_zstd = tree_for(opened_stored, devnull), tree_for(opened_zstd, devnull)
+    opened = [Archive(path, checksums="once") for path in (stored, compressed, with_dictionary)]
+    tree_stored, tree_zstd, tree_dictionary = (tree_for(archive, devnull) for archive in opened)
     folder = packfs.PackedFolder(stored)
     plain_paths = {name: str(src / name) for name in names}
     keys = {name: name.encode() for name in names}
     for name in names[:3]:
         expected = (src / name).read_bytes()
-        assert tree_stored.read_file(keys[name]) == tree_zstd.read_file(keys[name]) == expected
+        assert (tree_stored.read_file(keys[name]) == tree_zstd.read_file(keys[name])
+                == tree_dictionary.read_file(keys[name]) == expected)
 
     def plain(name: str) -> bytes:
         with open(plain_paths[name], "rb") as f:
@@ -87,6 +91,7 @@ def main() -> int:
         "open(path, 'rb').read(), plain files": plain,
         "Tree.read_file, stored archive": lambda name: tree_stored.read_file(keys[name]),
         "Tree.read_file, zstd archive": lambda name: tree_zstd.read_file(keys[name]),
+        "Tree.read_file, zstd archive with a dictionary": lambda name: tree_dictionary.read_file(keys[name]),
         "PackedFolder.read, stored archive": folder.read,
     }
     rng = random.Random(2)
@@ -114,8 +119,8 @@ def main() -> int:
         {"files": args.files, "size": args.size, "rounds": rounds, "medians": medians, "drift": drift,
          "cpus": sorted(os.sched_getaffinity(0))}, indent=1))
     folder.close()
-    opened_stored.close()
-    opened_zstd.close()
+    for archive in opened:
+        archive.close()
     return 0
 
 

@@ -150,7 +150,9 @@
 #define NO_RECORD UINT64_MAX
 /* Decoded bytes kept (a small file's, or one frame of a large one: at most 1 MiB each),
  * so the 128 KiB READs of a frame decode it once, whichever thread serves them; the
- * kernel's page cache keeps what was answered (no_open: it keeps a file's pages). */
+ * kernel's page cache keeps what was answered (no_open: it keeps a file's pages).  One
+ * set of slots for the process, whatever the number of Trees (a shard set's Forest has
+ * one per shard): 16 MiB at most. */
 #define DECODED_SLOTS 16
 
 enum {
@@ -247,9 +249,6 @@ typedef struct {
     const uint8_t *record_codec;   /* section 22: D rows of CODEC_ROW */
     const uint8_t *codec_data;     /* section 23: frame tables and extent lists */
     uint64_t codec_data_size;
-    struct Decoded *decoded;       /* DECODED_SLOTS decoded frames or small files */
-    pthread_mutex_t decoded_lock;
-    uint64_t decoded_clock;
     struct Dictionary *dictionaries; /* made at first use, ascending by record */
     uint64_t dictionary_count, dictionary_capacity;
     pthread_mutex_t dictionary_lock;
@@ -1440,11 +1439,21 @@ static int read_stored(Tree *t, uint64_t entry, uint64_t record, uint64_t start,
 /* -- codecs (format section 4f) ------------------------------------------------------------ */
 
 /* A decoded small file or frame, kept for the READs that follow (DECODED_SLOTS). */
-typedef struct Decoded {
+typedef struct {
+    const Tree *tree;              /* whose record (slots are shared by every Tree) */
     uint64_t record, index, length; /* index: the frame (0 for a one-frame file) */
     uint64_t used;                 /* 0: empty; else when last used (the oldest goes first) */
     uint8_t *bytes;
 } Decoded;
+
+static Decoded decoded_slots[DECODED_SLOTS];
+static pthread_mutex_t decoded_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t decoded_clock;
+
+static inline int decoded_is(const Decoded *d, const Tree *t, uint64_t record, uint64_t index, uint64_t length)
+{
+    return d->used && d->tree == t && d->record == record && d->index == index && d->length == length;
+}
 
 /* Copy [from, from + count) of the decoded bytes of (record, index), ``length`` bytes
  * in all, into ``into`` if they are kept: 1, else 0. */
@@ -1452,17 +1461,17 @@ static int decoded_copy(Tree *t, uint64_t record, uint64_t index, uint64_t lengt
                         uint8_t *into)
 {
     int found = 0;
-    pthread_mutex_lock(&t->decoded_lock);
+    pthread_mutex_lock(&decoded_lock);
     for (unsigned k = 0; k < DECODED_SLOTS; k++) {
-        Decoded *d = &t->decoded[k];
-        if (d->used && d->record == record && d->index == index && d->length == length) {
+        Decoded *d = &decoded_slots[k];
+        if (decoded_is(d, t, record, index, length)) {
             memcpy(into, d->bytes + from, (size_t) count);
-            d->used = ++t->decoded_clock;
+            d->used = ++decoded_clock;
             found = 1;
             break;
         }
     }
-    pthread_mutex_unlock(&t->decoded_lock);
+    pthread_mutex_unlock(&decoded_lock);
     return found;
 }
 
@@ -1470,11 +1479,11 @@ static int decoded_copy(Tree *t, uint64_t record, uint64_t index, uint64_t lengt
  * in place of the slot used longest ago. */
 static void keep_decoded(Tree *t, uint64_t record, uint64_t index, uint8_t *bytes, uint64_t length)
 {
-    pthread_mutex_lock(&t->decoded_lock);
-    Decoded *oldest = &t->decoded[0];
+    pthread_mutex_lock(&decoded_lock);
+    Decoded *oldest = &decoded_slots[0];
     for (unsigned k = 0; k < DECODED_SLOTS; k++) {
-        Decoded *d = &t->decoded[k];
-        if (d->used && d->record == record && d->index == index && d->length == length) {
+        Decoded *d = &decoded_slots[k];
+        if (decoded_is(d, t, record, index, length)) {
             oldest = NULL;  /* another thread decoded it meanwhile */
             break;
         }
@@ -1483,11 +1492,24 @@ static void keep_decoded(Tree *t, uint64_t record, uint64_t index, uint8_t *byte
     }
     if (oldest != NULL) {
         free(oldest->bytes);
-        *oldest = (Decoded) {record, index, length, ++t->decoded_clock, bytes};
+        *oldest = (Decoded) {t, record, index, length, ++decoded_clock, bytes};
         bytes = NULL;
     }
-    pthread_mutex_unlock(&t->decoded_lock);
+    pthread_mutex_unlock(&decoded_lock);
     free(bytes);
+}
+
+/* Tree ``t`` goes: its kept bytes too (a later Tree at the same address must not find them). */
+static void forget_decoded(const Tree *t)
+{
+    pthread_mutex_lock(&decoded_lock);
+    for (unsigned k = 0; k < DECODED_SLOTS; k++) {
+        if (decoded_slots[k].used && decoded_slots[k].tree == t) {
+            free(decoded_slots[k].bytes);
+            memset(&decoded_slots[k], 0, sizeof decoded_slots[k]);
+        }
+    }
+    pthread_mutex_unlock(&decoded_lock);
 }
 
 #ifndef PACKFS_NO_ZSTD
@@ -2980,10 +3002,6 @@ static int init_codecs(Tree *t, PyObject *codecs)
     t->record_codec = t->base + span[0][0];
     t->codec_data = t->base + span[1][0];
     t->codec_data_size = span[1][1] - span[1][0];
-    if ((t->decoded = calloc(DECODED_SLOTS, sizeof *t->decoded)) == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
     return 0;
 }
 
@@ -3096,7 +3114,6 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
         return -1;
     if (xattrs != Py_None && init_xattrs(t, xattrs) != 0)
         return -1;
-    pthread_mutex_init(&t->decoded_lock, NULL);
     pthread_mutex_init(&t->dictionary_lock, NULL);
     if (codecs != Py_None && init_codecs(t, codecs) != 0)
         return -1;
@@ -3160,9 +3177,8 @@ static void tree_dealloc(Tree *t)
     free(t->page_prefetched);
     free(t->name);
     free(t->search_tops);
-    for (unsigned k = 0; t->decoded != NULL && k < DECODED_SLOTS; k++)
-        free(t->decoded[k].bytes);
-    free(t->decoded);
+    if (t->record_codec != NULL)
+        forget_decoded(t);
 #ifndef PACKFS_NO_ZSTD
     for (uint64_t k = 0; k < t->dictionary_count; k++)
         ZSTD_freeDDict(t->dictionaries[k].ddict);

@@ -437,3 +437,21 @@ def test_read_file_of_a_stored_archive_with_hard_links(archive: Path) -> None:
             if folder.is_symlink(path):
                 continue
             assert tree.read_file(os.fsencode(path)) == folder.read(path), path
+
+
+def test_a_compressed_shard_set_mounts_as_one_tree(tmp_path: Path) -> None:
+    """A Forest of compressed shards (each with its own dictionary): every file reads
+    back, the decoded frames kept for the whole daemon, not per shard."""
+    from packfs.write.shards import pack_shards
+
+    files = _packed_tree(tmp_path / "src")
+    pack_shards(tmp_path / "src", tmp_path / "set.ffr", shards=3,
+                codecs={"compress": "zstd", "dictionary": "auto", "dedup": True})
+    rng = random.Random(11)
+    with mounted(tmp_path / "set.ffrset", tmp_path / "m", binding="lowlevel") as mountpoint:
+        for path, data in files.items():
+            assert (mountpoint / path).read_bytes() == data, path
+        with open(mountpoint / "big.txt", "rb", buffering=0) as stream:
+            for _ in range(50):
+                offset = rng.randrange(len(files["big.txt"]))
+                assert os.pread(stream.fileno(), 3000, offset) == files["big.txt"][offset : offset + 3000]
