@@ -18,6 +18,14 @@
  *   READ    = pread() of the file's record; its CRC-32 is checked once per record
  *             (a bitmap; one thread checks a record while the others asking for it
  *             wait), and a record that failed is EIO from then on (a second bitmap).
+ *             In a format 1.5 archive (section 4f) the record is decoded as its codec
+ *             row says, with libzstd: one zstd frame (with a dictionary, loaded once
+ *             into a DDict every thread shares), the frames a READ covers (each
+ *             checked before and after it is decoded, decoded into exactly its size),
+ *             or a sparse file's extents over zeros; decoded frames are kept (16 for
+ *             the process) so the READs of one frame decode it once.  Each thread has
+ *             its own ZSTD_DCtx.  Built without libzstd (PACKFS_NO_ZSTD), a Tree with
+ *             codecs is refused.
  *
  * This is a second reader of the format (packfs/format.py is the specification):
  * every value read from the table is checked, where it is used, against the rule of
@@ -28,7 +36,8 @@
  *
  * The operations are plain C functions over a Tree (tree_lookup, entry_stat,
  * tree_read, ...), called by the FUSE callbacks and, for tests and the fuzzer, by the
- * Tree type's Python methods of the same names.
+ * Tree type's Python methods of the same names; Tree.read_file (tree_find, then a READ
+ * of the whole file) is the in-process read path, a path's contents in one call.
  */
 
 #define PY_SSIZE_T_CLEAN
