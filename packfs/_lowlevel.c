@@ -1508,6 +1508,18 @@ static void keep_decoded(Tree *t, uint64_t record, uint64_t index, uint8_t *byte
     free(bytes);
 }
 
+/* A fork (a DataLoader's workers, after a thread read through read_file) must not leave
+ * the child a lock another thread held: the forking thread holds it across the fork. */
+static void decoded_before_fork(void)
+{
+    pthread_mutex_lock(&decoded_lock);
+}
+
+static void decoded_after_fork(void)
+{
+    pthread_mutex_unlock(&decoded_lock);
+}
+
 /* Tree ``t`` goes: its kept bytes too (a later Tree at the same address must not find them). */
 static void forget_decoded(const Tree *t)
 {
@@ -3996,6 +4008,7 @@ PyMODINIT_FUNC PyInit__lowlevel(void)
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL)
         return NULL;
+    pthread_atfork(decoded_before_fork, decoded_after_fork, decoded_after_fork);
     Py_INCREF(&TreeType);
     Py_INCREF(&ForestType);
     if (PyModule_AddObject(module, "Tree", (PyObject *) &TreeType) != 0
