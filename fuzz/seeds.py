@@ -24,7 +24,8 @@ test suite's archives:
   codec (a zstd file, two with a dictionary, zstd frames, a sparse file, a record shared
   by two names, a hard link to a compressed file), what the packer writes with
   ``compress="zstd", dictionary="auto", dedup=True, sparse=True``, hostile variants (a
-  frame's stored CRC wrong, a frame that decodes to more than it says, a decompression
+  frame's stored CRC wrong, a frame that decodes to more than it says, one that decodes
+  to other bytes than its decoded CRC's, a decompression
   bomb, an extent past the file's end, a dictionary's row not a dictionary's), and a
   page plan whose wrong page is codec_data's;
 - FFRecord's reference vectors (tests/vectors/ffrecord; the daemon never serves them,
@@ -235,6 +236,9 @@ def make_seeds(out: Path) -> list[Path]:
         longer = dict(_CODEC_CODECS)
         longer["frames.txt"] = Codec("frames", frame_log2=16, frame_override={1: b"x" * 65537})
         codec_seed(out / "codecs-frame-longer.ffr", codecs=longer)
+        other = dict(_CODEC_CODECS)  # frame 1 decodes to its size, but not to its decoded_crc's bytes
+        other["frames.txt"] = Codec("frames", frame_log2=16, frame_override={1: b"o" * 65536})
+        codec_seed(out / "codecs-frame-other-bytes.ffr", codecs=other)
         packer_codecs(out / "codecs-packer.ffr")
         with packfs.core.Archive(codecs) as opened:
             pages = len(opened.page_checks[2]) // 4

@@ -269,6 +269,22 @@ def test_a_frame_that_decodes_to_more_than_it_says_is_eio(tmp_path: Path) -> Non
         assert (mountpoint / "dict/a.json").read_bytes() == CONTENTS["dict/a.json"]
 
 
+def test_a_frame_that_decodes_to_other_bytes_than_its_crc_is_eio(tmp_path: Path) -> None:
+    """Stored bytes that match their CRC and decode to the frame's size, but not to the
+    bytes decoded_crc was taken of: the check after decoding finds it."""
+    codecs = dict(CODECS)
+    codecs["frames.txt"] = Codec("frames", frame_log2=16, frame_override={4: b"o" * 65536})
+    archive = codec_archive(tmp_path / "other.ffr", _entries(), codecs, dictionaries={"json": DICTIONARY},
+                            shared=SHARED)
+    opened, tree = _lowlevel_tree(archive)
+    with opened:
+        inode = tree.lookup(1, b"frames.txt")["st_ino"]
+        assert tree.read(inode, 3 << 16, 100) == TEXT[3 << 16 : (3 << 16) + 100]
+        with pytest.raises(OSError) as caught:
+            tree.read(inode, (4 << 16) + 10, 100)
+        assert caught.value.errno == errno.EIO
+
+
 def _record_offset(archive: Path, record: int) -> int:
     data = archive.read_bytes()
     n = struct.unpack_from("<q", data, 4)[0]
