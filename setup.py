@@ -14,7 +14,9 @@ the install goes on without it; packfs then uses its pure-Python checks, and
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sysconfig
 
 from setuptools import Extension, setup
 
@@ -34,6 +36,19 @@ def pkg_config(package: str, minimum: str) -> dict[str, list[str]] | None:
             "libraries": [f[2:] for f in flags if f.startswith("-l")]}
 
 
+def zstd_flags() -> dict[str, list[str]] | None:
+    """libzstd's flags: pkg-config's, else -lzstd where its header is in a standard place
+    (an install without libzstd.pc), else None."""
+    found = pkg_config("libzstd", "1.4.0")
+    if found is not None:
+        return found
+    include = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
+    folders = (include, "/usr/include", "/usr/local/include")
+    if any(os.path.exists(os.path.join(folder, "zstd.h")) for folder in folders):
+        return {"include_dirs": [], "library_dirs": [], "libraries": ["zstd"]}
+    return None
+
+
 extensions = [Extension("packfs._sigbus", ["packfs/_sigbus.c"], depends=["packfs/_sigbus.h"], optional=True,
                         extra_compile_args=WARNINGS)]
 fuse3 = pkg_config("fuse3", "3.10")
@@ -42,7 +57,7 @@ if fuse3 is not None:
     macros = [("PACKFS_FUSE_312", "1")] if pkg_config("fuse3", "3.12") is not None else []
     # libzstd decodes format 1.5's codecs; without it the daemon refuses such archives
     # (packfs mount then serves them with the Python daemon, saying why).
-    zstd = pkg_config("libzstd", "1.4.0")
+    zstd = zstd_flags()
     if zstd is not None:
         for key, values in zstd.items():
             fuse3[key].extend(value for value in values if value not in fuse3[key])

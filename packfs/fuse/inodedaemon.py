@@ -5,12 +5,13 @@ GIL.  Python only decides whether it can serve, mounts, and waits.
 
 What it needs, and what ``packfs mount`` does without it (the Python path daemon, said
 in one line): the extension built (a C compiler, libfuse3 3.10+ and zlib headers at
-install time; for an archive with codecs, format 1.5, libzstd's too), a native archive of format 1.1 or later read in place from a local file,
-and its map guarded by packfs._sigbus (the daemon must survive the archive being
-truncated under it).  A shard set (packfs.core.union) is served as a Forest of one
-Tree per shard when every shard could be served alone and the set is one layer
-(shards whose ranges do not overlap, as a set packed at once): its shared directories
-are then known at mount, O(shards x depth).
+install time; for an archive with codecs, format 1.5, libzstd's too), a native archive
+of format 1.1 or later read in place from a local file, and its map guarded by
+packfs._sigbus (the daemon must survive the archive being truncated under it).  A
+shard set (packfs.core.union) is served as a Forest of one Tree per shard when every
+shard could be served alone and the set is one layer (shards whose ranges do not
+overlap, as a set packed at once): its shared directories are then known at mount,
+O(shards x depth).
 """
 
 from __future__ import annotations
