@@ -661,9 +661,13 @@ static int codec_row_of(Tree *t, uint64_t entry, uint64_t record, CodecRow *row)
     row->aux = u64_at(p + 8);
     if (p[2] || p[3])
         return codec_broken(t, entry, 30, "names a record whose codec row has reserved bytes set");
+    if (row->check && row->codec != CODEC_ZSTD)
+        return codec_broken(t, entry, 30, "names a record whose codec row has a check its codec does not use");
     switch (row->codec) {
     case CODEC_STORED:
     case CODEC_DICTIONARY:
+        if (row->aux)
+            return codec_broken(t, entry, 30, "names a record whose codec row has an aux its codec does not use");
         return row->frame_log2 ? codec_broken(t, entry, 31, "names a record whose codec row has a frame size") : 0;
     case CODEC_ZSTD: {
         if (row->frame_log2)
@@ -676,14 +680,15 @@ static int codec_row_of(Tree *t, uint64_t entry, uint64_t record, CodecRow *row)
         uint64_t d_at = (uint64_t) (d - t->base);
         if (pages_ok(t, RECORD_CODEC_REGION, d_at, d_at + CODEC_ROW))
             return EIO;
-        if (d[0] != CODEC_DICTIONARY || d[1] || d[2] || d[3])
+        static const uint8_t dictionary_row[CODEC_ROW] = {CODEC_DICTIONARY};
+        if (memcmp(d, dictionary_row, CODEC_ROW) != 0)
             return codec_broken(t, entry, 32, "names a zstd record whose dictionary's row is not a dictionary's");
         return 0;
     }
     case CODEC_FRAMES:
         if (row->frame_log2 < FRAME_LOG2_MIN || row->frame_log2 > FRAME_LOG2_MAX)
             return codec_broken(t, entry, 31, "names a record of zstd frames whose frame size is out of range");
-        if (row->aux % 8 || row->aux > t->codec_data_size)
+        if (row->aux % 8 || row->aux >= t->codec_data_size)
             return codec_broken(t, entry, 33, "names a record whose frame table is not inside section 23");
         return 0;
     case CODEC_SPARSE:
@@ -742,8 +747,11 @@ static int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start,
         uint64_t count = checked_u64(t, CODEC_DATA_REGION, list);
         if (page_failure)
             return EIO;
-        if (file_size > (uint64_t) INT64_MAX || count > (t->codec_data_size - row->aux - 8) / EXTENT_ROW)
-            return codec_broken(t, entry, 39, "has a size over 2**63 - 1 or an extent list not inside section 23");
+        /* each extent holds at least a byte of the record */
+        if (file_size > (uint64_t) INT64_MAX || count > (t->codec_data_size - row->aux - 8) / EXTENT_ROW
+            || count > length)
+            return codec_broken(t, entry, 39, "has a size over 2**63 - 1, or an extent list not inside section 23 "
+                                              "or with more extents than its record has bytes");
         break;
     }
     }

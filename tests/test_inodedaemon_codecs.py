@@ -471,3 +471,45 @@ def test_a_compressed_shard_set_mounts_as_one_tree(tmp_path: Path) -> None:
             for _ in range(50):
                 offset = rng.randrange(len(files["big.txt"]))
                 assert os.pread(stream.fileno(), 3000, offset) == files["big.txt"][offset : offset + 3000]
+
+
+@pytest.mark.parametrize("change", ["stored aux", "stored check", "dictionary check", "unknown codec",
+                                    "frames log2", "reserved", "frames aux at the end", "extents over bytes"])
+def test_a_codec_row_that_breaks_its_codecs_rules_is_eio(tmp_path: Path, change: str) -> None:
+    """Section 4f's rules for a row, each broken alone (every CRC recomputed): the file
+    it names answers EIO, to stat as to READ, and the others read."""
+    target = {"stored aux": "plain.txt", "stored check": "plain.txt", "dictionary check": "dict/a.json",
+              "unknown codec": "small.txt", "frames log2": "frames.txt", "reserved": "small.txt",
+              "frames aux at the end": "frames.txt", "extents over bytes": "sparse.bin"}[change]
+
+    def tamper(layout: Layout) -> None:
+        row = 16 * (layout.dictionary_record["json"] if change == "dictionary check" else layout.record_of[target])
+        rows, data = layout.record_codec, layout.codec_data
+        if change == "stored aux":
+            struct.pack_into("<Q", rows, row + 8, 8)
+        elif change in ("stored check", "dictionary check"):
+            struct.pack_into("<I", rows, row + 4, 1)
+        elif change == "unknown codec":
+            rows[row] = 5
+        elif change == "frames log2":
+            rows[row + 1] = 21
+        elif change == "reserved":
+            rows[row + 2] = 1
+        elif change == "frames aux at the end":
+            struct.pack_into("<Q", rows, row + 8, len(data) + (-len(data) % 8))
+        else:  # as many extents as the section holds, more than the record's bytes
+            aux = layout.aux_of[target]
+            struct.pack_into("<Q", data, aux, len(layout.data[layout.record_of[target]]) + 1)
+            data += bytes(16 * (len(layout.data[layout.record_of[target]]) + 1))
+
+    archive = _build(tmp_path / "row.ffr", tamper)
+    opened, tree = _lowlevel_tree(archive)
+    with opened:
+        parent = tree.lookup(1, b"dict")["st_ino"] if target.startswith("dict/") else 1
+        with pytest.raises(OSError) as caught:
+            tree.lookup(parent, target.rpartition("/")[2].encode())
+        assert caught.value.errno == errno.EIO
+        with pytest.raises(OSError) as caught:
+            tree.read_file(target.encode())
+        assert caught.value.errno == errno.EIO
+        assert tree.read_file(b"copies/one.txt") == CONTENTS["copies/one.txt"]
