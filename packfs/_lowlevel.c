@@ -1630,12 +1630,16 @@ done:
     return error;
 }
 
-/* ``stored`` (``stored_length`` bytes) decoded into exactly ``expected`` bytes at
- * *decoded (malloc'ed), with ``ddict`` or none: a frame that decodes to more or fewer
- * bytes is an error, found without decoding more than ``expected``. */
+/* ``stored`` (``stored_length`` bytes: one zstd frame, nothing after it) decoded into
+ * exactly ``expected`` bytes at *decoded (malloc'ed), with ``ddict`` or none: a frame
+ * that decodes to more or fewer bytes is an error, found without decoding more than
+ * ``expected``. */
 static int zstd_decode(Tree *t, uint64_t entry, const uint8_t *stored, uint64_t stored_length, uint64_t expected,
                        ZSTD_DDict *ddict, uint8_t **decoded)
 {
+    /* zstd would decode a second frame after the first, or skip a skippable one */
+    if (ZSTD_findFrameCompressedSize(stored, (size_t) stored_length) != stored_length)
+        return codec_broken(t, entry, 43, "has zstd data that is not one frame decoding to its size");
     ZSTD_DCtx *dctx = thread_dctx();
     uint8_t *bytes = malloc(expected ? expected : 1);
     if (dctx == NULL || bytes == NULL) {
@@ -1647,7 +1651,7 @@ static int zstd_decode(Tree *t, uint64_t entry, const uint8_t *stored, uint64_t 
                                : ZSTD_decompressDCtx(dctx, bytes, (size_t) expected, stored, (size_t) stored_length);
     if (ZSTD_isError(got) || got != expected) {
         free(bytes);
-        return codec_broken(t, entry, 43, "has zstd data that does not decode to its size");
+        return codec_broken(t, entry, 43, "has zstd data that is not one frame decoding to its size");
     }
     *decoded = bytes;
     return 0;

@@ -513,3 +513,29 @@ def test_a_codec_row_that_breaks_its_codecs_rules_is_eio(tmp_path: Path, change:
             tree.read_file(target.encode())
         assert caught.value.errno == errno.EIO
         assert tree.read_file(b"copies/one.txt") == CONTENTS["copies/one.txt"]
+
+
+@pytest.mark.parametrize("after", ["a second frame", "a skippable frame"])
+def test_a_zstd_record_is_one_frame_and_nothing_after_it(tmp_path: Path, after: str) -> None:
+    """Section 4f: a CODEC_ZSTD record is one zstd frame.  zstd itself would decode a
+    second frame after the first (here: the file's two halves, which decode to its
+    size) or skip a skippable one; the daemon refuses both, as packfs.core does."""
+    import zstandard
+
+    data = CONTENTS["small.txt"]
+
+    def tamper(layout: Layout) -> None:
+        compressor = zstandard.ZstdCompressor()
+        if after == "a second frame":
+            stored = compressor.compress(data[:100]) + compressor.compress(data[100:])
+        else:
+            stored = compressor.compress(data) + struct.pack("<II", 0x184D2A50, 4) + b"junk"
+        layout.data[layout.record_of["small.txt"]] = stored
+
+    archive = _build(tmp_path / "frames.ffr", tamper)
+    opened, tree = _lowlevel_tree(archive)
+    with opened:
+        with pytest.raises(OSError) as caught:
+            tree.read_file(b"small.txt")
+        assert caught.value.errno == errno.EIO
+        assert tree.read_file(b"dict/a.json") == CONTENTS["dict/a.json"]
