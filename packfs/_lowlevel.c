@@ -3440,17 +3440,23 @@ static int tree_find(Tree *t, const uint8_t *path, size_t length, uint64_t *foun
 }
 
 PyDoc_STRVAR(read_file_doc,
-"read_file(path) -> bytes: the whole contents of the file stored at ``path`` (bytes,\n"
-"canonical as Archive.find takes it: no leading slash, symlinks not followed), found,\n"
-"read, checked and decoded in C in one call, without the GIL: the in-process read path\n"
-"(what a READ of each part of it answers).  OSError with the errno: ENOENT, EISDIR for a\n"
-"directory, EINVAL for a symlink, EIO for a damaged or changed archive.");
+"read_file(path, max_size=-1) -> bytes: the whole contents of the file stored at ``path``\n"
+"(bytes, canonical as Archive.find takes it: no leading slash, symlinks not followed),\n"
+"found, read, checked and decoded in C in one call, without the GIL: the in-process read\n"
+"path (what a READ of each part of it answers).  A file over ``max_size`` bytes (-1: no\n"
+"limit) is EFBIG, having allocated at most ``max_size`` + 1 bytes: a compressed or sparse\n"
+"file's size is not bounded by the archive's.  OSError with the errno: ENOENT, EISDIR for\n"
+"a directory, EINVAL for a symlink, EIO for a damaged or changed archive, ENOMEM.");
 
-static PyObject *py_read_file(Tree *t, PyObject *args)
+static PyObject *py_read_file(Tree *t, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"path", "max_size", NULL};
     Py_buffer path;
-    if (!ready(t) || !PyArg_ParseTuple(args, "y*:read_file", &path))
+    long long max_size = -1;
+    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "y*|L:read_file", keywords, &path, &max_size))
         return NULL;
+    /* one byte more than the limit tells a file over it from one just at it */
+    size_t wanted = max_size < 0 || max_size >= PY_SSIZE_T_MAX ? (size_t) PY_SSIZE_T_MAX : (size_t) max_size + 1;
     uint64_t entry = 0;
     uint8_t *data = NULL;
     size_t got = 0, skip = 0;
@@ -3460,7 +3466,9 @@ static PyObject *py_read_file(Tree *t, PyObject *args)
     /* All of it: a READ of the whole file (its type, size and record held to their rules
      * there), one entry read for its own contents, not for a hard link's first name. */
     if (!error)
-        error = read_or_park(t, entry + 1, 0, PY_SSIZE_T_MAX, &data, &got, &skip, NULL);
+        error = read_or_park(t, entry + 1, 0, wanted, &data, &got, &skip, NULL);
+    if (!error && max_size >= 0 && got > (uint64_t) max_size)
+        error = EFBIG;
     error = finished(t, error);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&path);
@@ -3753,7 +3761,7 @@ static PyMethodDef tree_methods[] = {
     {"checking", (PyCFunction) py_checking, METH_NOARGS,
      "checking() -> (records, reads): the records being checked from the archive now (claimed),\n"
      "and the READs parked until those checks end."},
-    {"read_file", (PyCFunction) py_read_file, METH_VARARGS, read_file_doc},
+    {"read_file", (PyCFunction) (void (*)(void)) py_read_file, METH_VARARGS | METH_KEYWORDS, read_file_doc},
     {"decodes", (PyCFunction) py_decodes, METH_NOARGS,
      "decodes() -> int: how many zstd files and frames were decoded (format 1.5's codecs): what\n"
      "the kept decoded bytes save is seen here."},

@@ -539,3 +539,32 @@ def test_a_zstd_record_is_one_frame_and_nothing_after_it(tmp_path: Path, after: 
             tree.read_file(b"small.txt")
         assert caught.value.errno == errno.EIO
         assert tree.read_file(b"dict/a.json") == CONTENTS["dict/a.json"]
+
+
+def test_read_file_allocates_at_most_max_size(tmp_path: Path) -> None:
+    """A sparse file may claim any size up to 2**63 - 1 in a few bytes of the archive
+    (fuzz finding tests/fuzz_c/read-file-of-a-huge-file.ffr): read_file(max_size=)
+    answers EFBIG having allocated at most max_size + 1 bytes, and without a limit a
+    size no allocation can hold is ENOMEM, not a crash."""
+    import numpy as np
+
+    def tamper(layout: Layout) -> None:
+        sizes = np.frombuffer(layout.sections[5], "<u8").copy()
+        records = np.frombuffer(layout.sections[6], "<u8")
+        sizes[list(records).index(layout.record_of["sparse.bin"])] = 1 << 62
+        layout.sections[5] = sizes.tobytes()
+
+    archive = _build(tmp_path / "huge.ffr", tamper)
+    opened, tree = _lowlevel_tree(archive)
+    with opened:
+        assert tree.getattr(tree.lookup(1, b"sparse.bin")["st_ino"])["st_size"] == 1 << 62
+        with pytest.raises(OSError) as caught:
+            tree.read_file(b"sparse.bin", max_size=1 << 20)
+        assert caught.value.errno == errno.EFBIG
+        with pytest.raises(OSError) as caught:
+            tree.read_file(b"sparse.bin")
+        assert caught.value.errno == errno.ENOMEM
+        assert tree.read_file(b"small.txt", max_size=len(CONTENTS["small.txt"])) == CONTENTS["small.txt"]
+        with pytest.raises(OSError) as caught:
+            tree.read_file(b"small.txt", max_size=len(CONTENTS["small.txt"]) - 1)
+        assert caught.value.errno == errno.EFBIG
