@@ -812,25 +812,26 @@ static const uint8_t *codec_row_at(Walk *w, uint64_t record)
     return w->data + (t->record_codec - t->base) + CODEC_ROW * record;
 }
 
-/* The largest file the reference decodes (the fuzzer's inputs are far smaller). */
-#define REFERENCE_MAX ((uint64_t) 16 << 20)
+/* The largest zstd file or frame the reference decodes (format section 4f: 1 MiB). */
+#define REFERENCE_FRAME_MAX ((uint64_t) 1 << 20)
 
-/* What a decoded read must answer: *expected (malloc'ed, file_size bytes) and, for each
- * byte, whether the reference could decode it (*known: 1; 0 where a frame or extent is
- * broken, which a read covering it must answer with EIO).  0 if the file is too large. */
-static int reference_contents(Walk *w, const uint8_t *row, const uint8_t *stored, uint64_t length,
-                              uint64_t file_size, uint8_t **expected, uint8_t **known)
+/* What a decoded read of bytes [offset, offset + count) must answer: *expected
+ * (malloc'ed, ``count`` bytes) and, for each byte, whether the reference could decode it
+ * (*known: 1; 0 where a frame or extent is broken, which a read covering it must answer
+ * with EIO).  The work is bounded by the read, not the file: one zstd file (at most
+ * 1 MiB), the frames the read covers, the extents up to its end. */
+static void reference_contents(Walk *w, const uint8_t *row, const uint8_t *stored, uint64_t length,
+                               uint64_t file_size, uint64_t offset, uint64_t count, uint8_t **expected,
+                               uint8_t **known)
 {
     Tree *t = w->tree;
-    if (file_size > REFERENCE_MAX)
-        return 0;
-    uint8_t *out = calloc(file_size ? file_size : 1, 1), *ok = calloc(file_size ? file_size : 1, 1);
+    uint8_t *out = calloc(count ? count : 1, 1), *ok = calloc(count ? count : 1, 1);
     if (out == NULL || ok == NULL)
         violation("out of memory");
     ZSTD_DCtx *dctx = ZSTD_createDCtx();
-    uint64_t aux = u64_at(row + 8);
+    uint64_t aux = u64_at(row + 8), until = offset + count;
     const uint8_t *section = w->data + (t->codec_data - t->base);
-    if (row[0] == CODEC_ZSTD) {
+    if (row[0] == CODEC_ZSTD && file_size <= REFERENCE_FRAME_MAX) {
         const uint8_t *dictionary = NULL;
         uint64_t dictionary_length = 0;
         if (aux != NO_RECORD && aux < t->data_records) {
@@ -840,42 +841,59 @@ static int reference_contents(Walk *w, const uint8_t *row, const uint8_t *stored
                 dictionary_length = to - from;
             }
         }
-        size_t got = ZSTD_decompress_usingDict(dctx, out, (size_t) file_size, stored, (size_t) length, dictionary,
+        uint8_t *whole = malloc(file_size ? file_size : 1);
+        if (whole == NULL)
+            violation("out of memory");
+        size_t got = ZSTD_decompress_usingDict(dctx, whole, (size_t) file_size, stored, (size_t) length, dictionary,
                                                (size_t) dictionary_length);
         int sound = !ZSTD_isError(got) && got == file_size
-                    && (!t->check_once || (uint32_t) crc32(crc32(0L, Z_NULL, 0), out, (uInt) file_size) == u32_at(row + 4));
-        memset(ok, sound, (size_t) file_size);
-    } else if (row[0] == CODEC_FRAMES && row[1] >= FRAME_LOG2_MIN && row[1] <= FRAME_LOG2_MAX) {
-        uint64_t frame = (uint64_t) 1 << row[1], count = frame_count(file_size, row[1]);
-        for (uint64_t k = 0; k < count && aux + FRAME_ROW * (k + 1) <= t->codec_data_size; k++) {
+                    && (!t->check_once || (uint32_t) crc32(crc32(0L, Z_NULL, 0), whole, (uInt) file_size) == u32_at(row + 4));
+        memcpy(out, whole + offset, (size_t) count);
+        memset(ok, sound, (size_t) count);
+        free(whole);
+    } else if (row[0] == CODEC_FRAMES && row[1] >= FRAME_LOG2_MIN && row[1] <= FRAME_LOG2_MAX && count) {
+        uint64_t frame = (uint64_t) 1 << row[1];
+        uint8_t *decoded = malloc(frame);
+        if (decoded == NULL)
+            violation("out of memory");
+        for (uint64_t k = offset / frame; k <= (until - 1) / frame && aux + FRAME_ROW * (k + 1) <= t->codec_data_size;
+             k++) {
             const uint8_t *entry = section + aux + FRAME_ROW * k;
             uint64_t from = k ? u64_at(entry - FRAME_ROW) : 0, to = u64_at(entry);
-            uint64_t at = k * frame, expected = file_size - at < frame ? file_size - at : frame;
+            uint64_t at = k * frame, expected_size = file_size - at < frame ? file_size - at : frame;
             if (from >= to || to > length)
                 continue;
             if (t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), stored + from, (uInt) (to - from)) != u32_at(entry + 8))
                 continue;
-            size_t got = ZSTD_decompressDCtx(dctx, out + at, (size_t) expected, stored + from, (size_t) (to - from));
-            if (ZSTD_isError(got) || got != expected)
+            size_t got = ZSTD_decompressDCtx(dctx, decoded, (size_t) expected_size, stored + from, (size_t) (to - from));
+            if (ZSTD_isError(got) || got != expected_size)
                 continue;
-            if (t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), out + at, (uInt) expected) != u32_at(entry + 12))
+            if (t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), decoded, (uInt) expected_size) != u32_at(entry + 12))
                 continue;
-            memset(ok + at, 1, (size_t) expected);
+            uint64_t a = at > offset ? at : offset, b = at + expected_size < until ? at + expected_size : until;
+            memcpy(out + (a - offset), decoded + (a - at), (size_t) (b - a));
+            memset(ok + (a - offset), 1, (size_t) (b - a));
         }
+        free(decoded);
     } else if (row[0] == CODEC_SPARSE && aux <= t->codec_data_size && t->codec_data_size - aux >= 8) {
-        uint64_t count = u64_at(section + aux), used = 0, previous_end = 0;
+        uint64_t extents = u64_at(section + aux), used = 0, previous_end = 0;
         uint64_t room = (t->codec_data_size - aux - 8) / EXTENT_ROW;
-        memset(ok, count <= room, (size_t) file_size);  /* holes read as zeros until an extent breaks */
-        for (uint64_t j = 0; j < count && j < room; j++) {
+        memset(ok, extents <= room, (size_t) count);  /* holes read as zeros until an extent breaks */
+        for (uint64_t j = 0; j < extents && j < room; j++) {
             uint64_t o = u64_at(section + aux + 8 + EXTENT_ROW * j), l = u64_at(section + aux + 16 + EXTENT_ROW * j);
             if (l == 0 || o < previous_end || o > file_size || l > file_size - o || l > length - used) {
                 /* the daemon's walk meets this extent in a read that reaches the previous one's start */
                 uint64_t reached = j ? u64_at(section + aux + 8 + EXTENT_ROW * (j - 1)) : 0;
-                if (reached < file_size)
-                    memset(ok + reached, 0, (size_t) (file_size - reached));
+                if (reached < until)
+                    memset(ok + (reached > offset ? reached - offset : 0), 0,
+                           (size_t) (until - (reached > offset ? reached : offset)));
                 break;
             }
-            memcpy(out + o, stored + used, (size_t) l);
+            if (o >= until)
+                break;
+            uint64_t a = o > offset ? o : offset, b = o + l < until ? o + l : until;
+            if (a < b)
+                memcpy(out + (a - offset), stored + used + (a - o), (size_t) (b - a));
             previous_end = o + l;
             used += l;
         }
@@ -883,7 +901,6 @@ static int reference_contents(Walk *w, const uint8_t *row, const uint8_t *stored
     ZSTD_freeDCtx(dctx);
     *expected = out;
     *known = ok;
-    return 1;
 }
 
 /* READ of ``size`` bytes at ``offset``: the reply is the record's bytes there, and,
@@ -911,13 +928,14 @@ static void walk_read(Walk *w, uint64_t inode, off_t offset, size_t size)
                 && (uint32_t) crc32(crc32(0L, Z_NULL, 0), bytes, (uInt) length) != crc)
                 violation("read at %lld: a checked read of a record (codec %u) whose CRC does not match",
                           (long long) offset, row[0]);
-            uint8_t *contents, *known;
-            if (r.size && reference_contents(w, row, bytes, length, file_size, &contents, &known)) {
+            if (r.size) {
+                uint8_t *contents, *known;
+                reference_contents(w, row, bytes, length, file_size, (uint64_t) offset, r.size, &contents, &known);
                 for (size_t k = 0; k < r.size; k++) {
-                    if (!known[offset + k])
+                    if (!known[k])
                         violation("read %zu at %lld (codec %u): byte %zu answered where its frame or extent is "
                                   "broken", size, (long long) offset, row[0], k);
-                    if (r.data[k] != contents[offset + k])
+                    if (r.data[k] != contents[k])
                         violation("read %zu at %lld (codec %u): byte %zu is not the file's", size, (long long) offset,
                                   row[0], k);
                 }
