@@ -67,11 +67,16 @@ def json_document(rng: random.Random, index: int, size: int) -> bytes:
         "events": [],
     }
     events: List[object] = record["events"]  # type: ignore[assignment]
-    while len(json.dumps(record)) < size - 110:
-        events.append({"t": rng.randint(1_700_000_000, 1_800_000_000), "kind": rng.choice(WORDS),
-                       "value": rng.randint(-10_000, 10_000),
-                       "note": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))})
-    return json.dumps(record).encode()
+    length = len(json.dumps(record))  # kept up to date by hand: dumping each time is quadratic
+    while length < size - 110:
+        event = {"t": rng.randint(1_700_000_000, 1_800_000_000), "kind": rng.choice(WORDS),
+                 "value": rng.randint(-10_000, 10_000),
+                 "note": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))}
+        length += len(json.dumps(event)) + (2 if events else 0)  # ", " between items
+        events.append(event)
+    encoded = json.dumps(record).encode()
+    assert len(encoded) == length
+    return encoded
 
 
 def documents(seed: int, count: int, size: int) -> List[bytes]:
