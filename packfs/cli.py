@@ -320,6 +320,44 @@ def _shard_count_option(ctx: click.Context, param: click.Parameter, value: int |
     return value
 
 
+def _compress_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from .write.encode import parse_compress
+
+    try:
+        parse_compress(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+    return value
+
+
+def _codec_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Format 1.5's codec options (format section 4f), for pack, append and convert;
+    they reach the packers as the keyword arguments of the same names."""
+    for option in reversed((
+        click.option("--compress", metavar="zstd[:LEVEL]", callback=_compress_option, default=None,
+                     help="Store each file compressed with zstd (LEVEL 1-22, default 9) where that saves at least "
+                          "1/16 of it, else as it is (JPEGs); every read stays exact: one frame a small file, "
+                          "1 MiB frames a large one. 'none': no compression."),
+        click.option("--dictionary", type=click.Choice(["auto", "none"]), default=None,
+                     help="auto: train zstd dictionaries on a sample of the small files, one per extension "
+                          "where that pays (needs --compress)."),
+        click.option("--dedup/--no-dedup", default=None,
+                     help="Store files with equal bytes once, each name keeping its own metadata (default: "
+                          "on with --compress)."),
+        click.option("--sparse/--no-sparse", default=None,
+                     help="Store files with holes without them (default: on with --compress)."),
+    )):
+        function = option(function)
+    return function
+
+
+def _codecs(compress: str | None, dictionary: str | None, dedup: bool | None,
+            sparse: bool | None) -> dict[str, Any]:
+    if dictionary == "auto" and compress in (None, "none"):
+        raise click.UsageError("--dictionary auto needs --compress zstd[:LEVEL]")
+    return dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse)
+
+
 def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
     """The options of what is packed and how it is reported, for pack and append."""
     for option in reversed((
@@ -350,6 +388,7 @@ def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @_source_options
+@_codec_options
 @click.option("--shard-size", metavar="SIZE", callback=_size_option,
               help="Write a shard set: shards of at most SIZE file bytes (as 4G, 512M; a larger file gets a "
                    "shard of its own), OUT-00000-of-0000N.ffr... and the manifest OUT.ffrset.")
@@ -358,7 +397,8 @@ def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
                    "Not for a tar stream or a compressed tar (read once: use --shard-size).")
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
          keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool,
-         shard_size: int | None = None, shards: int | None = None) -> None:
+         compress: str | None = None, dictionary: str | None = None, dedup: bool | None = None,
+         sparse: bool | None = None, shard_size: int | None = None, shards: int | None = None) -> None:
     """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
     .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
     streamed in, never extracted to disk.
@@ -385,7 +425,9 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
       packfs pack -j 8 /data/imagenet/train train.ffr   # 8 processes read the files
       packfs pack ILSVRC2012_img_val.tar val.ffr
       packfs pack dataset/ train.ffr --shard-size 4G   # train-00000-of-0000N.ffr..., train.ffrset
+      packfs pack --compress zstd --dictionary auto corpus/ corpus.ffr
     """
+    codecs = _codecs(compress, dictionary, dedup, sparse)
     if shard_size is not None and shards is not None:
         raise click.UsageError("--shard-size and --shards cannot be used together")
     if (shard_size is not None or shards is not None) and keep_going:
@@ -393,11 +435,12 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
     if shard_size is not None or shards is not None:
         _check_source_options(src, follow_symlinks, exclude, keep_going)
         progress = _TerminalProgress("packing", quiet, force_progress)
-        _pack_set(src, out, follow_symlinks, exclude, force, quiet, progress, not no_xattrs, shard_size, shards)
+        _pack_set(src, out, follow_symlinks, exclude, force, quiet, progress, not no_xattrs, shard_size, shards,
+                  codecs)
         return
     stats = _pack_source(src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=force,
                          keep_going=keep_going, jobs=jobs, quiet=quiet, force_progress=force_progress,
-                         no_xattrs=no_xattrs)
+                         no_xattrs=no_xattrs, codecs=codecs)
     if stats.failed or stats.changed:
         click.get_current_context().exit(3)
 
@@ -417,7 +460,8 @@ def _check_source_options(src: str, follow_symlinks: bool, exclude: tuple[str, .
 
 
 def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
-                 keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool) -> Any:
+                 keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool,
+                 codecs: dict[str, Any] | None = None) -> Any:
     """pack's work, shared with append: SRC (a directory, a tar or a zip) into OUT, the
     summary line printed; returns the PackStats."""
     _check_source_options(src, follow_symlinks, exclude, keep_going)
@@ -429,11 +473,11 @@ def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[st
                 from .write import pack_archive
 
                 stats = pack_archive(src, out, force=force, stdin=sys.stdin.buffer, progress=progress,
-                                     xattrs=not no_xattrs)
+                                     xattrs=not no_xattrs, **(codecs or {}))
             else:
                 stats = pack_folder(src, out, follow_symlinks=follow_symlinks, exclude=exclude,
                                     force=force, progress=progress, keep_going=keep_going, xattrs=not no_xattrs,
-                                    jobs=jobs)
+                                    jobs=jobs, **(codecs or {}))
     except PackSourceError as error:
         if len(error.failed) > 1:  # the error line names one; every one is listed
             for failed in error.failed:
@@ -450,7 +494,9 @@ def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[st
             f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
             + _skipped_summary(stats.skipped, len(stats.failed))
             + (f"; {_count(len(stats.changed), 'file')} changed while read, stored as read again"
-               if stats.changed else ""),
+               if stats.changed else "")
+            + (f"; {_count(stats.deduplicated, 'file')} stored once with an equal file"
+               if stats.deduplicated else ""),
             err=True,
         )
     return stats
@@ -460,8 +506,10 @@ def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[st
 @click.argument("manifest", type=click.Path(dir_okay=False))
 @click.argument("src", type=click.Path(allow_dash=True))
 @_source_options
+@_codec_options
 def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, ...], keep_going: bool,
-           jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool) -> None:
+           jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool, compress: str | None = None,
+           dictionary: str | None = None, dedup: bool | None = None, sparse: bool | None = None) -> None:
     """Add SRC (a directory, a tar or a zip, as pack takes it) to the shard set
     MANIFEST as a new shard, and update MANIFEST atomically.
 
@@ -484,7 +532,8 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
     with _exit_on_signals(repr(manifest)):
         record, stats = append_shard(manifest, lambda out: _pack_source(
             src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=False, keep_going=keep_going,
-            jobs=jobs, quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs))
+            jobs=jobs, quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs,
+            codecs=_codecs(compress, dictionary, dedup, sparse)))
     if not quiet:
         click.echo(f"appended {record.file!r} ({record.entries} entries) to {manifest!r}", err=True)
     if stats.failed or stats.changed:
@@ -492,7 +541,8 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
 
 
 def _pack_set(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool, quiet: bool,
-              progress: _TerminalProgress, xattrs: bool, shard_size: int | None, shards: int | None) -> None:
+              progress: _TerminalProgress, xattrs: bool, shard_size: int | None, shards: int | None,
+              codecs: dict[str, Any] | None = None) -> None:
     """packfs pack --shard-size/--shards: a shard set, and one summary line for it."""
     from .write.shards import pack_shards, set_names
 
@@ -501,7 +551,7 @@ def _pack_set(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...
         with _exit_on_signals(f"the set {os.path.join(directory, stem)!r}"), _closing(progress):
             stats = pack_shards(src, out, shard_size=shard_size, shards=shards, follow_symlinks=follow_symlinks,
                                 exclude=exclude, force=force, progress=progress, xattrs=xattrs,
-                                stdin=sys.stdin.buffer)
+                                stdin=sys.stdin.buffer, codecs=codecs)
     except PackSourceError as error:
         if len(error.failed) > 1:
             for failed in error.failed:
@@ -561,7 +611,15 @@ def _count(number: int, noun: str, plural: str = "") -> str:
 @click.option("-f", "--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @_progress_option
-def convert(legacy: str, out: str, force: bool, quiet: bool, force_progress: bool) -> None:
+@click.option("--compress", metavar="zstd[:LEVEL]", callback=_compress_option, default=None,
+              help="Rewrite any archive (the current version too) with its files compressed, as pack "
+                   "--compress does; 'none' rewrites it uncompressed.")
+@click.option("--dictionary", type=click.Choice(["auto", "none"]), default=None,
+              help="With --compress: train dictionaries, as pack --dictionary does.")
+@click.option("--dedup/--no-dedup", default=None, help="Store files with equal bytes once (default: on with "
+                                                        "--compress).")
+def convert(legacy: str, out: str, force: bool, quiet: bool, force_progress: bool, compress: str | None = None,
+            dictionary: str | None = None, dedup: bool | None = None) -> None:
     """Rewrite LEGACY as a packfs archive OUT of the current format version: an archive
     made by FFRecord's pack_folder, or a packfs archive of an older version.
 
@@ -579,7 +637,8 @@ def convert(legacy: str, out: str, force: bool, quiet: bool, force_progress: boo
 
     progress = _TerminalProgress("converting", quiet, force_progress)
     with _exit_on_signals(repr(out)), _closing(progress):
-        stats = convert_archive(legacy, out, force=force, progress=progress)
+        stats = convert_archive(legacy, out, force=force, progress=progress,
+                                **{k: v for k, v in _codecs(compress, dictionary, dedup, None).items() if k != "sparse"})
     if not quiet:
         click.echo(f"converted {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
                    f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) "

@@ -13,7 +13,8 @@ from typing import Callable, Iterable, Protocol, Sequence
 import numpy as np
 
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_ROW, NO_RECORD, S_IFDIR, S_IFMT, S_IFREG, TABLE_PAGE_MIN, TAIL_HEADER, TAIL_MAGIC,
-                      TAIL_MAX, TAIL_SPAN, TAIL_SPAN_COUNT, crc32)
+                      TAIL_MAX, TAIL_SPAN, TAIL_SPAN_COUNT, crc32, section_count_for,
+                      tail_span_count, INDEX_SINCE_MINOR, CODECS_SINCE_MINOR)
 
 __all__ = ["LookupIndex", "PagedIndex", "build_lookup_index", "build_paged_tail", "build_tail", "page_crcs",
            "tail_page_size"]
@@ -104,13 +105,13 @@ def page_crcs(data: bytes | memoryview, page_size: int) -> array:
     return array("I", (crc32(view[start : start + page_size]) for start in range(0, len(view), page_size)))
 
 
-def tail_page_size(region_lengths: Sequence[int], index: PagedIndex) -> int:
+def tail_page_size(region_lengths: Sequence[int], index: PagedIndex, span_count: int = TAIL_SPAN_COUNT) -> int:
     """The smallest page size (a power of two from TABLE_PAGE_MIN) whose page CRCs of
     regions ``region_lengths`` long and pages of ``index`` fit a tail of TAIL_MAX."""
     page_size = TABLE_PAGE_MIN
     while True:
         crc_count = sum(-(-length // page_size) for length in region_lengths)
-        size = (TAIL_HEADER.size + TAIL_SPAN.size * TAIL_SPAN_COUNT + 4 * crc_count
+        size = (TAIL_HEADER.size + TAIL_SPAN.size * span_count + 4 * crc_count
                 + INDEX_PAGE.size * len(index.pages(page_size)))
         if size <= TAIL_MAX:
             return page_size
@@ -150,9 +151,11 @@ def build_paged_tail(*, record_count: int, data_end: int, tail_start: int, spans
     """:func:`build_tail` for regions not held in memory: ``region_lengths`` are their
     lengths and ``region_page_crcs(page_size)`` their page CRCs (little-endian u32s),
     region by region."""
-    if len(spans) != TAIL_SPAN_COUNT:
-        raise ValueError(f"a tail locates {TAIL_SPAN_COUNT} sections, got {len(spans)}")
-    page_size = tail_page_size(region_lengths, index)
+    allowed = (tail_span_count(section_count_for(INDEX_SINCE_MINOR)),
+               tail_span_count(section_count_for(CODECS_SINCE_MINOR)))
+    if len(spans) not in allowed:
+        raise ValueError(f"a tail locates {' or '.join(map(str, allowed))} sections, got {len(spans)}")
+    page_size = tail_page_size(region_lengths, index, len(spans))
     crc_count = sum(-(-length // page_size) for length in region_lengths)
     pages = index.pages(page_size)
     size = TAIL_HEADER.size + TAIL_SPAN.size * len(spans) + 4 * crc_count + INDEX_PAGE.size * len(pages)

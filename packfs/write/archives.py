@@ -296,7 +296,8 @@ def _input_size(stream: BinaryIO) -> int:
 
 def pack_archive(source: str, out: PathLike, *, force: bool = False,
                  stdin: BinaryIO | None = None, progress: PackProgress | None = None,
-                 xattrs: bool = True) -> PackStats:
+                 xattrs: bool = True, compress: str | None = None, dictionary: str | None = None,
+                 dedup: bool | None = None, sparse: bool | None = None) -> PackStats:
     """Pack the tar or zip ``source`` (``"-"``: a tar read from ``stdin``) into ``out``.
 
     Parameters
@@ -319,6 +320,10 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
     xattrs
         Keep the extended attributes a tar stores in pax headers (``SCHILY.xattr.``,
         as GNU tar ``--xattrs`` and bsdtar write them).  Zips have none.
+    compress, dictionary, dedup, sparse
+        Format 1.5's codecs, as for :func:`packfs.write.pack_folder` (a tar's sparse
+        members are stored whole: their holes are not known).  Dictionaries are
+        sampled from a zip's members, or from a tar's once it is spooled.
 
     Returns
     -------
@@ -341,6 +346,8 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
     if source == "-" and stdin is None:
         raise ValueError('pack_archive("-") needs the stream to read as stdin')
     skips = SkipList(where=f"{'<stdin>' if source == '-' else source}: ")
+    codecs = dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse)
+    spool_for_dictionaries = dictionary == "auto"  # a tar read in place is sampled from the spool
     try:
         with contextlib.ExitStack() as stack:
             raw = cast(BinaryIO, stdin) if source == "-" else stack.enter_context(open(source, "rb"))
@@ -354,7 +361,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                     # (The counting reader already reports the bytes they are read from.)
                     entries = list(_zip_entries(archive, skips))
                     stats = pack_entries(entries, out, count=sum(entry.kind != "dir" for entry in entries),
-                                         force=force)
+                                         force=force, **codecs)
             elif streamed:
                 # A stream: member order.  tarfile reads a stream 10 KiB at a time, and
                 # its stream buffer copies what it holds at every read, so a larger
@@ -363,19 +370,22 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                 # calls few instead.
                 with tarfile.open(fileobj=io.BufferedReader(_RawReader(raw), _CHUNK), mode="r|*") as tar:
                     stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
-                                         progress=progress)
+                                         progress=progress, **codecs)
             else:
                 compressed = _compressed(source)
                 with tarfile.open(fileobj=raw, mode="r:*" if compressed else "r:") as tar:
                     if compressed:  # reading a compressed tar out of order would be slow
                         stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
-                                             progress=progress)
+                                             progress=progress, **codecs)
+                    elif spool_for_dictionaries:
+                        stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
+                                             progress=progress, **codecs)
                     else:
                         entries, count = _tar_entries_in_pack_order(tar, skips, xattrs)
                         # Not spooled: the counting reader already reports every byte copied, and
                         # pack_entries reporting the files too would count them twice.
                         has_xattrs = xattrs and any(_member_xattrs(member) for member in tar.getmembers())
-                        stats = pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs)
+                        stats = pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs, **codecs)
         return dataclasses.replace(stats, skipped=tuple(skips.paths))
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
         raise PackError(f"cannot read {source!r}: {error}") from None

@@ -216,6 +216,12 @@ class ContainerWriter:
         self._piece_crc = 0
         del self._record_pieces[:]
 
+    def current_record_start(self) -> int:
+        """Where the record begun with :meth:`begin_record` starts in the file."""
+        if self._record_start < 0:
+            raise ValueError("current_record_start() needs a record begun with begin_record()")
+        return self._record_start
+
     def end_record(self) -> int:
         """Finish the current record and return its index."""
         self._offsets.append(self._record_start)

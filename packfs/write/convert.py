@@ -17,7 +17,8 @@ __all__ = ["convert"]
 
 
 def convert(archive: PathLike, out: PathLike, *, force: bool = False,
-            progress: PackProgress | None = None) -> PackStats:
+            progress: PackProgress | None = None, compress: str | None = None, dictionary: str | None = None,
+            dedup: bool | None = None) -> PackStats:
     """Rewrite the FFRecord packed folder ``archive``, or a packfs archive of an older
     format version (1.0 stored no inode numbers, 1.1 no piece CRCs), as a packfs archive
     of the current version at ``out``.
@@ -37,6 +38,10 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
         Replace ``out`` if it exists.
     progress
         Told the file count and bytes first, then each file as it is written.
+    compress, dictionary, dedup
+        Format 1.5's codecs, as for :func:`packfs.write.pack_folder`: with any of
+        them, any archive (of the current version too) is rewritten with them, or
+        without compression for ``compress="none"``.
 
     Returns
     -------
@@ -66,7 +71,8 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
             f"give each a path and pack them with packfs.pack_entries (docs/ffrecord.md shows how)",
             error.path, error.record_count, error.description) from None
     with opened as source:
-        if not source.legacy and source.footer.version_minor >= PIECES_SINCE_MINOR:  # 1.3 only adds attributes
+        recode = compress is not None or dictionary is not None or dedup is not None
+        if not recode and not source.legacy and source.footer.version_minor >= PIECES_SINCE_MINOR:  # 1.3 only adds attributes
             raise PackError(f"{os.fsdecode(archive)!r} is already a packfs archive of format "
                             f"{source.version}: nothing to convert")
         source.check_records()
@@ -90,4 +96,6 @@ def convert(archive: PathLike, out: PathLike, *, force: bool = False,
                     yield Entry(path, functools.partial(source.open, entry, os.fsdecode(path)), mode=mode & 0o7777,
                                 uid=uid, gid=gid, mtime_ns=mtime_ns, size=size)
 
-        return pack_entries(entries(), out, count=source.entry_count - 1, force=force, progress=progress)
+        listed = entries() if dictionary != "auto" else list(entries())  # sampled: a sequence
+        return pack_entries(listed, out, count=source.entry_count - 1, force=force, progress=progress,
+                            compress=compress, dictionary=dictionary, dedup=dedup)

@@ -19,10 +19,11 @@ from typing import (BinaryIO, Callable, ContextManager, Iterable, Iterator, Lite
 
 from ..core.paths import PathArg, archive_key
 from ..errors import PackError, PackSourceError
-from ..format import (INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
+from ..format import (CODECS_SINCE_MINOR, INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR, S_IFLNK, S_IFREG, SECTION_ALIGNMENT, SECTIONS,
                       XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
+from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder
 from .parallel import FileStamp, Placer, files_on_workers
 from .exclude import ExcludePatterns
 from .scan import Scanned, scan_tree
@@ -114,6 +115,8 @@ class PackStats:
     # Files that changed while they were read, stored as a later read found them whole
     # (what GNU tar calls "file changed as we read it"; packfs pack then exits 3).
     changed: tuple[str, ...] = ()
+    # Files stored as another file's record because their bytes are equal (format 4f).
+    deduplicated: int = 0
 
     @property
     def failed(self) -> tuple[SkippedPath, ...]:
@@ -129,8 +132,9 @@ class _ArchiveBuilder:
     """Streams data records into a ContainerWriter and collects the table rows."""
 
     def __init__(self, writer: ContainerWriter, data_slots: int, progress: PackProgress | None = None,
-                 xattrs: bool = False) -> None:
+                 xattrs: bool = False, encoder: RecordEncoder | None = None) -> None:
         self.writer = writer
+        self.encoder = encoder  # format 1.5: records compressed, shared or sparse
         self.data_slots = data_slots
         self.progress = progress
         self.with_xattrs = xattrs  # the writer's record count has room for section 4c
@@ -142,6 +146,7 @@ class _ArchiveBuilder:
         self.counts = {"file": 0, "dir": 0, "symlink": 0, "hardlink": 0}
         self.file_bytes = 0
         self.changed: list[str] = []  # files read again because they changed: the user's answer
+        self.deduplicated = 0  # files stored as an earlier file's record (format 4f)
         self._buffer = bytearray(_CHUNK)
         self.placer: Placer | None = None  # with -j N: files read by worker processes
 
@@ -237,22 +242,59 @@ class _ArchiveBuilder:
         else:
             source.open()
             try:
-                size, info, changed = read_stable(source, _RecordSink(self), self._buffer, self._advance_bytes)
+                sparse = self._write_sparse(source) if self.encoder is not None else None
+                if sparse is not None:
+                    record, size, info = sparse
+                    changed = False
+                else:
+                    sink = _RecordSink(self) if self.encoder is None else _EncodingSink(self, _kind(source.key))
+                    size, info, changed = read_stable(source, sink, self._buffer, self._advance_bytes)
             finally:
                 source.close()
-            record = self.writer.end_record()
+            if sparse is None:
+                record = self.writer.end_record() if self.encoder is None else self.encoder.end()
         if changed:
             log.warning("%r changed while it was read; stored as read again", source.path)
             self.changed.append(source.path)
         return record, size, info
 
+    def _write_sparse(self, source: TreeFile) -> tuple[int, int, os.stat_result] | None:
+        """Write ``source`` without its holes if it has enough of them (format 4f,
+        CODEC_SPARSE): (record, size, stat), or None to write it whole.  A file that
+        changes meanwhile is written whole, by read_stable's rereads."""
+        encoder = self.encoder
+        if encoder is None or not encoder.compression.sparse:
+            return None
+        scanned = source.scanned
+        if scanned.st_blocks * 512 + SPARSE_MIN_HOLES > scanned.st_size:
+            return None  # too few blocks missing for holes that pay
+        before = source.state()
+        size = before[0].st_size
+        extents = source.data_extents(size)
+        if extents is None or size - sum(length for _, length in extents) < SPARSE_MIN_HOLES:
+            source.reset_state(before)
+            return None
+        self._new_record()
+        encoder.write_extents(extents, source.read_exactly, size)
+        if source.change(before[0], size) is not None:  # read whole, by read_stable's rereads
+            self.writer.discard_record()
+            return None
+        self._advance_bytes(size)
+        return encoder.end_sparse(extents), size, before[0]
+
     def _write_file(self, entry: Entry, label: str) -> tuple[int, int]:
         data = entry.data
         self._new_record()
+        encoder = self.encoder
+        if encoder is not None:
+            encoder.begin(_kind(archive_key(entry.path)))
+            write = encoder.write
+        else:
+            write = self.writer.write
         if data is None:
             data = b""
         if isinstance(data, (bytes, bytearray, memoryview)):
-            self.writer.write(data)
+            write(data)
             size = len(data)
             if self.progress is not None:
                 self.progress.advance(0, size)
@@ -264,7 +306,7 @@ class _ArchiveBuilder:
                     got = source.readinto(self._buffer)  # type: ignore[attr-defined]
                     if not got:
                         break
-                    self.writer.write(memoryview(self._buffer)[:got])
+                    write(memoryview(self._buffer)[:got])
                     size += got
                     if self.progress is not None:  # by chunk: a large file moves the bar too
                         self.progress.advance(0, got)
@@ -276,7 +318,7 @@ class _ArchiveBuilder:
                 f"{label!r} changed size while packing: {entry.size} bytes when scanned, "
                 f"{size} bytes read"
             )
-        return self.writer.end_record(), size
+        return (self.writer.end_record() if encoder is None else encoder.end()), size
 
     def _write_section(self, chunks: Iterable[bytes | memoryview]) -> tuple[int, int]:
         """Write one section, given in chunks, behind its padding record (format
@@ -318,6 +360,10 @@ class _ArchiveBuilder:
             data_end = writer.record_offset(self.data_slots)  # offset[D]: the padding before section 0
             regions = list(writer.header_regions(self.data_slots)) + [(start, end - start) for start, end in spans]
             spans.append(self._write_section(table.section("index")))
+            if self.encoder is not None:  # format 1.5: sections 22 and 23, paged like 0 .. 20
+                codec_spans = [self._write_section(chunks) for chunks in self.encoder.sections(self.data_slots)]
+                spans += codec_spans
+                regions += [(start, end - start) for start, end in codec_spans]
             tail_start = writer.position + (-writer.position % SECTION_ALIGNMENT)
             tail = build_paged_tail(
                 record_count=writer.record_count, data_end=data_end, tail_start=tail_start,
@@ -331,7 +377,8 @@ class _ArchiveBuilder:
             table.close()
         if writer.records_written + 1 < writer.record_count:
             writer.write_record(b"")  # the parity record (format section 2)
-        writer.write_record(pack_footer(table.entry_count, self.data_slots, INDEX_SINCE_MINOR, tail))
+        minor = INDEX_SINCE_MINOR if self.encoder is None else CODECS_SINCE_MINOR
+        writer.write_record(pack_footer(table.entry_count, self.data_slots, minor, tail))
         self.dirs = table.dir_count
         return table.entry_count
 
@@ -344,6 +391,10 @@ def pack_entries(
     force: bool = False,
     progress: PackProgress | None = None,
     xattrs: bool | None = None,
+    compress: str | None = None,
+    dictionary: str | None = None,
+    dedup: bool | None = None,
+    sparse: bool | None = None,
 ) -> PackStats:
     """Write an archive from entries instead of a directory on disk.
 
@@ -371,6 +422,10 @@ def pack_entries(
     xattrs
         Ignored (kept for callers of older versions): since format 1.4 every archive
         has room for extended attributes.
+    compress, dictionary, dedup, sparse
+        Format 1.5's codecs, as for :func:`pack_folder`.  Dictionaries are trained on
+        the entries' data when ``entries`` is a sequence or its data is spooled (an
+        iterator without ``count``); an iterator with ``count`` is packed without.
 
     Returns
     -------
@@ -381,30 +436,90 @@ def pack_entries(
     PackError
         Invalid or duplicate paths, a short read, or an I/O error while writing.
     """
+    return _pack_entries(entries, out, count, force, progress, xattrs,
+                         Compression.from_options(compress, dictionary, dedup, sparse))
+
+
+def _pack_entries(entries: Iterable[Entry], out: PathLike, count: int | None, force: bool,
+                  progress: PackProgress | None, xattrs: bool | None, compression: Compression) -> PackStats:
+    """pack_entries, its codec options read."""
     if count is None and isinstance(entries, Sequence):
         count = len(entries)
     if count is None:
-        return _pack_spooled(entries, out, force=force, progress=progress)
+        return _pack_spooled(entries, out, force=force, progress=progress, compression=compression)
     if xattrs is None:
         xattrs = isinstance(entries, Sequence) and any(entry.xattrs for entry in entries)
     started = time.perf_counter()
     out_path = os.fsdecode(out)
-    builder = _write_archive(entries, out_path, count, force, progress, xattrs=xattrs)
+    dictionaries: list[tuple[str, bytes]] = []
+    if compression.dictionary:
+        if isinstance(entries, Sequence):
+            dictionaries = _entry_dictionaries(entries, compression)
+        else:
+            log.warning("%r: no dictionaries trained: the entries are an iterator with a count "
+                        "(give a sequence, or no count, to sample them)", out_path)
+    builder = _write_archive(entries, out_path, count, force, progress, xattrs=xattrs, compression=compression,
+                             dictionaries=dictionaries)
     return _stats(builder, (), out_path, started)
+
+
+def _entry_dictionaries(entries: Sequence[Entry], compression: Compression) -> list[tuple[str, bytes]]:
+    """Format 1.5's dictionaries for ``entries`` (their small files sampled)."""
+    from .dictionaries import SMALL_FILE_MAX, train_dictionaries
+
+    files = [entry for entry in entries if entry.kind == "file"]
+
+    def size_of(entry: Entry) -> int:
+        data = entry.data
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            return len(data)
+        return entry.size if entry.size is not None else SMALL_FILE_MAX  # read to find out
+
+    def read(index: int) -> bytes | None:
+        data = files[index].data
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            return bytes(data)
+        if callable(data):  # a stream given as such cannot be read twice: not sampled
+            source = data()
+            buffer = bytearray(SMALL_FILE_MAX + 1)
+            got = 0
+            try:  # readinto, the one read a Data source must have
+                while got < len(buffer):
+                    more = source.readinto(memoryview(buffer)[got:])  # type: ignore[attr-defined]
+                    if not more:
+                        break
+                    got += more
+            finally:
+                source.close()
+            return bytes(buffer[:got])
+        return None
+
+    return train_dictionaries([(_kind(archive_key(entry.path)), size_of(entry)) for entry in files], read,
+                              compression.level or 3)
 
 
 def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: int, force: bool,
                    progress: PackProgress | None = None,
                    cannot_pack: Callable[[CannotPack], None] | None = None, xattrs: bool = False,
-                   parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None) -> _ArchiveBuilder:
+                   parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None,
+                   compression: Compression | None = None,
+                   dictionaries: Sequence[tuple[str, bytes]] = ()) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
     or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3).
     ``parallel``: the worker processes that read the files of a tree (``-j N``),
-    started once the writer exists and ended before the table is written."""
-    sections = section_count_for(INDEX_SINCE_MINOR)
+    started once the writer exists and ended before the table is written.
+    ``compression``: format 1.5's codecs (section 4f), with ``dictionaries`` (kind,
+    bytes) written as the first records."""
+    encoded = compression is not None and compression.used
+    data_slots += len(dictionaries)
+    sections = section_count_for(CODECS_SINCE_MINOR if encoded else INDEX_SINCE_MINOR)
     with ContainerWriter(out, record_count_for(data_slots, sections), force=force, pieces=True) as writer:
-        builder = _ArchiveBuilder(writer, data_slots, progress, xattrs)
+        encoder = None
+        if encoded:
+            written = {kind: (writer.write_record(data), data) for kind, data in dictionaries}
+            encoder = RecordEncoder(writer, compression, written, str(writer.out.parent))
+        builder = _ArchiveBuilder(writer, data_slots, progress, xattrs, encoder)
         try:
             with (parallel(writer) if parallel is not None else contextlib.nullcontext()) as placer:
                 builder.placer = placer
@@ -424,6 +539,10 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise PackError(f"cannot write {out!r}: {error.strerror}") from None
             raise PackError(f"packing into {out!r} failed: {error}") from None
+        finally:
+            if encoder is not None:
+                builder.deduplicated = encoder.deduplicated
+                encoder.close()
         writer.commit()
     return builder
 
@@ -440,11 +559,12 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
         archive_bytes=os.path.getsize(out),
         seconds=time.perf_counter() - started,
         changed=tuple(builder.changed),
+        deduplicated=builder.deduplicated,
     )
 
 
 def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
-                  progress: PackProgress | None) -> PackStats:
+                  progress: PackProgress | None, compression: Compression) -> PackStats:
     """pack_entries for an iterator of unknown length: spool file data, then pack.  The
     entries themselves are spooled too, a block at a time, so that an iterator of any
     length is packed in bounded memory."""
@@ -481,7 +601,10 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
         if progress is not None:
             progress.start(files, spool.tell())
         # count: every entry, as len() of a list of them gives (the same bytes).
-        stats = pack_entries(_unstaged(staged, spool), out, count=count, force=force, progress=progress)
+        unstaged: Iterable[Entry] = _unstaged(staged, spool)
+        if compression.dictionary:  # sampled from the spool, which a sequence can read twice
+            unstaged = list(unstaged)
+        stats = _pack_entries(unstaged, out, count, force, progress, None, compression)
     return dataclasses.replace(stats, seconds=time.perf_counter() - started)  # both phases
 
 
@@ -551,6 +674,36 @@ class _Window:
 # -- packing a directory ---------------------------------------------------------------
 
 
+def _kind(key: bytes) -> str:
+    """A file's kind for its dictionary: its lower-case extension (format 4f)."""
+    name = key.rpartition(b"/")[2]
+    dot = name.rfind(b".")
+    return name[dot + 1 :].decode("ascii", "replace").lower() if 0 < dot < len(name) - 1 else ""
+
+
+class _EncodingSink:
+    """The current record of an _ArchiveBuilder's writer, through its encoder (format 1.5)."""
+
+    def __init__(self, builder: _ArchiveBuilder, kind: str) -> None:
+        self._builder = builder
+        self._kind = kind
+
+    def begin(self, expected: int) -> None:
+        self._builder._new_record()
+        self._builder.encoder.begin(self._kind)
+
+    def write(self, data: memoryview) -> None:
+        self._builder.encoder.write(data)
+
+    @property
+    def crc(self) -> int:
+        return self._builder.encoder.crc
+
+    def discard(self) -> None:
+        self._builder.encoder.discard()
+        self._builder.writer.discard_record()
+
+
 class _RecordSink:
     """The current record of an _ArchiveBuilder's writer (one process packing)."""
 
@@ -584,6 +737,10 @@ def pack_folder(
     keep_going: bool = False,
     xattrs: bool = True,
     jobs: int | None = None,
+    compress: str | None = None,
+    dictionary: str | None = None,
+    dedup: bool | None = None,
+    sparse: bool | None = None,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
 
@@ -634,7 +791,22 @@ def pack_folder(
         and write the files into their places while this one counts them in order:
         the archive has the same bytes whatever ``jobs`` is, and files that change,
         vanish or cannot be read are reported the same.  The scan and the table are
-        written by this process.
+        written by this process.  (With ``compress``, ``dedup`` or ``sparse`` the files
+        are read and encoded by this process.)
+    compress
+        ``"zstd"`` or ``"zstd:LEVEL"`` (1-22; default level DEFAULT_LEVEL): each file
+        stored as zstd where that saves at least 1/16 of it, else as it is (format
+        1.5, section 4f).  ``None`` or ``"none"``: stored as they are.
+    dictionary
+        ``"auto"``: train zstd dictionaries on a sample of the tree's small files,
+        one per kind (extension) where that pays, each stored as a record and used
+        for the small files of its kind.  Needs ``compress``.
+    dedup
+        Store files with equal bytes once (each name keeps its own metadata and
+        inode); default: on with ``compress``.
+    sparse
+        Store files with holes without them (SEEK_DATA/SEEK_HOLE); default: on with
+        ``compress``.
 
     Returns
     -------
@@ -651,6 +823,7 @@ def pack_folder(
         An ``exclude`` pattern names ``src`` itself, or ``jobs`` is below 1.
     """
     started = time.perf_counter()
+    compression = Compression.from_options(compress, dictionary, dedup, sparse)
     if jobs is None:
         jobs = available_cores()
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -715,14 +888,16 @@ def pack_folder(
         failed_files.add(items[written - 1].key)
 
     files = sum(1 for item in items if item.kind == "file")
-    workers = min(jobs, files)
+    # Encoded records have sizes the scan cannot know, which -j's workers place by.
+    workers = 1 if compression.used else min(jobs, files)
+    dictionaries = _tree_dictionaries(root, items, compression) if compression.dictionary else []
 
     def parallel(writer: ContainerWriter) -> ContextManager[Placer]:
         return files_on_workers(writer, root, items, workers)
     try:
         builder = _write_archive(entries(), out_text, data_slots, force, progress,
                                  skip_file if keep_going else None, any(item.xattrs for item in items),
-                                 parallel if workers > 1 else None)
+                                 parallel if workers > 1 else None, compression, dictionaries)
     except CannotPack as failure:  # the writer is gone: what else cannot be packed?
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
@@ -730,6 +905,26 @@ def pack_folder(
     for pattern in patterns.unused():
         log.warning("exclude pattern %r excluded nothing in %r", pattern, os.fsdecode(root))
     return _stats(builder, skips.paths, out_text, started)
+
+
+def _tree_dictionaries(root: bytes, items: Sequence[Scanned], compression: Compression) -> list[tuple[str, bytes]]:
+    """Format 1.5's dictionaries for the files of a scanned tree (a sample read)."""
+    from .dictionaries import SMALL_FILE_MAX, train_dictionaries
+
+    files = [item for item in items if item.kind == "file"]
+
+    def read(index: int) -> bytes | None:
+        source = TreeFile(root, files[index].key, files[index].info)
+        try:
+            source.open()
+            return source.read_exactly(0, SMALL_FILE_MAX + 1)
+        except CannotPack:
+            return None  # reported when the file is packed
+        finally:
+            source.close()
+
+    return train_dictionaries([(_kind(item.key), item.info.st_size) for item in files], read,
+                              compression.level or 3)
 
 
 def _link_to_failed(root: bytes, target: bytes | None) -> str:

@@ -38,7 +38,7 @@ import os
 import stat as stat_module
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key, manifest_bytes, parse_manifest, shard_record
 from ..core.paths import archive_key
@@ -228,13 +228,13 @@ def complete_shard(entries: Sequence[Entry], root: Entry | None, directories: di
 
 
 def write_shard(entries: Iterable[Entry], path: str, count: int | None,
-                progress: PackProgress | None = None) -> ShardRecord:
+                progress: PackProgress | None = None, codecs: Mapping[str, Any] | None = None) -> ShardRecord:
     """Write one shard's ``entries`` to ``path`` (a temporary name: registered here
     before it exists) with :func:`pack_entries`; return its record, named by the
     final name that ``path``'s caller gives it later (``file`` is left empty)."""
     register(path)
     try:
-        pack_entries(entries, path, count=count, progress=progress)
+        pack_entries(entries, path, count=count, progress=progress, **(codecs or {}))
         return record_of(path, "")
     except BaseException:
         try:
@@ -428,6 +428,7 @@ def pack_shards(
     progress: PackProgress | None = None,
     xattrs: bool = True,
     stdin: BinaryIO | None = None,
+    codecs: Mapping[str, Any] | None = None,
 ) -> ShardSetStats:
     """Pack ``src`` (a directory, a tar or a zip; ``"-"``: a tar on ``stdin``) into a
     shard set: shards of at most ``shard_size`` file bytes, or ``shards`` parts of
@@ -456,6 +457,11 @@ def pack_shards(
         not list are removed after it is in place).
     progress
         Told the totals (a directory, a tar file, a zip), then each file as written.
+
+    codecs
+        Format 1.5's codec options for every shard, as pack_folder's keyword
+        arguments: ``{"compress": "zstd", "dictionary": "auto"}`` (each shard trains
+        its own dictionaries: a shard is a complete archive that opens alone).
 
     Returns
     -------
@@ -486,19 +492,20 @@ def pack_shards(
     try:
         if src_text != "-" and os.path.isdir(src_text):
             entries = _directory_entries(os.fsencode(src), follow_symlinks, exclude, xattrs, directory, stem)
-            _write_planned(entries, directory, stem, shard_size, shards, progress, counts, written)
+            _write_planned(entries, directory, stem, shard_size, shards, progress, counts, written, codecs)
         else:
             if follow_symlinks or exclude:
                 raise PackError("follow_symlinks and exclude apply to a directory only")
             with archive_entries(src_text, skips, stdin=stdin, xattrs=xattrs) as (entries, planned):
                 if planned:
-                    _write_planned(list(entries), directory, stem, shard_size, shards, progress, counts, written)
+                    _write_planned(list(entries), directory, stem, shard_size, shards, progress, counts, written,
+                                   codecs)
                 elif shards is not None:
                     raise PackError(f"{src_text!r}: --shards needs the total size first, and a tar stream or a "
                                     "compressed tar is read once; use --shard-size, or an uncompressed tar file")
                 else:
                     _write_streamed(entries, directory, stem, ShardCutter(shard_size=shard_size), counts, written,
-                                    progress)
+                                    progress, codecs)
         records = publish_set(directory, stem, written, force)
     except BaseException:
         for temporary, _ in written:
@@ -537,7 +544,8 @@ class _Counts:
 
 
 def _write_planned(entries: list[Entry], directory: str, stem: str, shard_size: int | None, shards: int | None,
-                   progress: PackProgress | None, counts: _Counts, written: list[tuple[str, ShardRecord]]) -> None:
+                   progress: PackProgress | None, counts: _Counts, written: list[tuple[str, ShardRecord]],
+                   codecs: Mapping[str, Any] | None = None) -> None:
     """Write a source listed whole, in pack order, each file's data opened when read."""
     for entry in entries:
         counts.add(entry)
@@ -553,11 +561,12 @@ def _write_planned(entries: list[Entry], directory: str, stem: str, shard_size: 
     for number, shard in enumerate(cut_entries(entries, cutter)):
         complete, slots = complete_shard(shard, root, directories, linked.get)
         path = os.path.join(directory, temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
-        written.append((path, write_shard(complete, path, slots, progress)))
+        written.append((path, write_shard(complete, path, slots, progress, codecs)))
 
 
 def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter: ShardCutter, counts: _Counts,
-                    written: list[tuple[str, ShardRecord]], progress: PackProgress | None = None) -> None:
+                    written: list[tuple[str, ShardRecord]], progress: PackProgress | None = None,
+                    codecs: Mapping[str, Any] | None = None) -> None:
     """Write a source read once (a stream): each shard ends when the next file would
     not fit, its data spooled by pack_entries (the count is unknown until then), which
     tells ``progress`` each shard's totals as it starts copying it."""
@@ -624,7 +633,7 @@ def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter:
     number = 0
     while not finished:
         path = os.path.join(directory, temporary_name(stem, f"{number:05d}{ARCHIVE_SUFFIX}"))
-        written.append((path, write_shard(shard_entries(), path, None, progress)))
+        written.append((path, write_shard(shard_entries(), path, None, progress, codecs)))
         number += 1
 
 

@@ -8,6 +8,7 @@ stored).  Used by :mod:`packfs.write.pack` (one process) and :mod:`packfs.write.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_module
 import time
@@ -111,6 +112,10 @@ def _copy(source: TreeFile, expected: int, sink: FileSink, buffer: bytearray,
             on_bytes(got)
 
 
+# A file with more data extents than this is stored whole (the list is held while written).
+MAX_EXTENTS = 1 << 16
+
+
 class CannotPack(PackError):
     """A file of the tree cannot be packed: ``path`` and ``reason``."""
 
@@ -174,6 +179,43 @@ class TreeFile:
             return opened
         started = time.time_ns()
         return os.fstat(self._fd), started
+
+    def reset_state(self, before: tuple[os.stat_result, int]) -> None:
+        """Give ``before`` (what :meth:`state` returned, nothing read since) to the next
+        :meth:`state`, as if it had not been taken."""
+        self._opened = before
+
+    def data_extents(self, size: int) -> list[tuple[int, int]] | None:
+        """The file's data extents in its first ``size`` bytes, as (offset, length),
+        found with SEEK_DATA and SEEK_HOLE; None where the file system cannot say, or
+        when there are more than MAX_EXTENTS."""
+        extents: list[tuple[int, int]] = []
+        offset = 0
+        try:
+            while offset < size:
+                try:
+                    start = os.lseek(self._fd, offset, os.SEEK_DATA)
+                except OSError as error:
+                    if error.errno == errno.ENXIO:  # nothing but a hole to the end
+                        break
+                    raise
+                if start >= size:
+                    break
+                end = min(os.lseek(self._fd, start, os.SEEK_HOLE), size)
+                extents.append((start, end - start))
+                if len(extents) > MAX_EXTENTS:
+                    return None
+                offset = end
+        except OSError:
+            return None
+        return extents
+
+    def read_exactly(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (fewer only at the end of the file)."""
+        try:
+            return os.pread(self._fd, length, offset)
+        except OSError as error:
+            raise CannotPack(self.path, f"cannot read: {error.strerror}") from None
 
     def read_at(self, buffer: memoryview, offset: int) -> int:
         """Read into ``buffer`` from ``offset``; return the bytes read (0 at the end)."""
