@@ -12,7 +12,8 @@ The trees (generated once into ``--work``, seeded, and reused while their marker
   /usr/share/doc and the text files (no compiled extensions) of this Python's
   site-packages, each up to a byte budget, in sorted order;
 - json: 100,000 JSON documents of 1-4 KB (--quick: 20,000), the same keys, varied values;
-- jpeg: real JPEGs (bench/compare.py's ``make_tree``, written by OpenCV, about 65 KB each);
+- jpeg: real JPEGs, all different (blurred noise written by OpenCV at quality 90, about
+  65 KB each, as bench/compare.py's, whose tree repeats shifted copies of one image);
 - dup: files of random bytes of which 30% of the bytes are copies of other files, and
   dup-unique, the same tree without the copies;
 - sparse: one file of 100 GiB apparent size holding 1 MiB of data (in 16 extents), on a
@@ -21,13 +22,19 @@ The trees (generated once into ``--work``, seeded, and reused while their marker
 Each tree is packed by every variant: packfs uncompressed (the baseline of every ratio),
 ``--compress zstd``, ``--compress zstd --dictionary auto``, ``mksquashfs -comp zstd``
 (its defaults: level 15, 128 KiB blocks), ``mksquashfs -comp zstd -b 1M
--Xcompression-level 22``, ``mkfs.erofs -zlz4hc`` and ``tar --zstd -cf``; the dup trees
-also by packfs ``--no-dedup``.  A tool that is missing is reported as skipped.  Every
+-Xcompression-level 22``, ``mkfs.erofs -zlz4hc`` and ``tar --zstd -cf``; the text and
+json trees also by ``--compress zstd:19 --dictionary auto`` (what packfs's default
+level, 9, leaves), the dup trees by ``--compress zstd --no-dedup`` and ``--dedup``
+uncompressed, the sparse tree by ``--sparse`` uncompressed and ``tar --sparse``.  The
+slowest peers are left out where no conclusion depends on them (said in the report;
+``--all-peers`` runs them).  A tool that is missing is reported as skipped.  Every
 command runs under ``taskset -c CPUS`` (default: the first two cores this process may use),
 its wall time measured from outside (start-up included), on warm trees (every file read
 once first); each variant once untimed (its archive's size is taken then), then
-``--rounds`` rounds of every variant in turn, medians, and a drift check: the first
-variant timed again after the rounds, against its median.
+``--rounds`` rounds of every variant in turn (three times as many for the dup and sparse
+trees, whose packs take about a second), medians, each variant's spread (slowest round
+over fastest), CPU time, and a drift check: the first variant timed again after the
+rounds, against its median.  The goals table is computed from these numbers.
 
 Writes ``compression.json`` and ``compression.md`` into ``--out``.  The reads are
 bench/compression_reads.py's.
@@ -51,7 +58,6 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import make_tree  # noqa: E402
 from pack_parallel import timed as timed_command  # noqa: E402
 from pack_parallel import warm  # noqa: E402
 from zstd_bindings import json_document  # noqa: E402
@@ -261,6 +267,24 @@ def make_dup_trees(with_copies: Path, unique: Path, unique_mib: int, share: floa
         (root / f".complete-{key}").touch()
 
 
+def make_jpeg_tree(root: Path, count: int, folders: int = 20) -> None:
+    """``count`` distinct JPEGs of about 65 KB (blurred noise, OpenCV, quality 90, as
+    bench/compare.py's): no two alike, so neither dedup nor a long window finds repeats
+    (compare.py's tree is shifted copies of one image)."""
+    import cv2
+    import numpy as np
+
+    if _complete(root, f"{count}-{folders}"):
+        return
+    rng = np.random.default_rng(5)
+    for index in range(count):
+        folder = root / f"n{index % folders:08d}"
+        folder.mkdir(exist_ok=True)
+        image = cv2.GaussianBlur(rng.integers(0, 255, (360, 360, 3), dtype=np.uint8), (0, 0), 0.7)
+        cv2.imwrite(str(folder / f"n{index % folders:08d}_{index:06d}.JPEG"), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    (root / f".complete-{count}-{folders}").touch()
+
+
 def holes_supported(directory: Path) -> Tuple[bool, str]:
     probe = directory / ".hole-probe"
     with open(probe, "wb") as f:
@@ -330,6 +354,7 @@ def packfs_variant(label: str, src: Path, output: Path, *options: str) -> Varian
 PACKFS_PLAIN = "packfs"
 PACKFS_ZSTD = "packfs --compress zstd"
 PACKFS_DICT = "packfs --compress zstd --dictionary auto"
+PACKFS_BEST = "packfs --compress zstd:19 --dictionary auto"
 SQUASH = "mksquashfs -comp zstd"
 SQUASH_22 = "mksquashfs -comp zstd -b 1M -Xcompression-level 22"
 EROFS = "mkfs.erofs -zlz4hc"
@@ -381,10 +406,11 @@ def archive_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-def run_once(variant: Variant, cpus: str) -> float:
+def run_once(variant: Variant, cpus: str) -> Tuple[float, float]:
+    """(wall, CPU: user + system) seconds of one run, the output removed first."""
     if variant.output.exists():
         variant.output.unlink()
-    return timed_command(variant.command, cpus, [])[0]
+    return timed_command(variant.command, cpus, [])
 
 
 def measure_tree(name: str, variants: List[Variant], cpus: str, rounds: int) -> Dict[str, object]:
@@ -395,18 +421,23 @@ def measure_tree(name: str, variants: List[Variant], cpus: str, rounds: int) -> 
         sizes[variant.label] = archive_bytes(variant.output)
         variant.output.unlink()
     times: Dict[str, List[float]] = {v.label: [] for v in variants}
+    cpu: Dict[str, List[float]] = {v.label: [] for v in variants}
     for _ in range(rounds):
         for variant in variants:
-            times[variant.label].append(run_once(variant, cpus))
+            wall, used = run_once(variant, cpus)
+            times[variant.label].append(wall)
+            cpu[variant.label].append(used)
             variant.output.unlink()
     first = variants[0]
-    drift = run_once(first, cpus)
+    drift = run_once(first, cpus)[0]
     first.output.unlink()
     median = {label: statistics.median(values) for label, values in times.items()}
     return {"tree": name, "files_read_to_warm": files, "first": first.label,
             "commands": {v.label: " ".join(v.command) for v in variants},
             "src": {v.label: str(v.src) for v in variants},
-            "bytes": sizes, "runs": times, "median": median,
+            "bytes": sizes, "runs": times, "median": median, "rounds": rounds, "cpu_runs": cpu,
+            "cpu_median": {label: statistics.median(values) for label, values in cpu.items()},
+            "spread": {label: max(values) / min(values) for label, values in times.items()},
             "size_ratio": {label: size / sizes[first.label] for label, size in sizes.items()},
             "time_ratio": {label: value / median[first.label] for label, value in median.items()},
             "drift": drift / median[first.label]}
@@ -459,7 +490,7 @@ def goals(trees: Dict[str, Dict]) -> List[Tuple[str, str, str, Optional[bool]]]:
     target = "<= squashfs zstd; <= 0.5x per-file zstd without a dictionary"
     dictionary, plain_zstd, squash = (get("json", "bytes", PACKFS_DICT), get("json", "bytes", PACKFS_ZSTD),
                                       get("json", "bytes", SQUASH))
-    count = trees.get("json", {}).get("stats", {}).get("files", 0)
+    count = trees.get("json", {}).get("stats", {}).get("files", 100_000)
     goal = f"{count:,} JSON 1-4 KB, --dictionary auto"
     if dictionary and plain_zstd and squash:
         rows.append((goal, target, f"{dictionary / MIB:.2f} MiB: {dictionary / squash:.3f}x squashfs zstd "
@@ -482,12 +513,15 @@ def goals(trees: Dict[str, Dict]) -> List[Tuple[str, str, str, Optional[bool]]]:
 
     target = "archive <= 0.72x the tree without duplicates removed (packfs --no-dedup); dedup adds <= 5% pack time"
     findings, met = [], True
-    for dedup, no_dedup in ((PACKFS_ZSTD, PACKFS_ZSTD + " --no-dedup"), (PACKFS_PLAIN, PACKFS_PLAIN + " --no-dedup")):
+    for dedup, no_dedup in ((PACKFS_ZSTD, PACKFS_ZSTD + " --no-dedup"), (PACKFS_PLAIN + " --dedup", PACKFS_PLAIN)):
         size, size_without = get("dup", "bytes", dedup), get("dup", "bytes", no_dedup)
         seconds, seconds_without = get("dup", "time", dedup), get("dup", "time", no_dedup)
         if size and size_without and seconds and seconds_without:
+            group = trees["dup"]
             findings.append(f"`{dedup}` {size / size_without:.3f}x the size of `{no_dedup}`, "
-                            f"{seconds / seconds_without:.2f}x its pack time")
+                            f"{seconds / seconds_without:.2f}x its pack time (CPU time "
+                            f"{group['cpu_median'][dedup] / group['cpu_median'][no_dedup]:.2f}x; spreads "
+                            f"{group['spread'][dedup]:.2f} and {group['spread'][no_dedup]:.2f})")
             met = met and size <= 0.72 * size_without and seconds <= 1.05 * seconds_without
     if findings:
         rows.append(("30% duplicates", target, "; ".join(findings), met))
@@ -496,7 +530,7 @@ def goals(trees: Dict[str, Dict]) -> List[Tuple[str, str, str, Optional[bool]]]:
 
     target = "packs in <= 1 s into an archive < 2 MiB"
     findings, met = [], True
-    for label in (PACKFS_ZSTD, PACKFS_PLAIN):
+    for label in (PACKFS_ZSTD, "packfs --sparse"):
         size, seconds = get("sparse", "bytes", label), get("sparse", "time", label)
         if size is not None and seconds is not None:
             findings.append(f"`{label}` {seconds:.2f} s, {size / MIB:.3f} MiB")
@@ -531,21 +565,28 @@ def tool_versions() -> Dict[str, str]:
     return versions
 
 
+def render_tree(name: str, group: Dict) -> List[str]:
+    stats = group["stats"]
+    lines = [f"**{name}**: {stats['files']:,} files, {stats['bytes'] / MIB:,.1f} MiB "
+             f"({stats['allocated'] / MIB:,.1f} MiB allocated){group.get('note', '')}.  Medians of "
+             f"{group['rounds']} rounds; ratios to `{group['first']}`; spread: slowest / fastest round; drift of "
+             f"the first row after the rounds: {group['drift']:.2f}x.", "",
+             "| variant | archive MiB | size ratio | pack s | time ratio | spread | CPU s (user+sys) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, size in group["bytes"].items():
+        lines.append(f"| `{label}` | {size / MIB:,.2f} | {group['size_ratio'][label]:.3f} | "
+                     f"{group['median'][label]:.2f} | {group['time_ratio'][label]:.2f} | "
+                     f"{group['spread'][label]:.2f} | {group['cpu_median'][label]:.2f} |")
+    return lines + [""]
+
+
 def render(report: Dict) -> str:
     lines = [f"`{report['command']}` on {report['machine']}; every command under `taskset -c {report['cpus']}`; "
-             f"medians of {report['rounds']} rounds, warm trees; load average {report['load_before']:.2f} before, "
+             f"{report['rounds']} rounds (3x that for dup and sparse), warm trees; load average {report['load_before']:.2f} before, "
              f"{report['load_after']:.2f} after; {report['minutes']:.1f} minutes.",
              "Tools: " + "; ".join(report["tools"].values()) + ".", ""]
     for name, group in report["trees"].items():
-        stats = group["stats"]
-        lines += [f"**{name}**: {stats['files']:,} files, {stats['bytes'] / MIB:,.1f} MiB "
-                  f"({stats['allocated'] / MIB:,.1f} MiB allocated){group.get('note', '')}.  Ratios to "
-                  f"`{group['first']}`; drift of the first row after the rounds: {group['drift']:.2f}x.", "",
-                  "| variant | archive MiB | size ratio | pack s (median) | time ratio |", "|---|---:|---:|---:|---:|"]
-        for label, size in group["bytes"].items():
-            lines.append(f"| `{label}` | {size / MIB:,.2f} | {group['size_ratio'][label]:.3f} | "
-                         f"{group['median'][label]:.2f} | {group['time_ratio'][label]:.2f} |")
-        lines.append("")
+        lines += render_tree(name, group)
     lines += ["Goals (from this run's numbers):", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     for goal, target, measured, met in report["goals"]:
         verdict = "not measured" if met is None else ("met" if met else "**not met**")
@@ -555,12 +596,19 @@ def render(report: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def progress(name: str, group: Dict) -> None:
+    """Each tree's table on stderr as soon as it is measured (a full run takes minutes)."""
+    print("\n".join(render_tree(name, group)), file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller trees and 2 rounds: about a minute")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3; --quick: 2)")
     default_cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
     parser.add_argument("--cpus", default=default_cpus, help="taskset's CPU list for every command")
+    parser.add_argument("--all-peers", action="store_true",
+                        help="every peer on every tree (adds minutes: see the report's skipped line)")
     parser.add_argument("--trees", default="text,json,jpeg,dup,sparse", help="which trees, comma-separated")
     parser.add_argument("--work", type=Path, default=Path("/tmp/packfs-bench-compression"),
                         help="where the trees and archives go (its file system must keep holes for the sparse tree)")
@@ -577,7 +625,9 @@ def main() -> int:
     if not compresses:
         skipped["packfs --compress"] = why
 
-    def packfs_variants(name: str, src: Path, dedup: bool = False) -> List[Variant]:
+    def packfs_variants(name: str, src: Path, dedup: bool = False, best: bool = False) -> List[Variant]:
+        """packfs's variants; ``best`` adds level 19 with dictionaries (what the default
+        level leaves on the table)."""
         out = work / f"{name}"
         variants = [packfs_variant(PACKFS_PLAIN, src, Path(f"{out}.ffr"))]
         if compresses:
@@ -585,44 +635,60 @@ def main() -> int:
             if not dedup:
                 variants.append(packfs_variant(PACKFS_DICT, src, Path(f"{out}-dict.ffr"), "--compress", "zstd",
                                                "--dictionary", "auto"))
-            else:
+                if best:
+                    variants.append(packfs_variant(PACKFS_BEST, src, Path(f"{out}-best.ffr"), "--compress", "zstd:19",
+                                                   "--dictionary", "auto"))
+            else:  # --compress deduplicates by default; uncompressed packfs does not
                 variants.append(packfs_variant(PACKFS_ZSTD + " --no-dedup", src, Path(f"{out}-zstd-nodedup.ffr"),
                                                "--compress", "zstd", "--no-dedup"))
-                variants.append(packfs_variant(PACKFS_PLAIN + " --no-dedup", src, Path(f"{out}-nodedup.ffr"),
-                                               "--no-dedup"))
+                variants.append(packfs_variant(PACKFS_PLAIN + " --dedup", src, Path(f"{out}-dedup.ffr"), "--dedup"))
         return variants
 
     every_peer = (SQUASH, SQUASH_22, EROFS, TAR)
+    # lz4hc on incompressible bytes took 13 s (JPEGs) and 46 s (random) a run here, and
+    # level 22 a minute on the JSON: minutes of a run that would not change a conclusion.
+    incompressible_peers = every_peer if args.all_peers else (SQUASH, TAR)
+    json_peers = every_peer if args.all_peers else (SQUASH, EROFS, TAR)
+    if not args.all_peers:
+        skipped["peers left out"] = (f"`{EROFS}` and `{SQUASH_22}` on the jpeg and dup trees, `{SQUASH_22}` on the json "
+                                     "tree (slow, no conclusion depends on them; --all-peers runs them)")
+    short_rounds = rounds * 3  # the dup and sparse trees pack in about a second: more rounds, same cost
     trees: Dict[str, Dict] = {}
     selected = args.trees.split(",")
     if "text" in selected:
         src = work / "text"
         info = make_text_tree(src, *((4, 6, 10) if quick else (12, 20, 32)))
-        variants = packfs_variants("text", src) + peers(src, work, "text", every_peer, skipped)
+        variants = packfs_variants("text", src, best=True) + peers(src, work, "text", every_peer, skipped)
         trees["text"] = measure_tree("text", variants, args.cpus, rounds)
         trees["text"]["stats"] = tree_stats(src)
         trees["text"]["note"] = (f": {info['generated'][0]:,} generated files, {info['usr_share_doc'][0]:,} from "
                                  f"/usr/share/doc, {info['site_packages'][0]:,} from {info['site_packages_from']}")
+        progress("text", trees["text"])
     if "json" in selected:
         src = work / "json"
         make_json_tree(src, 20_000 if quick else 100_000)
-        variants = packfs_variants("json", src) + peers(src, work, "json", (SQUASH, EROFS, TAR), skipped)
+        variants = packfs_variants("json", src, best=True) + peers(src, work, "json", json_peers, skipped)
         trees["json"] = measure_tree("json", variants, args.cpus, rounds)
         trees["json"]["stats"] = tree_stats(src)
+        progress("json", trees["json"])
     if "jpeg" in selected:
         src = work / "jpeg"
-        make_tree(src, 400 if quick else 2000, 20, 0, 0)
-        variants = packfs_variants("jpeg", src)[:2] + peers(src, work, "jpeg", (SQUASH, EROFS, TAR), skipped)
+        make_jpeg_tree(src, 400 if quick else 2000)
+        variants = packfs_variants("jpeg", src)[:2] + peers(src, work, "jpeg", incompressible_peers, skipped)
         trees["jpeg"] = measure_tree("jpeg", variants, args.cpus, rounds)
         trees["jpeg"]["stats"] = tree_stats(src)
+        progress("jpeg", trees["jpeg"])
     if "dup" in selected:
         src, unique = work / "dup", work / "dup-unique"
         make_dup_trees(src, unique, 24 if quick else 96)
         variants = (packfs_variants("dup", src, dedup=True)
-                    + [packfs_variant("packfs, the tree without the copies", unique, work / "dup-unique.ffr")]
-                    + peers(src, work, "dup", (SQUASH, EROFS, TAR), skipped))
-        trees["dup"] = measure_tree("dup", variants, args.cpus, rounds)
+                    + [packfs_variant("packfs, the tree without the copies", unique, work / "dup-unique.ffr"),
+                       packfs_variant(f"{PACKFS_ZSTD}, the tree without the copies", unique,
+                                      work / "dup-unique-zstd.ffr", "--compress", "zstd")]
+                    + peers(src, work, "dup", incompressible_peers, skipped))
+        trees["dup"] = measure_tree("dup", variants, args.cpus, short_rounds)
         trees["dup"]["stats"] = tree_stats(src)
+        progress("dup", trees["dup"])
     if "sparse" in selected:
         src = work / "sparse"
         src.mkdir(exist_ok=True)
@@ -633,16 +699,20 @@ def main() -> int:
             make_sparse_tree(src)
             variants = [v for v in packfs_variants("sparse", src)[:2] if v.label != PACKFS_PLAIN or
                         keeps_holes_uncompressed(work)]
+            if compresses:
+                variants.append(packfs_variant("packfs --sparse", src, work / "sparse-holes.ffr", "--sparse"))
             if variants and variants[0].label != PACKFS_PLAIN:
                 skipped[f"`{PACKFS_PLAIN}` on the sparse tree"] = (
-                    "left out: it stores the holes as zeros (a 256 MiB file with 4 KiB of data packed to over 1 MiB), "
-                    "100 GiB")
+                    "left out: without --compress or --sparse it stores holes as zeros (checked on a 256 MiB file), "
+                    "here 100 GiB")
             variants += peers(src, work, "sparse", ("tar --zstd --sparse -cf",),
                                                                  skipped)
-            trees["sparse"] = measure_tree("sparse", variants, args.cpus, rounds)
+            trees["sparse"] = measure_tree("sparse", variants, args.cpus, short_rounds)
             trees["sparse"]["stats"] = tree_stats(src)
+            progress("sparse", trees["sparse"])
             skipped["mksquashfs, mkfs.erofs on the sparse tree"] = (
-                "left out: they read all 100 GiB (tar --sparse seeks over the holes)")
+                "left out: they read every byte of the 100 GiB, holes too (minutes a run; docs/performance.md), "
+                "where tar --sparse seeks over them")
 
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
