@@ -346,16 +346,20 @@ def _codec_options(function: Callable[..., Any]) -> Callable[..., Any]:
                           "on with --compress)."),
         click.option("--sparse/--no-sparse", default=None,
                      help="Store files with holes without them (default: on with --compress)."),
+        click.option("--verify", is_flag=True,
+                     help="Before OUT is moved into place, read it back whole (as packfs verify does) and, "
+                          "from a directory, compare every file with SRC read again; a difference fails the "
+                          "pack and leaves nothing."),
     )):
         function = option(function)
     return function
 
 
 def _codecs(compress: str | None, dictionary: str | None, dedup: bool | None,
-            sparse: bool | None) -> dict[str, Any]:
+            sparse: bool | None, verify: bool = False) -> dict[str, Any]:
     if dictionary == "auto" and compress in (None, "none"):
         raise click.UsageError("--dictionary auto needs --compress zstd[:LEVEL]")
-    return dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse)
+    return dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse, verify=verify)
 
 
 def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -398,7 +402,8 @@ def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
 def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
          keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool,
          compress: str | None = None, dictionary: str | None = None, dedup: bool | None = None,
-         sparse: bool | None = None, shard_size: int | None = None, shards: int | None = None) -> None:
+         sparse: bool | None = None, verify: bool = False, shard_size: int | None = None,
+         shards: int | None = None) -> None:
     """Pack SRC into the archive OUT: a directory, a tar (.tar, .tar.gz, .tar.bz2,
     .tar.xz; "-" reads one from stdin) or a zip, recognised by content.  Archives are
     streamed in, never extracted to disk.
@@ -427,7 +432,7 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
       packfs pack dataset/ train.ffr --shard-size 4G   # train-00000-of-0000N.ffr..., train.ffrset
       packfs pack --compress zstd --dictionary auto corpus/ corpus.ffr
     """
-    codecs = _codecs(compress, dictionary, dedup, sparse)
+    codecs = _codecs(compress, dictionary, dedup, sparse, verify)
     if shard_size is not None and shards is not None:
         raise click.UsageError("--shard-size and --shards cannot be used together")
     if (shard_size is not None or shards is not None) and keep_going:
@@ -509,7 +514,8 @@ def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[st
 @_codec_options
 def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, ...], keep_going: bool,
            jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool, compress: str | None = None,
-           dictionary: str | None = None, dedup: bool | None = None, sparse: bool | None = None) -> None:
+           dictionary: str | None = None, dedup: bool | None = None, sparse: bool | None = None,
+           verify: bool = False) -> None:
     """Add SRC (a directory, a tar or a zip, as pack takes it) to the shard set
     MANIFEST as a new shard, and update MANIFEST atomically.
 
@@ -533,7 +539,7 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
         record, stats = append_shard(manifest, lambda out: _pack_source(
             src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=False, keep_going=keep_going,
             jobs=jobs, quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs,
-            codecs=_codecs(compress, dictionary, dedup, sparse)))
+            codecs=_codecs(compress, dictionary, dedup, sparse, verify)))
     if not quiet:
         click.echo(f"appended {record.file!r} ({record.entries} entries) to {manifest!r}", err=True)
     if stats.failed or stats.changed:
@@ -635,10 +641,12 @@ def convert(legacy: str, out: str, force: bool, quiet: bool, force_progress: boo
     """
     from .write import convert as convert_archive
 
+    if dictionary == "auto" and compress in (None, "none"):
+        raise click.UsageError("--dictionary auto needs --compress zstd[:LEVEL]")
     progress = _TerminalProgress("converting", quiet, force_progress)
     with _exit_on_signals(repr(out)), _closing(progress):
         stats = convert_archive(legacy, out, force=force, progress=progress,
-                                **{k: v for k, v in _codecs(compress, dictionary, dedup, None).items() if k != "sparse"})
+                                compress=compress, dictionary=dictionary, dedup=dedup)
     if not quiet:
         click.echo(f"converted {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
                    f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) "

@@ -238,3 +238,28 @@ def test_arguments_are_checked(files: tuple[Path, list[str]], tmp_path: Path, cl
         pack_on_dask(names, tmp_path / "x.ffr", shards=2, client=cluster2)
     with pytest.raises(PackError, match="not a file under"):
         pack_on_dask(["../elsewhere"], tmp_path / "x.ffr", root=root, shards=2, client=cluster2)
+
+
+def test_compressed_shards_on_dask_match_pack_shards(files: tuple[Path, list[str]], tmp_path: Path,
+                                                     cluster2: object) -> None:
+    """Format 1.5's codecs on the workers: each task compresses (and dedups) its shard,
+    byte for byte as pack_shards does."""
+    from packfs.write.dask import pack_on_dask
+
+    from .spec15 import Spec15
+
+    root, names = files
+    (root / "d0" / "copy.bin").write_bytes((root / names[0]).read_bytes())
+    names.append("d0/copy.bin")
+    for name in ("dask", "local"):
+        (tmp_path / name).mkdir()
+    codecs = {"compress": "zstd:3"}
+    pack_on_dask(names, tmp_path / "dask" / "data.ffr", root=root, shards=2, client=cluster2, codecs=codecs)
+    pack_shards(root, tmp_path / "local" / "data.ffr", shards=2, codecs=codecs)
+    assert set_bytes(tmp_path / "dask") == set_bytes(tmp_path / "local")
+    found = {}
+    for shard in sorted((tmp_path / "dask").glob("*.ffr")):
+        archive = Spec15(shard)
+        assert archive.footer.flags == 1
+        found.update({path: data for path, (data, _, _) in archive.files().items()})
+    assert found == {os.fsencode(name): (root / name).read_bytes() for name in names}

@@ -37,16 +37,18 @@ CATCHABLE = [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signa
 
 
 @pytest.mark.parametrize("sig", CATCHABLE, ids=lambda s: signal.Signals(s).name)
-@pytest.mark.parametrize("source", ["dir", "tar"])
+@pytest.mark.parametrize("source", ["dir", "tar", "dir-compressed"])
 def test_a_signal_mid_pack_exits_128_plus_it_and_leaves_nothing(tree: Path, tmp_path: Path, sig: int,
                                                                   source: str) -> None:
     src = tree
     if source == "tar":
         src = tmp_path / "t.tar"
         subprocess.run(["tar", "cf", str(src), "-C", str(tree), "."], check=True)
+    # Compressed with -j 2: threads read and encode ahead when the signal lands.
+    options = ["--compress", "zstd", "--dictionary", "auto", "-j", "2"] if source == "dir-compressed" else []
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    result = subprocess.run([sys.executable, "-c", _SIGNAL_MID_PACK.format(sig=int(sig)), "pack", str(src),
+    result = subprocess.run([sys.executable, "-c", _SIGNAL_MID_PACK.format(sig=int(sig)), "pack", *options, str(src),
                              str(out_dir / "x.ffr")], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 128 + sig, result.stderr
     assert "Traceback" not in result.stderr and "Aborted" not in result.stderr

@@ -297,7 +297,7 @@ def _input_size(stream: BinaryIO) -> int:
 def pack_archive(source: str, out: PathLike, *, force: bool = False,
                  stdin: BinaryIO | None = None, progress: PackProgress | None = None,
                  xattrs: bool = True, compress: str | None = None, dictionary: str | None = None,
-                 dedup: bool | None = None, sparse: bool | None = None) -> PackStats:
+                 dedup: bool | None = None, sparse: bool | None = None, verify: bool = False) -> PackStats:
     """Pack the tar or zip ``source`` (``"-"``: a tar read from ``stdin``) into ``out``.
 
     Parameters
@@ -324,6 +324,9 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
         Format 1.5's codecs, as for :func:`packfs.write.pack_folder` (a tar's sparse
         members are stored whole: their holes are not known).  Dictionaries are
         sampled from a zip's members, or from a tar's once it is spooled.
+    verify
+        Check the archive whole before it is moved into place (see
+        :func:`packfs.write.pack_entries`).
 
     Returns
     -------
@@ -346,7 +349,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
     if source == "-" and stdin is None:
         raise ValueError('pack_archive("-") needs the stream to read as stdin')
     skips = SkipList(where=f"{'<stdin>' if source == '-' else source}: ")
-    codecs = dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse)
+    codecs = dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse, verify=verify)
     spool_for_dictionaries = dictionary == "auto"  # a tar read in place is sampled from the spool
     try:
         with contextlib.ExitStack() as stack:

@@ -12,7 +12,7 @@ import secrets
 import sys
 from array import array
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import BinaryIO, Callable, Sequence
 
 from ..errors import PackError
 from ..format import HEADER_PREFIX, PIECE_SIZE, crc32, header_size
@@ -328,8 +328,10 @@ class ContainerWriter:
         self.write(data)
         return self.end_record()
 
-    def commit(self) -> None:
-        """Write the header, fsync, and rename the temporary file to ``out``."""
+    def commit(self, before_publish: Callable[[str], None] | None = None) -> None:
+        """Write the header, fsync, and rename the temporary file to ``out``;
+        ``before_publish(temporary path)`` may check the complete file first (an
+        exception it raises leaves nothing)."""
         if self.records_written != self.record_count:
             raise PackError(
                 f"{str(self.out)!r}: {self.records_written} records written, "
@@ -348,6 +350,12 @@ class ContainerWriter:
             os.pwrite(fd, checksum_meta.to_bytes(4, "little") + prefix, 0)
             os.fsync(fd)
             self._file.close()
+            if before_publish is not None:
+                try:
+                    before_publish(str(self.temp_path))
+                except BaseException:
+                    self.abort()
+                    raise
             self._publish()
             unregister(self.temp_path)
         except OSError as error:

@@ -179,7 +179,7 @@ def _plan(items: Any, root: str | None, client: Any) -> list[Planned]:
 
 
 def _pack_partition(root: str | None, partition: Opaque, xattrs: bool, directory: str, stem: str, name: str,
-                    run: str) -> ShardRecord:
+                    run: str, codecs: Optional[dict] = None) -> ShardRecord:
     """One task: take the attributes of a partition's files and directories (and of
     those above its first item), pack it into the shard ``name`` through a
     temporary file of this attempt renamed into place; its manifest record."""
@@ -197,7 +197,7 @@ def _pack_partition(root: str | None, partition: Opaque, xattrs: bool, directory
         root_entry = _directory_entry(root, b"", xattrs)
     complete, slots = complete_shard(entries, root_entry, directories, lambda key: None)
     temporary = os.path.join(directory, f".{stem}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}-{run}-{name}")
-    record = write_shard(complete, temporary, slots)
+    record = write_shard(complete, temporary, slots, codecs=codecs)
     # Replace, not link: an earlier attempt cut off from the scheduler may have put
     # the same bytes there already.
     os.replace(temporary, os.path.join(directory, name))
@@ -222,6 +222,7 @@ def pack_on_dask(
     client: Any = None,
     force: bool = False,
     xattrs: bool = True,
+    codecs: Optional[dict] = None,
 ) -> ShardSetStats:
     """Pack files into a shard set, one shard per task on a Dask cluster.
 
@@ -245,6 +246,10 @@ def pack_on_dask(
         Replace an existing set of the same name.
     xattrs
         Keep the files' (and directories') extended attributes.
+    codecs
+        Format 1.5's codec options for every shard, as :func:`pack_shards` takes them
+        (``{"compress": "zstd", "dictionary": "auto"}``): each task compresses its
+        shard, so compression runs on every worker.
 
     Returns
     -------
@@ -287,7 +292,7 @@ def pack_on_dask(
                 raise PackError(f"{os.path.join(directory, name)!r} already exists; use --force to replace it")
     run = secrets.token_hex(6)
     futures = [client.submit(_pack_partition, root_text, Opaque(partition), xattrs, directory, stem, name, run,
-                             key=f"packfs-shard-{run}-{name}", pure=False)
+                             codecs, key=f"packfs-shard-{run}-{name}", pure=False)
                for partition, name in zip(partitions, names)]
     try:
         try:

@@ -27,8 +27,10 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import zstandard
 
@@ -38,11 +40,12 @@ from ..format import (CODEC_DICTIONARY, CODEC_FRAMES, CODEC_ROW, CODEC_SPARSE, C
                       crc32)
 from .container import ContainerWriter
 
-__all__ = ["Compression", "RecordEncoder", "parse_compress", "DEFAULT_LEVEL", "FRAME_LOG2", "FRAME_SIZE",
+__all__ = ["Compression", "RecordEncoder", "Encoded", "may_have_holes", "SPARSE_MIN_HOLES", "parse_compress", "DEFAULT_LEVEL", "FRAME_LOG2", "FRAME_SIZE",
            "MIN_SAVING", "DEDUP_INDEX_MAX"]
 
 FRAME_LOG2 = 20
 FRAME_SIZE = 1 << FRAME_LOG2  # decoded bytes a frame; a file up to this size is one frame
+FRAME_BATCH = 8  # frames of a large file compressed at once by frame_pool's threads
 assert FRAME_SIZE <= ZSTD_SIZE_MAX
 DEFAULT_LEVEL = 9
 # A file is stored compressed only when that saves at least this share of its bytes
@@ -144,31 +147,20 @@ class RecordEncoder:
         self._rows_written = 0
         self.tables_length = 0
         self._dedup: dict[int, int] = {}
-        self._by_record: dict[int, zstandard.ZstdCompressor] = {}
         self._dictionary_of_kind: dict[str, int] = {}
         self._dictionary_bytes: dict[int, bytes] = {}
-        level = compression.level
-        if level is not None:
-            self._plain = zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True,
-                                                   write_dict_id=False)
-            for kind, (record, data) in (dictionaries or {}).items():
-                self._dictionary_of_kind[kind] = record
-                self._dictionary_bytes[record] = data
-                prepared = zstandard.ZstdCompressionDict(data, dict_type=zstandard.DICT_TYPE_AUTO)
-                self._by_record[record] = zstandard.ZstdCompressor(
-                    level=level, dict_data=prepared, write_checksum=False, write_content_size=True,
-                    write_dict_id=False)
-                self.set_row(record, CODEC_DICTIONARY)
+        self._prepared: dict[int, zstandard.ZstdCompressionDict] = {}
+        for kind, (record, data) in (dictionaries or {}).items():
+            self._dictionary_of_kind[kind] = record
+            self._dictionary_bytes[record] = data
+            self._prepared[record] = zstandard.ZstdCompressionDict(data, dict_type=zstandard.DICT_TYPE_AUTO)
+            self.set_row(record, CODEC_DICTIONARY)
         self._decompressors: dict[int, zstandard.ZstdDecompressor] = {}
+        self._local = threading.local()
+        self._state: _FileEncoding | None = None
+        self.frame_pool: Executor | None = None  # threads compressing a large file's frames (-j N)
         self.deduplicated = 0
         self.saved_by_dedup = 0
-        # The file being written: raw bytes not yet encoded, the frames so far.
-        self._pending = bytearray()
-        self._kind = ""
-        self._size = 0
-        self._raw_crc = 0
-        self._frames: list[tuple[int, int, int, int]] = []  # (stored_end, stored_crc, decoded_crc, decoded)
-        self._stored_as_is = False
 
     # -- rows ------------------------------------------------------------------------
 
@@ -211,107 +203,97 @@ class RecordEncoder:
 
     # -- a file's record ---------------------------------------------------------------
 
+    def _compressors(self) -> dict[int | None, zstandard.ZstdCompressor]:
+        """This thread's compressors, by dictionary record (None: none): a
+        ZstdCompressor may not be used by two threads at once."""
+        found = getattr(self._local, "compressors", None)
+        if found is None:
+            level = self.compression.level
+            found = {None: zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True,
+                                                    write_dict_id=False)}
+            for record, prepared in self._prepared.items():
+                found[record] = zstandard.ZstdCompressor(level=level, dict_data=prepared, write_checksum=False,
+                                                         write_content_size=True, write_dict_id=False)
+            self._local.compressors = found
+        return found
+
+    def _file(self, kind: str, out: Callable[[bytes | memoryview], None],
+              compress_many: Callable[[list], list] | None = None) -> _FileEncoding:
+        dictionary = self._dictionary_of_kind.get(kind, self._dictionary_of_kind.get(""))
+        return _FileEncoding(None if self.compression.level is None else self._compressors(), dictionary, out,
+                             compress_many)
+
+    def compress_frame(self, raw: bytes | memoryview) -> bytes:
+        """One frame compressed without a dictionary (any thread)."""
+        return self._compressors()[None].compress(raw)
+
+    def encode(self, raw: bytes, kind: str = "") -> Encoded:
+        """Encode a whole file's bytes (any thread): what :meth:`commit` writes."""
+        parts: list[bytes | memoryview] = []
+        state = self._file(kind, parts.append)
+        state.write(raw)
+        return Encoded(raw, state.crc, state.finish(), parts)
+
+    def commit(self, encoded: Encoded) -> int:
+        """Write a file encoded by :meth:`encode` into the record the builder has begun
+        (or share an earlier one's); return its record."""
+        size, crc = len(encoded.raw), encoded.crc
+        candidate = self._candidate(size, crc)
+        if candidate is not None and _equal_chunks(self.decoded_chunks(candidate, size), iter((encoded.raw,))):
+            return self._shared(candidate, size)
+        for part in encoded.parts:
+            self.writer.write(part)
+        return self._ended(encoded.row, size, crc)
+
     def begin(self, kind: str = "") -> None:
-        """A file's bytes follow (``kind``: its lower-case extension, for the dictionary);
-        the builder has begun its record in the writer."""
-        self._pending.clear()
-        self._frames.clear()
-        self._kind = kind
-        self._size = 0
-        self._raw_crc = 0
-        self._stored_as_is = self.compression.level is None
+        """A file's bytes follow, streamed (``kind``: its lower-case extension, for the
+        dictionary); the builder has begun its record in the writer."""
+        pool = self.frame_pool
+        self._state = self._file(kind, self.writer.write,
+                                 None if pool is None else lambda raws: list(pool.map(self.compress_frame, raws)))
 
     def write(self, data: bytes | memoryview) -> None:
         """The file's next bytes."""
-        self._raw_crc = crc32(data, self._raw_crc)
-        self._size += len(data)
-        if self._stored_as_is:
-            self.writer.write(data)
-            return
-        pending = self._pending
-        pending += data
-        while len(pending) > FRAME_SIZE:  # one more byte: the file is framed
-            self._flush_frame(memoryview(pending)[:FRAME_SIZE])
-            del pending[:FRAME_SIZE]
-            if self._stored_as_is:
-                self.writer.write(pending)
-                pending.clear()
+        self._state.write(data)
 
     @property
     def crc(self) -> int:
         """The CRC-32 of the file's bytes written since :meth:`begin` (not what is stored)."""
-        return self._raw_crc
+        return self._state.crc
 
     def discard(self) -> None:
         """Forget the file's bytes (the builder discards its record)."""
-        self._pending.clear()
-        self._frames.clear()
-
-    def _flush_frame(self, raw: memoryview) -> None:
-        if not self._frames and not _worth_trying(raw):
-            self._store_as_is(raw)
-            return
-        stored = self._plain.compress(raw)
-        if not self._frames and not _pays(len(stored), len(raw)):
-            self._store_as_is(raw)  # a file that does not compress at its start is stored
-            return
-        end = (self._frames[-1][0] if self._frames else 0) + len(stored)
-        self._frames.append((end, crc32(stored), crc32(raw), len(raw)))
-        self.writer.write(stored)
-
-    def _store_as_is(self, raw: memoryview) -> None:
-        self._stored_as_is = True
-        self.writer.write(raw)
+        self._state = None
 
     def end(self) -> int:
-        """Finish the file: its record (a new one, or an earlier one with equal bytes)."""
-        writer = self.writer
-        size, raw_crc = self._size, self._raw_crc
-        pending = self._pending
-        if self._frames and not self._stored_as_is:
-            self._flush_frame(memoryview(pending))
-            pending.clear()
-        candidate = self._dedup.get(size << 32 | raw_crc) if self.compression.dedup and size else None
-        if candidate is not None and not self._frames and not self._stored_as_is:
-            # A small file not yet written: compare its bytes with the candidate's.
-            if _equal_chunks(self.decoded_chunks(candidate, size), iter((bytes(pending),))):
+        """Finish the streamed file: its record (a new one, or an earlier one with equal
+        bytes)."""
+        state, self._state = self._state, None
+        size, crc = state.size, state.crc
+        candidate = self._candidate(size, crc)
+        small = state.held()  # a file of one frame is encoded at its end: not written yet
+        if candidate is not None and small is not None:
+            if _equal_chunks(self.decoded_chunks(candidate, size), iter((bytes(small),))):
                 return self._shared(candidate, size)
-        if self._stored_as_is:
-            codec_row: tuple[int, int, int, int] = (CODEC_STORED, 0, 0, 0)
-        elif self._frames:
-            frames = self._frames
-            table = b"".join(FRAME_ROW.pack(end, stored_crc, decoded_crc) for end, stored_crc, decoded_crc, _ in frames)
-            previous = 0
-            sizes = []
-            for end, _, _, decoded in frames:
-                sizes.append((end - previous, decoded))
-                previous = end
-            writer.write(_seek_table(sizes))
-            codec_row = (CODEC_FRAMES, FRAME_LOG2, 0, -1)  # the table is added once the record is kept
-            self._frame_table = table
-        else:
-            raw = memoryview(pending)
-            record_dictionary = self._dictionary_of_kind.get(self._kind, self._dictionary_of_kind.get(""))
-            compressor = self._plain if record_dictionary is None else self._by_record[record_dictionary]
-            stored = compressor.compress(raw) if _worth_trying(raw) else b""
-            if stored and _pays(len(stored), len(raw)):
-                writer.write(stored)
-                codec_row = (CODEC_ZSTD, 0, raw_crc, NO_RECORD if record_dictionary is None else record_dictionary)
-            else:
-                writer.write(raw)
-                codec_row = (CODEC_STORED, 0, 0, 0)
-        if candidate is not None and (self._frames or self._stored_as_is):
+        row = state.finish()
+        if candidate is not None and small is None:
             # A large file, written already: compare what was just stored, decoded.
-            if _equal_chunks(self.decoded_chunks(candidate, size), self._current_chunks(codec_row)):
+            if _equal_chunks(self.decoded_chunks(candidate, size), self._current_chunks(row, state.frames)):
                 return self._shared(candidate, size)
-        record = writer.end_record()
-        codec, frame_log2, check, aux = codec_row
+        return self._ended(row, size, crc)
+
+    def _candidate(self, size: int, crc: int) -> int | None:
+        return self._dedup.get(size << 32 | crc) if self.compression.dedup and size else None
+
+    def _ended(self, row: tuple[int, int, int, int, bytes], size: int, crc: int) -> int:
+        record = self.writer.end_record()
+        codec, frame_log2, check, aux, table = row
         if codec == CODEC_FRAMES:
-            aux = self._add_table(self._frame_table)
+            aux = self._add_table(table)
         if codec != CODEC_STORED:
             self.set_row(record, codec, frame_log2, check, aux)
         if self.compression.dedup and size and len(self._dedup) < DEDUP_INDEX_MAX:
-            self._dedup.setdefault(size << 32 | raw_crc, record)
+            self._dedup.setdefault(size << 32 | crc, record)
         return record
 
     def _shared(self, record: int, size: int) -> int:
@@ -380,19 +362,129 @@ class RecordEncoder:
         else:
             raise ValueError(f"record {record} cannot be compared (codec {codec})")
 
-    def _current_chunks(self, codec_row: tuple[int, int, int, int]) -> Iterator[bytes]:
+    def _current_chunks(self, row: tuple[int, int, int, int, bytes],
+                        frames: Sequence[tuple[int, int, int, int]]) -> Iterator[bytes]:
         start = self.writer.current_record_start()
         read_back = self.writer.read_back
-        if codec_row[0] == CODEC_STORED:
+        if row[0] == CODEC_STORED:
             end = self.writer.position
             for at in range(start, end, FRAME_SIZE):
                 yield read_back(at, min(FRAME_SIZE, end - at))
             return
         plain = self._decompressor(NO_RECORD)
         previous = 0
-        for stored_end, _, _, _ in self._frames:
+        for stored_end, _, _, _ in frames:
             yield plain.decompress(read_back(start + previous, stored_end - previous))
             previous = stored_end
+
+
+class Encoded(NamedTuple):
+    """A file encoded by :meth:`RecordEncoder.encode`: its bytes (for dedup's
+    comparison), their CRC, its codec row (codec, frame_log2, check, aux, frame
+    table) and the stored bytes."""
+
+    raw: bytes
+    crc: int
+    row: tuple[int, int, int, int, bytes]
+    parts: list
+
+
+class _FileEncoding:
+    """One file's bytes becoming its stored bytes, given to ``out`` as they are
+    decided: the one statement of which codec a file gets, whether it is streamed
+    into the writer or encoded whole by a thread (the same bytes either way)."""
+
+    def __init__(self, compressors: dict[int | None, zstandard.ZstdCompressor] | None, dictionary: int | None,
+                 out: Callable[[bytes | memoryview], None],
+                 compress_many: Callable[[list], list] | None = None) -> None:
+        self.compressors = compressors
+        self.compress_many = compress_many  # frames compressed by several threads at once
+        self.dictionary = dictionary
+        self.out = out
+        self.pending = bytearray()
+        self.frames: list[tuple[int, int, int, int]] = []  # (stored_end, stored_crc, decoded_crc, decoded)
+        self.as_is = compressors is None
+        self.size = 0
+        self.crc = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.crc = crc32(data, self.crc)
+        self.size += len(data)
+        if self.as_is:
+            self.out(data)
+            return
+        pending = self.pending
+        pending += data
+        if self.compress_many is not None and self.frames and len(pending) > FRAME_BATCH * FRAME_SIZE:
+            count = (len(pending) - 1) // FRAME_SIZE  # the last frame waits: it may be the file's last
+            view = memoryview(pending)
+            raws = [view[k * FRAME_SIZE: (k + 1) * FRAME_SIZE] for k in range(count)]
+            for raw, stored in zip(raws, self.compress_many(raws)):
+                self._add_frame(raw, stored)
+            del raws, view
+            del pending[: count * FRAME_SIZE]
+        while len(pending) > FRAME_SIZE:  # one byte more than a frame: the file is framed
+            self._frame(memoryview(pending)[:FRAME_SIZE])
+            del pending[:FRAME_SIZE]
+            if self.as_is:
+                self.out(bytes(pending))
+                pending.clear()
+
+    def held(self) -> bytearray | None:
+        """The file's bytes if none is written yet (a file of one frame), else None."""
+        return None if self.as_is or self.frames else self.pending
+
+    def _frame(self, raw: memoryview) -> None:
+        first = not self.frames
+        if first and not _worth_trying(raw):
+            self._as_is(raw)
+            return
+        stored = self.compressors[None].compress(raw)
+        if first and not _pays(len(stored), len(raw)):
+            self._as_is(raw)  # a file that does not compress at its start is stored as it is
+            return
+        self._add_frame(raw, stored)
+
+    def _add_frame(self, raw: memoryview, stored: bytes) -> None:
+        end = (self.frames[-1][0] if self.frames else 0) + len(stored)
+        self.frames.append((end, crc32(stored), crc32(raw), len(raw)))
+        self.out(stored)
+
+    def _as_is(self, raw: memoryview) -> None:
+        self.as_is = True
+        self.out(bytes(raw))
+
+    def finish(self) -> tuple[int, int, int, int, bytes]:
+        """Write what is held; the codec row (codec, frame_log2, check, aux, frame table)."""
+        pending = self.pending
+        if self.as_is:
+            return (CODEC_STORED, 0, 0, 0, b"")
+        if self.frames:
+            self._frame(memoryview(pending))
+            pending.clear()
+            sizes, previous = [], 0
+            for end, _, _, decoded in self.frames:
+                sizes.append((end - previous, decoded))
+                previous = end
+            self.out(_seek_table(sizes))
+            table = b"".join(FRAME_ROW.pack(end, stored_crc, decoded_crc)
+                             for end, stored_crc, decoded_crc, _ in self.frames)
+            return (CODEC_FRAMES, FRAME_LOG2, 0, 0, table)
+        raw = bytes(pending)
+        pending.clear()
+        dictionary = self.dictionary
+        stored = self.compressors[dictionary].compress(raw) if _worth_trying(raw) else b""
+        if stored and _pays(len(stored), len(raw)):
+            self.out(stored)
+            return (CODEC_ZSTD, 0, self.crc, NO_RECORD if dictionary is None else dictionary, b"")
+        self.out(raw)
+        return (CODEC_STORED, 0, 0, 0, b"")
+
+
+def may_have_holes(info: os.stat_result) -> bool:
+    """Whether a file's allocated blocks fall short of its size by SPARSE_MIN_HOLES:
+    only then are its holes looked for (the one statement of the rule)."""
+    return info.st_blocks * 512 + SPARSE_MIN_HOLES <= info.st_size
 
 
 def _worth_trying(raw: memoryview | bytes) -> bool:

@@ -23,7 +23,9 @@ from ..format import (CODECS_SINCE_MINOR, INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR,
                       XATTR_SECTIONS, crc32, pack_footer, record_count_for, section_count_for,
                       symlink_target_problem)
 from .container import TEMP_MARKER, ContainerWriter
-from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder
+from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder, may_have_holes
+from .encodeahead import EncodeAhead
+from .packverify import verify_written
 from .parallel import FileStamp, Placer, files_on_workers
 from .exclude import ExcludePatterns
 from .scan import Scanned, scan_tree
@@ -149,6 +151,7 @@ class _ArchiveBuilder:
         self.deduplicated = 0  # files stored as an earlier file's record (format 4f)
         self._buffer = bytearray(_CHUNK)
         self.placer: Placer | None = None  # with -j N: files read by worker processes
+        self.ahead: EncodeAhead | None = None  # with -j N and codecs: files read and encoded by threads
 
     def _advance_bytes(self, nbytes: int) -> None:
         if self.progress is not None:  # by chunk: a large file moves the bar too
@@ -240,6 +243,16 @@ class _ArchiveBuilder:
             if self.progress is not None:
                 self.progress.advance(0, nbytes)
         else:
+            ahead = self.ahead.take(source) if self.ahead is not None else None
+            if ahead is not None:
+                encoded, info, changed = ahead
+                self._new_record()
+                record, size = self.encoder.commit(encoded), len(encoded.raw)
+                self._advance_bytes(size)
+                if changed:
+                    log.warning("%r changed while it was read; stored as read again", source.path)
+                    self.changed.append(source.path)
+                return record, size, info
             source.open()
             try:
                 sparse = self._write_sparse(source) if self.encoder is not None else None
@@ -265,8 +278,7 @@ class _ArchiveBuilder:
         encoder = self.encoder
         if encoder is None or not encoder.compression.sparse:
             return None
-        scanned = source.scanned
-        if scanned.st_blocks * 512 + SPARSE_MIN_HOLES > scanned.st_size:
+        if not may_have_holes(source.scanned):
             return None  # too few blocks missing for holes that pay
         before = source.state()
         size = before[0].st_size
@@ -395,6 +407,7 @@ def pack_entries(
     dictionary: str | None = None,
     dedup: bool | None = None,
     sparse: bool | None = None,
+    verify: bool = False,
 ) -> PackStats:
     """Write an archive from entries instead of a directory on disk.
 
@@ -426,6 +439,9 @@ def pack_entries(
         Format 1.5's codecs, as for :func:`pack_folder`.  Dictionaries are trained on
         the entries' data when ``entries`` is a sequence or its data is spooled (an
         iterator without ``count``); an iterator with ``count`` is packed without.
+    verify
+        Before the archive is moved into place, open it and check it whole (every
+        CRC, every rule, every file decoded), as ``packfs verify`` does.
 
     Returns
     -------
@@ -437,16 +453,17 @@ def pack_entries(
         Invalid or duplicate paths, a short read, or an I/O error while writing.
     """
     return _pack_entries(entries, out, count, force, progress, xattrs,
-                         Compression.from_options(compress, dictionary, dedup, sparse))
+                         Compression.from_options(compress, dictionary, dedup, sparse), verify)
 
 
 def _pack_entries(entries: Iterable[Entry], out: PathLike, count: int | None, force: bool,
-                  progress: PackProgress | None, xattrs: bool | None, compression: Compression) -> PackStats:
+                  progress: PackProgress | None, xattrs: bool | None, compression: Compression,
+                  verify: bool = False) -> PackStats:
     """pack_entries, its codec options read."""
     if count is None and isinstance(entries, Sequence):
         count = len(entries)
     if count is None:
-        return _pack_spooled(entries, out, force=force, progress=progress, compression=compression)
+        return _pack_spooled(entries, out, force=force, progress=progress, compression=compression, verify=verify)
     if xattrs is None:
         xattrs = isinstance(entries, Sequence) and any(entry.xattrs for entry in entries)
     started = time.perf_counter()
@@ -459,7 +476,8 @@ def _pack_entries(entries: Iterable[Entry], out: PathLike, count: int | None, fo
             log.warning("%r: no dictionaries trained: the entries are an iterator with a count "
                         "(give a sequence, or no count, to sample them)", out_path)
     builder = _write_archive(entries, out_path, count, force, progress, xattrs=xattrs, compression=compression,
-                             dictionaries=dictionaries)
+                             dictionaries=dictionaries,
+                             before_publish=(lambda temporary: verify_written(temporary, out_path)) if verify else None)
     return _stats(builder, (), out_path, started)
 
 
@@ -503,14 +521,18 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
                    cannot_pack: Callable[[CannotPack], None] | None = None, xattrs: bool = False,
                    parallel: Callable[[ContainerWriter], ContextManager[Placer]] | None = None,
                    compression: Compression | None = None,
-                   dictionaries: Sequence[tuple[str, bytes]] = ()) -> _ArchiveBuilder:
+                   dictionaries: Sequence[tuple[str, bytes]] = (),
+                   encode_ahead: Callable[[RecordEncoder], EncodeAhead] | None = None,
+                   before_publish: Callable[[str], None] | None = None) -> _ArchiveBuilder:
     """Write ``entries`` and the table to ``out`` atomically; the one write path.  A
     file of a tree that cannot be packed is given to ``cannot_pack`` (which may raise),
     or, without it, ends the write.  ``xattrs``: room for section 4c (format 1.3).
     ``parallel``: the worker processes that read the files of a tree (``-j N``),
     started once the writer exists and ended before the table is written.
     ``compression``: format 1.5's codecs (section 4f), with ``dictionaries`` (kind,
-    bytes) written as the first records."""
+    bytes) written as the first records; ``encode_ahead``: the threads that read and
+    encode a tree's files ahead of the writer (``-j N`` with codecs);
+    ``before_publish``: checks the complete archive under its temporary name (--verify)."""
     encoded = compression is not None and compression.used
     data_slots += len(dictionaries)
     sections = section_count_for(CODECS_SINCE_MINOR if encoded else INDEX_SINCE_MINOR)
@@ -521,8 +543,11 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
             encoder = RecordEncoder(writer, compression, written, str(writer.out.parent))
         builder = _ArchiveBuilder(writer, data_slots, progress, xattrs, encoder)
         try:
-            with (parallel(writer) if parallel is not None else contextlib.nullcontext()) as placer:
+            with (parallel(writer) if parallel is not None else contextlib.nullcontext()) as placer, \
+                    (encode_ahead(encoder) if encode_ahead is not None and encoder is not None
+                     else contextlib.nullcontext()) as ahead:
                 builder.placer = placer
+                builder.ahead = ahead
                 for entry in entries:
                     try:
                         builder.add(entry)  # reports the bytes as they are written
@@ -533,7 +558,7 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
                         continue
                     if progress is not None and entry.kind == "file":
                         progress.advance(1, 0)
-            builder.placer = None
+            builder.placer = builder.ahead = None
             builder.finish()  # the table's runs and columns are on disk too
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -543,7 +568,7 @@ def _write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: in
             if encoder is not None:
                 builder.deduplicated = encoder.deduplicated
                 encoder.close()
-        writer.commit()
+        writer.commit(before_publish)
     return builder
 
 
@@ -564,7 +589,7 @@ def _stats(builder: _ArchiveBuilder, skipped: Sequence[SkippedPath], out: str, s
 
 
 def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
-                  progress: PackProgress | None, compression: Compression) -> PackStats:
+                  progress: PackProgress | None, compression: Compression, verify: bool = False) -> PackStats:
     """pack_entries for an iterator of unknown length: spool file data, then pack.  The
     entries themselves are spooled too, a block at a time, so that an iterator of any
     length is packed in bounded memory."""
@@ -604,7 +629,7 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
         unstaged: Iterable[Entry] = _unstaged(staged, spool)
         if compression.dictionary:  # sampled from the spool, which a sequence can read twice
             unstaged = list(unstaged)
-        stats = _pack_entries(unstaged, out, count, force, progress, None, compression)
+        stats = _pack_entries(unstaged, out, count, force, progress, None, compression, verify)
     return dataclasses.replace(stats, seconds=time.perf_counter() - started)  # both phases
 
 
@@ -741,6 +766,7 @@ def pack_folder(
     dictionary: str | None = None,
     dedup: bool | None = None,
     sparse: bool | None = None,
+    verify: bool = False,
 ) -> PackStats:
     """Pack the directory tree ``src`` into the archive ``out``.
 
@@ -807,6 +833,10 @@ def pack_folder(
     sparse
         Store files with holes without them (SEEK_DATA/SEEK_HOLE); default: on with
         ``compress``.
+    verify
+        Before the archive is moved into place, open it, check it whole (as
+        ``packfs verify`` does) and compare every file and symlink with ``src``,
+        read again: a file that changed since it was packed fails the pack.
 
     Returns
     -------
@@ -888,16 +918,30 @@ def pack_folder(
         failed_files.add(items[written - 1].key)
 
     files = sum(1 for item in items if item.kind == "file")
-    # Encoded records have sizes the scan cannot know, which -j's workers place by.
+    # Encoded records have sizes the scan cannot know, which -j's workers place by:
+    # with codecs, threads read and encode ahead of the writer instead.
     workers = 1 if compression.used else min(jobs, files)
+    threads = min(jobs, files) if compression.used else 1
+
+    def encode_ahead(encoder: RecordEncoder) -> EncodeAhead:
+        return EncodeAhead(encoder, root, items, threads, _kind)
     dictionaries = _tree_dictionaries(root, items, compression) if compression.dictionary else []
+    if not compression.sparse:
+        holey = [item for item in items if item.kind == "file" and may_have_holes(item.info)]
+        if holey:  # a 5 GiB disk image of 1 MiB of data would take 5 GiB
+            log.warning("%d files with holes (the largest: %r, %d bytes) are stored whole, holes as zeros; "
+                        "--sparse (or --compress) leaves the holes out", len(holey),
+                        os.fsdecode(max(holey, key=lambda item: item.info.st_size).key),
+                        max(item.info.st_size for item in holey))
 
     def parallel(writer: ContainerWriter) -> ContextManager[Placer]:
         return files_on_workers(writer, root, items, workers)
     try:
         builder = _write_archive(entries(), out_text, data_slots, force, progress,
                                  skip_file if keep_going else None, any(item.xattrs for item in items),
-                                 parallel if workers > 1 else None, compression, dictionaries)
+                                 parallel if workers > 1 else None, compression, dictionaries,
+                                 encode_ahead if threads > 1 else None,
+                                 (lambda temporary: verify_written(temporary, out_text, root, items)) if verify else None)
     except CannotPack as failure:  # the writer is gone: what else cannot be packed?
         skips.add(failure.path, failure.reason, failed=True)
         failed_files.add(items[written - 1].key)
