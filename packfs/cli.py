@@ -960,6 +960,11 @@ def cat(archive: str, paths: tuple[str, ...]) -> None:
 def info(archive: str, as_json: bool) -> None:
     """Show counts, sizes and the format version of ARCHIVE.
 
+    A compressed archive (pack --compress, format 1.5) also shows its stored bytes, the
+    ratio of the files' bytes to them, how many files each codec holds, the bytes saved
+    by files sharing another's record (dedup), its dictionaries, and the kinds of file
+    (by extension) with the most bytes; any other says "compression uncompressed".
+
     For an archive at a URL, also what this command fetched (requests, bytes) and,
     with a disk cache, its block hits, misses and waits (blocks another process was
     already fetching) and the bytes read ahead.
@@ -982,11 +987,40 @@ def info(archive: str, as_json: bool) -> None:
         return
     largest = details.pop("largest_files")
     del details["records"]  # the container's, which a user cannot relate to files (still in --json)
-    _echo_fields(details)
+    kinds = details.pop("kinds", None)
+    _echo_fields(_codec_fields(details))
     if largest:
         click.echo("largest files")
         for item in largest:  # type: ignore[attr-defined]
             _echo_path_line(f"  {human_size(item['size']):>10}  {item['path']}")
+    if kinds:
+        click.echo("by kind (original -> stored)")
+        for kind in kinds:  # type: ignore[attr-defined]
+            original, stored = kind["original_bytes"], kind["stored_bytes"]
+            ratio = f"{original / stored:.1f}x" if stored else "-"
+            _echo_path_line(f"  {human_size(original):>10} -> {human_size(stored):>10}  {ratio:>7}  "
+                            f"{_count(kind['files'], 'file')}  {kind['kind']}")
+
+
+def _codec_fields(details: dict[str, object]) -> dict[str, object]:
+    """``info``'s lines about format 1.5's codecs, in words: the ratio as a factor, files
+    per codec on one line, dictionaries with their bytes (``--json`` keeps the numbers)."""
+    if "files_by_codec" not in details:
+        return details
+    shown: dict[str, object] = {}
+    for key, value in details.items():
+        if key == "ratio":
+            shown[key] = f"{value}x (original / stored)"
+        elif key == "files_by_codec":
+            shown["codecs"] = ", ".join(f"{_count(files, 'file')} {codec}"
+                                        for codec, files in value.items())  # type: ignore[attr-defined]
+        elif key == "dedup_saved_bytes":
+            shown["dedup_bytes"] = value  # bytes saved: files sharing another's record
+        elif key == "dictionaries":
+            shown[key] = f"{value} ({human_size(details['dictionary_bytes'])})"  # type: ignore[arg-type]
+        elif key != "dictionary_bytes":
+            shown[key] = value
+    return shown
 
 
 # What ``info`` shows of an archive's stats() (an archive at a URL; a local one has
@@ -1043,6 +1077,9 @@ def _mount_daemon(folder: PackedFolder) -> str:
                    "the exit status is the same.")
 def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> None:
     """Check every checksum in ARCHIVE; exit 1 listing what is damaged.
+
+    A compressed archive (format 1.5) has every file decoded and checked too, and every
+    codec row, frame table and extent list held to the format's rules.
 
     \b
     Example:
@@ -1164,7 +1201,10 @@ def unpack(archive: str, dest: str, paths: tuple[str, ...], quiet: bool, force_p
     Restores modes, mtimes, symlinks, hard links and empty directories; never writes
     outside DEST and never overwrites an existing file.  A damaged file is left out
     (never written in part) and listed as "damaged: PATH (why)"; everything intact is
-    unpacked, and the exit status is then 1.
+    unpacked, and the exit status is then 1.  From a compressed archive (format 1.5)
+    files are written decoded, sparse files with their holes, and files that share a
+    record as files of their own; if they need more than DEST's free space, nothing is
+    written (exit 1).
 
     \b
     Example:

@@ -25,7 +25,11 @@ What is written is what the table claims, so before anything is created the whol
 archive is checked against the rules that bound it (format section 5, "before writing
 out a whole archive": offsets non-decreasing, and a record shared only by the names of
 one hard-linked file): each record is then written once, the other names of a file
-are hard links, and the bytes written are at most the archive's size.  A hostile
+are hard links, and the bytes written are at most the archive's size.  An archive with
+codecs (format 1.5, section 4f) may hold much more than its size (compressed files;
+one record shared by files with equal contents, each written as a file of its own, not
+a hard link), so the bytes to write are compared with DEST's free space first, and a
+sparse file is written sparse: its holes are skipped, never written as zeros.  A hostile
 archive whose records all cover the same bytes, each with a valid CRC, is a
 FormatError there, not a bomb.  Where DEST refuses a hard link, a copy is written
 instead, and later names link to that copy (EMLINK: the first name's inode is full);
@@ -49,7 +53,7 @@ from typing import Callable, Iterator, Sequence
 
 from .errors import ArchiveChangedError, ChecksumError, FormatError, UnpackDamagedError, UnpackError
 from .folder import PackedFolder, PathArg
-from .format import S_IFDIR, S_IFLNK
+from .format import CODEC_SPARSE, S_IFDIR, S_IFLNK, S_IFREG
 from .write.temporaries import abandoned, register, unregister
 
 log = logging.getLogger("packfs")
@@ -453,7 +457,7 @@ class _Extractor:
                 if record in self.first_entry:  # DEST refused a hard link to its first name
                     self._charge_copy(entry, size)
                 try:
-                    self._write_file(entry, name, parent_fd, mode, uid, gid, mtime_ns)
+                    self._write_file(entry, name, parent_fd, mode, uid, gid, mtime_ns, size)
                 except _Damaged as damage:
                     self.damaged_records[record] = damage.reason
                     raise
@@ -591,7 +595,7 @@ class _Extractor:
         os.unlink(temporary, dir_fd=parent_fd)
 
     def _write_file(self, entry: int, name: bytes, parent_fd: int,
-                    mode: int, uid: int, gid: int, mtime_ns: int) -> None:
+                    mode: int, uid: int, gid: int, mtime_ns: int, size: int) -> None:
         """Write file ``entry`` under a temporary name, check its CRC, set its attributes,
         then publish it as ``name`` (never replacing anything there)."""
         temporary = self._new_temporary(parent_fd)
@@ -605,12 +609,17 @@ class _Extractor:
             # ArchiveChangedError from the short read, never a fault in write().
             length = 0
             try:
-                for chunk in self.archive.read_chunks(entry, _CHUNK):
+                # At each piece's offset: a sparse file's holes (format 1.5) are left
+                # unwritten, so they stay holes, and the size is set at the end.
+                for offset, chunk in self.archive.read_extents(entry, _CHUNK):
                     written = 0
                     while written < len(chunk):
-                        written += os.write(fd, memoryview(chunk)[written:])
+                        written += os.pwrite(fd, memoryview(chunk)[written:], offset + written)
                     length += len(chunk)
                     self._advance(len(chunk))
+                if os.fstat(fd).st_size != size:
+                    os.ftruncate(fd, size)
+                    self._advance(size - length)  # a sparse file's holes: done, not written
             except ArchiveChangedError:
                 raise
             except ChecksumError:
@@ -679,6 +688,47 @@ def check_claims(folder: PackedFolder) -> int:
     return folder.archive.check_records()
 
 
+def _check_free_space(folder: PackedFolder, entries: list[int], dest_fd: int, dest: str) -> None:
+    """UnpackError, before anything is written, if the files' sizes add up to more than
+    DEST's free space: an archive with codecs (format 1.5) can hold far more than its
+    own size (compressed, or one record shared by many names: each is written as a file
+    of its own), and a bomb would otherwise fill the disk.  The selected files' bytes
+    are counted, holes excepted (:meth:`packfs.core.Archive.unpack_bytes` for the whole
+    archive)."""
+    needed = folder.archive.unpack_bytes() if 0 in entries else _selected_bytes(folder, entries)
+    info = os.fstatvfs(dest_fd)
+    free = info.f_bavail * info.f_frsize
+    if needed > free:
+        raise UnpackError(f"cannot unpack {folder.path!r} into {dest!r}: its files take {needed} bytes "
+                          f"({needed / 2**30:.1f} GiB), more than the {free} bytes free there")
+
+
+def _selected_bytes(folder: PackedFolder, entries: list[int]) -> int:
+    """What unpacking the subtrees of ``entries`` writes: each file's size (a sparse
+    file's data only; a hard link's other names not counted), walked depth-first with
+    one iterator per level (memory grows with the depth, not the number of files)."""
+    archive = folder.archive
+    total = 0
+    stack = [iter(entries)]
+    while stack:
+        for entry in stack[-1]:
+            kind = archive.file_type(entry)
+            if kind == S_IFDIR:
+                stack.append(iter(archive.children(entry)))
+                break
+            if kind == S_IFREG:
+                stat = archive.stat(entry)
+                if stat.nlink <= 1 or stat.inode == entry + 1:
+                    if archive.codec(entry) == CODEC_SPARSE:
+                        start, end = archive.extent(entry)
+                        total += end - start
+                    else:
+                        total += stat.size
+        else:
+            stack.pop()
+    return total
+
+
 def _make_dest(dest: str) -> list[str]:
     """Create ``dest`` and any missing parents; return the directories created, the
     deepest first (what to remove again if nothing is unpacked)."""
@@ -736,7 +786,12 @@ def unpack(
     FormatError
         Before anything is created: the archive's offsets or its table claim more than
         it holds (records overlapping, or one shared by names that are not hard links
-        of one file; :func:`check_claims`).
+        of one file, outside an archive with codecs; :func:`check_claims`).
+    UnpackError
+        Before anything is written: the files take more bytes than ``dest`` has free
+        (a compressed or deduplicated archive, format 1.5, can hold far more than its
+        own size; a sparse file's holes are not counted).  Not checked with
+        ``skip_existing``.
     PathNotFoundError
         One of ``paths`` is not in the archive (checked before anything is created).
     UnpackDamagedError
@@ -759,6 +814,17 @@ def unpack(
         dest_fd = os.open(dest_text, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as error:
         raise UnpackError(f"cannot unpack into {dest_text!r}: {error.strerror}") from None
+    if not skip_existing:  # a resumed unpack writes only what is missing
+        try:
+            _check_free_space(folder, entries, dest_fd, dest_text)
+        except BaseException:
+            os.close(dest_fd)
+            for path in created:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    break
+            raise
     extractor = _Extractor(folder, dest_fd, dest_text, progress, skip_existing, stop_on_error, on_damaged, xattrs)
     extractor.dest_created = bool(created)
     try:

@@ -241,6 +241,10 @@ class PackedFolder:
         while the folder is open), or touching them is SIGBUS (without the guard, or
         after the folder is closed).  ``read`` and ``open`` raise ArchiveChangedError
         instead; packfs itself only ever replaces archives whole.
+
+        A file stored compressed or sparse (an archive with codecs, format 1.5) has no
+        bytes of its own in the map: its view is of a decoded copy (bytes), which no
+        overwrite in place touches.
         """
         return self.archive.read_view(path)
 
@@ -436,7 +440,17 @@ class PackedFolder:
             "xattr_bytes": self.archive.xattr_bytes,
             "records": self.archive.record_count,
             "largest_files": self._largest_files(5),
+            **self._codec_info(),
         }
+
+    def _codec_info(self) -> dict[str, object]:
+        """``info``'s fields about format 1.5's codecs: "uncompressed" for an archive
+        without them; else what :meth:`packfs.core.Archive.codec_summary` says."""
+        if not self.archive.has_codecs:
+            return {"compression": "uncompressed"}
+        summary = self.archive.codec_summary()
+        summary.pop("original_bytes")  # file_bytes already
+        return summary
 
     def _largest_files(self, count: int) -> list[dict[str, object]]:
         import numpy as np

@@ -94,6 +94,10 @@ def _expand(paths: PathArg | Sequence[PathArg]) -> list[str]:
 class RecordReader:
     """Read records from one or several FFRecord containers as one sequence.
 
+    Records are their stored bytes: a packfs archive with codecs (format 1.5) holds a
+    compressed file's zstd frames in its record; read such files by path
+    (``PackedFolder``, ``PackedFiles``) for their contents.
+
     Parameters
     ----------
     paths

@@ -304,8 +304,10 @@ def resealed(records: list[bytes], rebuild_index: bool = True) -> list[bytes]:
     if len(footer) != FOOTER_SIZE or footer[:8] != MAGIC or struct.unpack_from("<H", footer, 10)[0] < INDEX_SINCE_MINOR:
         return records
     data_records = struct.unpack_from("<Q", footer, 24)[0]
+    # Every section but the tail: 22 in 1.4, 24 in 1.5 (sections 22-23, format 4f).
+    span_count = struct.unpack_from("<I", footer, 32)[0] - 1
     n = len(records)
-    tail_record = data_records + 2 * TAIL_SPAN_COUNT + 1
+    tail_record = data_records + 2 * span_count + 1
     records = list(records)
     if tail_record >= n - 1:
         # A footer that does not describe these records: the tail as it is, under the
@@ -334,20 +336,21 @@ def resealed(records: list[bytes], rebuild_index: bool = True) -> list[bytes]:
         index = LookupIndex(records[section(TAIL_SPAN_COUNT - 1)], np.zeros(0, np.int64), np.zeros(0, np.int64))
     else:
         records[section(TAIL_SPAN_COUNT - 1)] = index.data
-    for k in (TAIL_SPAN_COUNT - 1, TAIL_SPAN_COUNT):  # re-pad the index and the tail
+    for k in range(TAIL_SPAN_COUNT - 1, span_count + 1):  # re-pad the index and what follows it
         records[section(k) - 1] = b""
         records[section(k) - 1] = bytes(-positions()[section(k) - 1] % SECTION_ALIGNMENT)
     at = positions()
-    spans = [(at[section(k)], len(records[section(k)])) for k in range(TAIL_SPAN_COUNT)]
+    spans = [(at[section(k)], len(records[section(k)])) for k in range(span_count)]
     regions = [crcs.tobytes(), array.array("q", at[: data_records + 1]).tobytes()]
     regions += [records[section(k)] for k in range(TAIL_SPAN_COUNT - 1)]
+    regions += [records[section(k)] for k in range(TAIL_SPAN_COUNT, span_count)]  # 1.5's codec sections
     if len(index.row_ends):
         tail = build_tail(record_count=n, data_end=at[data_records], tail_start=at[tail_record], spans=spans,
                           regions=regions, index=index)
     else:  # the old index's pages, under CRCs of its bytes as they are now
         old_tail = records[tail_record]
         tail = bytearray(old_tail)
-        position = TAIL_HEADER.size + TAIL_SPAN.size * TAIL_SPAN_COUNT
+        position = TAIL_HEADER.size + TAIL_SPAN.size * span_count
         page_size = struct.unpack_from("<I", old_tail, 8)[0]
         for region in regions:
             crcs_of_pages = page_crcs(region, page_size).tobytes()

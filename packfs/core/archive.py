@@ -20,6 +20,13 @@ The checksum policy is decided here, once, for every front end (``checksums``):
   the first bytes of a large file wait for one piece's check, not the whole file's;
 - ``"never"``: no CRC of contents is checked (the header and the table are not
   checked at open either).
+
+In an archive with codecs (format 1.5, section 4f) every read returns the decoded
+contents (:mod:`packfs.core.codecs`): the stored bytes are checked under the policy
+before they are decoded (a frame of a large compressed file against its own CRC, so
+a read decodes and checks only the frames it covers), the decoded bytes against the
+row's or the frame's CRC after (but under "never"), and a frame is never decoded into
+more bytes than the archive declares, whatever the policy.
 """
 
 from __future__ import annotations
@@ -35,13 +42,15 @@ if TYPE_CHECKING:
 
 from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       RecordFileError)
-from ..format import (FOOTER_SIZE, PIECE_SIZE, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for,
-                      symlink_length_problem, symlink_target_problem, unpack_footer)
+from ..format import (CODEC_FRAMES, CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD, FOOTER_SIZE, PIECE_SIZE, S_IFDIR,
+                      S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for, symlink_length_problem,
+                      symlink_target_problem, unpack_footer)
 from ..source import ByteSource, with_cache_dir
 from . import legacy, recordfile
+from .codecs import CodecRow, CodecTable
 from .container import MAP_COPY_BYTES, Container, explain_foreign
-from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, MemoryFile, PackedFile, StreamFile, read_entries,
-                    read_spans)
+from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, DecodedFile, MemoryFile, PackedFile, StreamFile,
+                    read_entries, read_spans)
 from .paths import PathArg, lookup_key, resolve_path
 from .pathtable import PathTable
 from .pieces import NO_PIECES, PieceTable
@@ -55,6 +64,13 @@ CHECKSUM_POLICIES = ("always", "once", "never")
 ROOT = 0
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
 _REMOTE_WINDOW = 64 << 20  # read_chunks' read-ahead from a remote source
+
+
+def _zeros(count: int, chunk_size: int) -> Iterator[bytes]:
+    """``count`` zero bytes in chunks of at most ``chunk_size``."""
+    while count > 0:
+        yield bytes(min(count, chunk_size))
+        count -= chunk_size
 
 
 class EntryStat(NamedTuple):
@@ -154,6 +170,15 @@ class Archive:
         self.legacy = False  # an FFRecord pack_folder archive (packfs.core.legacy)
         try:
             self._open_table(check_data)
+            # Format 1.5's codec rows (section 4f): read when first used.
+            self._codecs = CodecTable(container, None if self.legacy else self.footer, self._label, check_data)
+            self._coded = self._codecs.active
+            if self._coded:
+                self._table.codecs = self._codecs
+                # Per thread, the frame a part read decoded last (record, frame, bytes; a
+                # zstd file is frame -1): a mount reads a 1 MiB frame in 128 KiB
+                # requests, each would decode all of it.
+                self._last_frame = threading.local()
         except RecordFileError:
             container.close()
             raise
@@ -375,6 +400,7 @@ class Archive:
         from :meth:`open` and views from :meth:`read_view` keep working until closed.
         """
         self._table = self._container = self._pieces = self._xattrs = CLOSED  # type: ignore[assignment]
+        self._codecs = CLOSED  # type: ignore[assignment]
         # The item views too (they export the map, which would stay open while this
         # object lives).
         self._offset_items = self._crc_items = self._mode_items = CLOSED  # type: ignore[assignment]
@@ -642,6 +668,11 @@ class Archive:
             The contents fail their CRC (under the policy).
         """
         container = self._container
+        if self._coded:
+            entry = self._lookup_unchecked(lookup_key(path))  # _path_entry, inlined
+            if entry < 0 or self._mode_items[entry] & S_IFMT != S_IFREG:
+                entry = self.lookup_kind(path, S_IFREG)
+            return self._read_coded(entry, path)
         if not container.guarded:
             container.check_size()  # the table is read through the map
         # Guarded, a small file is copied out of the map (a truncation under the copy
@@ -694,6 +725,8 @@ class Archive:
             # the policy and the CRC compare are inlined, as in read_path.
             if not 0 <= entry < self._entry_count or self._mode_items[entry] & S_IFMT != S_IFREG:
                 self._regular_file(entry)  # raises, saying what the entry is
+            if self._coded:
+                return self._read_coded(entry, entry, offset, size)
             record, start, end = self._file_span(entry)
             if offset or size >= 0:
                 data = self._read_part(entry, record, start, end, offset, size)
@@ -786,6 +819,9 @@ class Archive:
         """Check file ``entry``'s CRC as a read of all of it would under the policy (so
         "once" remembers it); ChecksumError if it fails."""
         container = self._container
+        if self._coded and self._codec_row(entry).codec != CODEC_STORED:
+            self._check_coded(entry)
+            return
         try:
             record = self._file_span(self._regular_file(entry))[0]
             if self._needs_check(record, entry):
@@ -798,9 +834,11 @@ class Archive:
     def read_view(self, path: PathArg) -> memoryview:
         """A zero-copy, read-only view of the file at ``path`` in the map, checked under
         the policy.  The one read not protected from the archive being overwritten in
-        place while the view is held (``PackedFolder.read_view`` says what happens)."""
+        place while the view is held (``PackedFolder.read_view`` says what happens).
+        A file whose record is not stored as it is (format 1.5: compressed, sparse) is
+        decoded: its view is of a copy (bytes), as from a source without a map."""
         container = self._container
-        if not container.zero_copy:
+        if not container.zero_copy or (self._coded and self._codec_row(self._path_entry(path)).codec != CODEC_STORED):
             return memoryview(self.read_path(path))
         if not container.guarded:
             container.check_size()
@@ -828,6 +866,8 @@ class Archive:
         MemoryFile); a larger one is read as it is read, each read checking that the
         archive was not changed in place (a StreamFile)."""
         container = self._container
+        if self._coded and self._codec_row(entry).codec != CODEC_STORED:
+            return self._open_coded(entry, name)
         if not container.guarded:
             container.check_size()
         try:
@@ -865,7 +905,7 @@ class Archive:
         if not container.guarded:
             container.check_size()
         try:
-            yield from read_entries(self, self._table, container, entries)
+            yield from read_entries(self, self._table, container, entries, self._codecs if self._coded else None)
         except PackfsError:
             container.changed_instead()
             raise
@@ -919,10 +959,17 @@ class Archive:
         container = self._container
         try:
             self._prefetch_pages(items)
+            coded = self._coded
+            coded_rows: dict[int, tuple[int, CodecRow]] = {}  # position -> (size, codec row)
             located, names = [], []  # names: what a ChecksumError names (the path asked, or the entry)
             for position, item in enumerate(items):
                 where = item if isinstance(item, (str, bytes, os.PathLike)) else operator.index(item)
-                record, start, end = self._locate(where)
+                if coded:
+                    entry = self._path_entry(where) if not isinstance(where, int) else self._regular_file(where)
+                    record, start, end, size, row = self._coded_span(entry, where)
+                    coded_rows[position] = (size, row)
+                else:
+                    record, start, end = self._locate(where)
                 located.append((start, end, record, position))
                 names.append(where)
             located.sort()
@@ -934,6 +981,9 @@ class Archive:
                     _, _, record, position = located[k]
                     if self._needs_check(record, names[position]):
                         self._checked_sound(record, data, names[position])
+                    if coded:
+                        size, row = coded_rows.pop(position)
+                        data = self._codecs.decode(row, record, data, size, names[position])
                     yield position, data
         except PackfsError:
             container.changed_instead()
@@ -968,8 +1018,10 @@ class Archive:
                 record = self._record_items[entry]
                 if record < count:
                     records.append(record)
-        prefetch_pages([(self._offset_items, records + [record + 1 for record in records]),
-                        (self._crc_items, records)], fetch_many)
+        wanted = [(self._offset_items, records + [record + 1 for record in records]), (self._crc_items, records)]
+        if self._coded:  # and their codec rows (format 1.5), 16 bytes each
+            wanted.append((self._codecs.row_items(), [record << 4 for record in records]))
+        prefetch_pages(wanted, fetch_many)
 
     def read_chunks(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """File ``entry``'s contents in chunks of ``chunk_size`` bytes, read with pread
@@ -978,7 +1030,15 @@ class Archive:
         chunk, and a mismatch raises ChecksumError then: a caller writing the chunks out
         publishes them only once the iterator is exhausted (packfs unpack does)."""
         container = self._container
+        if self._coded and self._codec_row(entry).codec != CODEC_STORED:
+            yield from self._coded_chunks(entry, chunk_size)
+            return
         record, begin, end = container.checked(self._file_span, self._regular_file(entry))
+        yield from self._stored_chunks(entry, record, begin, end, chunk_size)
+
+    def _stored_chunks(self, entry: int, record: int, begin: int, end: int, chunk_size: int) -> Iterator[bytes]:
+        """Record ``record`` at [begin, end) in chunks, its CRC compared after the last."""
+        container = self._container
         # From a source without a map (a remote one), read ahead in windows of several
         # chunks, which it fetches as ranged parts in parallel: one request per chunk would
         # cost a round trip each (1 MiB per 20 ms).  A quarter of its memory cap at most.
@@ -995,6 +1055,227 @@ class Archive:
                 yield chunk
         if value != container.stored_crc(record):
             raise container.checksum_error(record, repr(os.fsdecode(self._table.full_path(entry))))
+
+    # -- reading with codecs (format 1.5, section 4f) -------------------------------------
+
+    def _path_entry(self, path: PathArg) -> int:
+        """The regular file ``path`` names (symlinks followed): NotAFileError otherwise."""
+        entry = self._lookup_unchecked(lookup_key(path))
+        if entry < 0 or self._mode_items[entry] & S_IFMT != S_IFREG:
+            entry = self.lookup_kind(path, S_IFREG)
+        return entry
+
+    def _coded_span(self, entry: int, where: int | PathArg) -> tuple[int, int, int, int, CodecRow]:
+        """(record, start, end, size, codec row) of regular file ``entry`` in an archive
+        with codecs, every value checked (section 4f's row and size rules)."""
+        record = self._record_items[entry]
+        if record >= self._data_record_count:
+            self._table.record(entry)  # raises, naming the rule
+        start, end = self._container.record_span(record)
+        size = self._size_items[entry]
+        return record, start, end, size, self._codecs.file_row(record, size, end - start, where)
+
+    def _codec_row(self, entry: int) -> CodecRow:
+        """Regular file ``entry``'s codec row, checked (NotAFileError for another entry)."""
+        container = self._container
+        return container.checked(lambda: self._coded_span(self._regular_file(entry), entry)[4])
+
+    def _read_coded(self, entry: int, where: int | PathArg, offset: int = 0, size: int = -1) -> bytes:
+        """:meth:`read` (and :meth:`read_path`) in an archive with codecs: the stored
+        bytes checked under the policy, then decoded and checked (section 4f).  A part
+        of a frames or sparse file reads and decodes only the frames or extents it covers."""
+        container = self._container
+        if not container.guarded:
+            container.check_size()
+        try:
+            # _coded_span, inlined (the hot path of small compressed files).
+            record = self._record_items[entry]
+            if record < self._data_record_count:
+                offsets = self._offset_items
+                start, end = offsets[record], offsets[record + 1]
+                if not container.data_start <= start <= end <= container.data_end:
+                    container.record_span(record)  # raises, naming the rule
+            else:
+                self._table.record(entry)  # raises, naming the rule
+            length = self._size_items[entry]
+            row = self._codecs.file_row(record, length, end - start, where)
+            if offset or size >= 0:
+                data = self._read_coded_part(entry, where, record, start, end, length, row, offset, size)
+            else:
+                checked = self._checked  # the policy, inlined as in read_path
+                unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
+                if unchecked:
+                    self._raise_if_failed(record, where)
+                if container.guarded and end - start < MAP_COPY_BYTES:
+                    stored = container.mapping[start:end]
+                else:
+                    stored = container.pread(start, end)
+                if checked is None:
+                    if self._check_every_read and crc32(stored) != self._crc_items[record]:
+                        self._checked_sound(record, stored, where)  # raises
+                elif unchecked:
+                    self._checked_sound(record, stored, where)
+                data = self._codecs.decode(row, record, stored, length, where) if row.codec else stored
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return data
+
+    def _read_coded_part(self, entry: int, where: int | PathArg, record: int, start: int, end: int, length: int,
+                         row: CodecRow, offset: int, size: int) -> bytes:
+        begin = min(max(offset, 0), length)
+        stop = length if size < 0 else min(length, begin + size)
+        codec = row.codec
+        if codec == CODEC_STORED:
+            return self._read_part(entry, record, start, end, begin, stop - begin)
+        if begin >= stop:
+            return b""
+        codecs = self._codecs
+        # This thread's last decoded frame (a zstd file is one), reused but under
+        # "always", where every read checks what it returns.
+        last = self._last_frame.__dict__ if not self._check_every_read else {}
+        if codec == CODEC_ZSTD:
+            if last.get("key") != (record, -1):
+                last["key"], last["bytes"] = (record, -1), self._read_coded(entry, where)
+            data = last["bytes"]
+            return data if begin == 0 and stop == length else data[begin:stop]
+        if begin == 0 and stop == length:
+            return self._read_coded(entry, where)
+        if codec == CODEC_FRAMES:
+            frame_size = 1 << row.frame_log2
+            parts = []
+            for k in range(begin // frame_size, (stop - 1) // frame_size + 1):
+                if last.get("key") == (record, k):
+                    decoded = last["bytes"]
+                else:
+                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, where)
+                    frame = self._container.pread(start + low, start + high, end)
+                    decoded = codecs.decode_frame(row, length, k, frame, stored_crc, decoded_crc, where)
+                    last["key"], last["bytes"] = (record, k), decoded
+                at = k * frame_size
+                parts.append(decoded[max(begin - at, 0) : stop - at])
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        layout = codecs.sparse_layout(row, record, length, end - start, where)
+        return codecs.sparse_range(layout, begin, stop,
+                                   lambda low, high: self._read_part(entry, record, start, end, low, high - low))
+
+    def _check_coded(self, entry: int) -> None:
+        """:meth:`check` of a file whose record is not stored as it is, in bounded
+        memory: a zstd file (at most 1 MiB) decoded and checked; a frames or sparse
+        file's record checked under the policy (read in chunks), and a sparse file's
+        extent list; a frame's own CRCs are checked when it is decoded."""
+        container = self._container
+        try:
+            record, start, end, length, row = self._coded_span(self._regular_file(entry), entry)
+            if row.codec == CODEC_ZSTD:
+                self._read_coded(entry, entry)
+                return
+            if self._needs_check(record, entry):
+                self._checked_sound(record, None, entry)
+            if row.codec == CODEC_SPARSE:
+                self._codecs.sparse_layout(row, record, length, end - start, entry)
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+
+    def _open_coded(self, entry: int, name: str) -> PackedFile:
+        """:meth:`open` of a file whose record is not stored as it is: a zstd file, or a
+        frames or sparse file of at most SMALL_FILE_BYTES, decoded whole here (a
+        MemoryFile); a larger one a DecodedFile, which decodes only the frames or reads
+        only the extents a read covers (a sparse file's record checked here, under the
+        policy; each frame against its own CRCs as it is decoded)."""
+        where = name or entry
+        container = self._container
+        try:
+            record, start, end, length, row = self._coded_span(self._regular_file(entry), where)
+            if row.codec == CODEC_ZSTD or length <= SMALL_FILE_BYTES:
+                return MemoryFile(self._read_coded(entry, where), name)
+            layout = None
+            if row.codec == CODEC_SPARSE:
+                if self._needs_check(record, where):
+                    self._checked_sound(record, None, where)
+                layout = self._codecs.sparse_layout(row, record, length, end - start, where)
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        return DecodedFile(container, self._codecs, row, start, end, length, layout, name, where)
+
+    def _coded_chunks(self, entry: int, chunk_size: int) -> Iterator[bytes]:
+        """:meth:`read_chunks` of a file whose record is not stored as it is: its
+        decoded contents in chunks (a sparse file's holes as zeros), every stored and
+        decoded byte checked whatever the policy."""
+        position = 0
+        for offset, data in self.read_extents(entry, chunk_size):
+            yield from _zeros(offset - position, chunk_size)
+            yield data
+            position = offset + len(data)
+        yield from _zeros(self._table.size(entry) - position, chunk_size)
+
+    def read_extents(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) of file ``entry``'s contents, in order, in chunks of at most
+        ``chunk_size`` bytes (a zstd file in one), leaving out a sparse file's holes
+        (format 1.5, section 4f: they read as zeros): what ``unpack`` writes, seeking
+        over the holes.  Every stored and decoded byte is checked whatever the policy;
+        a stored or sparse record's CRC is compared after its last chunk (ChecksumError
+        then: a caller publishes what it wrote only once the iterator is exhausted)."""
+        container = self._container
+        entry = self._regular_file(entry)
+        record, start, end, length, row = container.checked(self._coded_span, entry, entry) if self._coded else (
+            *container.checked(self._file_span, entry), self._table.size(entry), None)
+        codec = row.codec if row is not None else CODEC_STORED
+        codecs = self._codecs
+        if codec == CODEC_ZSTD:
+            stored = container.pread(start, end)
+            container.check_unchanged()
+            if crc32(stored) != container.stored_crc(record):
+                raise container.checksum_error(record, self._label(entry))
+            yield 0, codecs.decode(row, record, stored, length, entry)
+            return
+        if codec == CODEC_FRAMES:
+            frame_size, count = 1 << row.frame_log2, -(-length // (1 << row.frame_log2))
+            # Frames read a window at a time (from a remote source, windows of parallel
+            # ranged parts as read_chunks reads: one GET per frame cost a round trip each).
+            window = chunk_size if container.zero_copy else max(
+                chunk_size, min(_REMOTE_WINDOW, getattr(container.source, "memory_cap", _REMOTE_WINDOW) // 4))
+            k = 0
+            while k < count:
+                frames = [(k, *codecs.frame_span(row, k, end - start, entry))]
+                while k + len(frames) < count and frames[-1][2] - frames[0][1] < window:
+                    frames.append((k + len(frames), *codecs.frame_span(row, k + len(frames), end - start, entry)))
+                base = frames[0][1]
+                block = memoryview(container.pread(start + base, start + frames[-1][2], end))
+                container.check_unchanged()
+                for index, low, high, stored_crc, decoded_crc in frames:
+                    frame = block[low - base : high - base]
+                    if crc32(frame) != stored_crc:
+                        raise container.checksum_error(record, f"{self._label(entry)}: frame {index}")
+                    decoded = codecs.decode_frame(row, length, index, frame, stored_crc, decoded_crc, entry, False)
+                    for at in range(0, len(decoded), chunk_size):
+                        yield (index * frame_size + at,
+                               decoded[at : at + chunk_size] if len(decoded) > chunk_size else decoded)
+                k += len(frames)
+            return
+        stored_chunks = self._stored_chunks(entry, record, start, end, chunk_size)
+        if codec == CODEC_STORED:
+            position = 0
+            for chunk in stored_chunks:
+                yield position, chunk
+                position += len(chunk)
+            return
+        layout = codecs.sparse_layout(row, record, length, end - start, entry)
+        j, within = 0, 0  # the extent the next stored byte belongs to, and how far into it
+        for chunk in stored_chunks:
+            at = 0
+            while at < len(chunk):
+                take = min(len(chunk) - at, layout.lengths[j] - within)
+                yield layout.offsets[j] + within, chunk[at : at + take] if take < len(chunk) else chunk
+                at += take
+                within += take
+                if within == layout.lengths[j]:
+                    j, within = j + 1, 0
 
     def readlink(self, entry: int, check: bool | None = None) -> bytes:
         """Symlink ``entry``'s target as stored; CRC-checked under the policy (or
@@ -1027,7 +1308,57 @@ class Archive:
 
         ``progress`` is called with byte counts as records are checked.
         """
-        return verify_archive(self._container, self._table, progress, self._pieces, self._xattrs)
+        return verify_archive(self._container, self._table, progress, self._pieces, self._xattrs, self._codecs)
+
+    @property
+    def has_codecs(self) -> bool:
+        """Whether the archive uses format 1.5's codecs (section 4f: its footer's
+        FLAG_CODECS): files compressed, sharing records or sparse."""
+        return self._coded
+
+    def codec_summary(self, top: int = 5) -> dict[str, object]:
+        """What the codecs did (:meth:`packfs.core.codecs.CodecTable.summary`): stored
+        and original bytes, ratio, files per codec, bytes saved by shared records,
+        dictionaries, and the ``top`` kinds of file by extension."""
+        return self._codecs.summary(self._table, top)
+
+    def codec(self, entry: int) -> int:
+        """File ``entry``'s codec (format 1.5, section 4f): CODEC_STORED, CODEC_ZSTD,
+        CODEC_FRAMES or CODEC_SPARSE (always CODEC_STORED in an archive without codecs),
+        its row and size checked."""
+        if not self._coded:
+            self._regular_file(entry)
+            return CODEC_STORED
+        return self._codec_row(entry).codec
+
+    def unpack_bytes(self) -> int:
+        """The bytes an unpack of the whole archive writes to disk: each regular file's
+        size once per inode (a hard link's other names are links), a sparse file's only
+        its data (its holes are skipped, format 1.5 section 4f); what ``unpack`` compares
+        with the destination's free space before it writes anything.  In chunks, with
+        numpy: memory bounded whatever the number of entries."""
+        import numpy as np
+
+        table, container = self._table, self._container
+        mode, record, size = table.column("mode"), table.column("record"), table.column("size")
+        nlink, first_link = table.column("nlink"), table.column("first_link")
+        sparse = self._codecs.codec_column() == CODEC_SPARSE if self._coded else None
+        offsets, count, chunk, total = container.offsets, self.entry_count, 1 << 16, 0
+        for start in range(0, count, chunk):
+            end = min(count, start + chunk)
+            index = np.arange(start, end)
+            primary = ((mode[start:end] & S_IFMT) == S_IFREG) & (
+                (nlink[start:end] <= 1) | (first_link[start:end] == 0) | (first_link[start:end] == index))
+            sizes = size[start:end][primary].astype(np.float64)  # no overflow on a hostile 2**64 - 1
+            if sparse is not None:
+                records = record[start:end][primary]
+                valid = records < self._data_record_count
+                holey = np.zeros(len(records), bool)
+                holey[valid] = sparse[records[valid].astype(np.int64)]
+                stored = records[holey].astype(np.int64)
+                sizes[holey] = (offsets[stored + 1] - offsets[stored]).astype(np.float64)
+            total += int(sizes.sum())
+        return total
 
     def check_records(self) -> int:
         """Check that the records the entries name are what writing the whole archive out

@@ -12,14 +12,15 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .archive import Archive
+    from .codecs import CodecRow, CodecTable, SparseLayout
     from .pathtable import PathTable
 
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
-from ..format import S_IFMT, S_IFREG, crc32
+from ..format import CODEC_FRAMES, CODEC_STORED, S_IFMT, S_IFREG, crc32
 from ..source import ByteSource
 from .container import Container
 
-__all__ = ["PackedFile", "MemoryFile", "StreamFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
+__all__ = ["PackedFile", "MemoryFile", "StreamFile", "DecodedFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
            "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE"]
 
 # Archive.open reads a file of at most SMALL_FILE_BYTES whole, with one pread, checks
@@ -124,6 +125,20 @@ class StreamFile(PackedFile, io.BufferedReader):
         super().__init__(_RecordReader(container, start, end, name), STREAM_BUFFER_BYTES)
 
 
+class DecodedFile(PackedFile, io.BufferedReader):
+    """A :class:`PackedFile` over a large file of an archive with codecs (format 1.5,
+    section 4f) whose record is zstd frames or a sparse file's extents: io.BufferedReader
+    over reads that decode only the frames (or read only the extents) they cover, so a
+    seek and a small read of a 10 GiB file decodes one frame.  It holds at most one
+    decoded frame besides the buffer.  Each frame is checked against its own CRCs as it
+    is decoded; a sparse file's record was checked at open under the policy."""
+
+    def __init__(self, container: Container, codecs: CodecTable, row: CodecRow, start: int, end: int, size: int,
+                 layout: SparseLayout | None, name: str, where: object) -> None:
+        super().__init__(_DecodedReader(container, codecs, row, start, end, size, layout, name, where),
+                         STREAM_BUFFER_BYTES)
+
+
 class _RecordReader(io.RawIOBase):
     """StreamFile's raw file: preads of one record of the archive file, not copies out
     of its memory map, each followed by the check that the archive is unchanged."""
@@ -215,10 +230,65 @@ class _RecordReader(io.RawIOBase):
             raise ValueError("I/O operation on closed file")
 
 
+class _DecodedReader(_RecordReader):
+    """DecodedFile's raw file: a position in the decoded contents, each read served
+    from the frame (or the extents) under it."""
+
+    def __init__(self, container: Container, codecs: CodecTable, row: CodecRow, start: int, end: int, size: int,
+                 layout: SparseLayout | None, name: str, where: object) -> None:
+        super().__init__(container, start, end, name)
+        self._length = size  # the decoded size: seeks and reads are in its terms
+        self._end = end
+        self._codecs, self._row, self._layout, self._where = codecs, row, layout, where
+        self._frame = -1  # the frame last decoded, kept: BufferedReader refills in smaller steps
+        self._frame_bytes = b""
+
+    def readall(self) -> bytes:
+        parts = []
+        while True:
+            part = self.read(1 << 20)
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        container = self._open_container()
+        buffer = memoryview(buffer).cast("B")
+        begin = self._position
+        stop = min(self._length, begin + len(buffer))
+        if stop <= begin:
+            return 0
+        start, end, codecs, row, where = self._start, self._end, self._codecs, self._row, self._where
+        try:
+            if row.codec == CODEC_FRAMES:
+                frame_size = 1 << row.frame_log2
+                k = begin >> row.frame_log2
+                if k != self._frame:
+                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, where)
+                    frame = container.pread(start + low, start + high, end)
+                    self._frame_bytes = codecs.decode_frame(row, self._length, k, frame, stored_crc, decoded_crc,
+                                                            where)
+                    self._frame = k
+                at = begin - k * frame_size
+                data: bytes | memoryview = memoryview(self._frame_bytes)[at : at + stop - begin]
+            else:
+                data = codecs.sparse_range(self._layout, begin, stop,  # type: ignore[arg-type]
+                                           lambda low, high: container.pread(start + low, start + high, end))
+        except PackfsError:
+            container.changed_instead()
+            raise
+        container.check_unchanged()
+        count = len(data)
+        buffer[:count] = data
+        self._position = begin + count
+        return count
+
+
 def read_entries(archive: Archive, table: PathTable, container: Container,
-                 entries: Sequence[int] | np.ndarray) -> Iterator[tuple[int, bytes]]:
+                 entries: Sequence[int] | np.ndarray, codecs: CodecTable | None = None) -> Iterator[tuple[int, bytes]]:
     """Archive.read_batch's work, for its ``table`` and ``container`` (which it checks
-    around this call)."""
+    around this call); with ``codecs`` (an archive with codecs, format 1.5) each file's
+    row is checked with the rest of the batch and its stored bytes decoded."""
     import numpy as np
 
     entries = np.asarray(entries, dtype=np.int64)
@@ -229,15 +299,28 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
     # Compared while still unsigned: a hostile record or size of 2**63 or more would
     # turn negative as int64, and a negative record indexes from the end.
     records = table.column("record")[entries]
-    sizes = table.column("size")[entries]
-    refused = (((table.column("mode")[entries] & S_IFMT) != S_IFREG) | (records >= table.data_records)
-               | (sizes > container.file_size))
+    declared = table.column("size")[entries]
+    refused = ((table.column("mode")[entries] & S_IFMT) != S_IFREG) | (records >= table.data_records)
+    if codecs is None:  # a compressed file may be larger than the archive
+        refused |= declared > container.file_size
+    rows: list = []
     if not refused.any():
-        records, sizes = records.astype(np.int64), sizes.astype(np.int64)
+        records, sizes = records.astype(np.int64), declared.astype(np.int64)
         starts = container.offsets[records]
         ends = container.offsets[records + 1]  # a data record is never the last record
-        refused = ((ends - starts != sizes) | (ends < starts) | (starts < container.data_start)
-                   | (ends > container.data_end))
+        mismatch = ends - starts != sizes
+        if codecs is not None:  # only a stored record's length is its file's size (format 4f)
+            coded = codecs.codec_column()[records] != CODEC_STORED
+            mismatch &= ~coded
+        refused = mismatch | (ends < starts) | (starts < container.data_start) | (ends > container.data_end)
+        if codecs is not None and not refused.any():
+            rows = [None] * len(entries)
+            # Python ints once (a numpy scalar costs a conversion at every use).
+            record_list, size_list, entry_list = records.tolist(), declared.tolist(), entries.tolist()
+            lengths = (ends - starts).tolist()
+            file_row = codecs.file_row
+            for k in np.flatnonzero(coded).tolist():  # each row held to its rules (section 4f)
+                rows[k] = file_row(record_list[k], size_list[k], lengths[k], entry_list[k])
     if refused.any():
         bad = int(entries[np.argmax(refused)])
         archive.read(bad)  # raises, naming the rule
@@ -263,10 +346,12 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
             if stored is not None and crc32(data) != stored[position]:
                 container.check_crc(int(records[position]), data,
                                     repr(os.fsdecode(table.full_path(int(entries[position])))))
+            if rows and rows[position] is not None:
+                data = codecs.decode(rows[position], record_list[position], data,  # type: ignore[union-attr]
+                                     size_list[position], entry_list[position])
             yield position, data
         view.release()
         i = j
-
 
 
 def read_spans(source: ByteSource, spans: Sequence[Tuple[int, int]]) -> Iterator[Tuple[range, List[bytes]]]:

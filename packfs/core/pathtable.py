@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Iterable
 
 from .container import Container
 from .lookupindex import LookupIndex
-from .tail import FetchMany, PagedColumn, section_region
+from .tail import FetchMany, PagedColumn, prefetch_pages, section_region
 
 from ..errors import ChecksumError, ClosedArchiveError, FormatError
-from ..format import (NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
+from ..format import (CODEC_STORED, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
                       symlink_length_problem)
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from .codecs import CodecTable
 
 __all__ = ["PathTable"]
 
@@ -77,6 +79,9 @@ class PathTable:
     _names: memoryview
     _path_hash: memoryview
     _path_entry: memoryview
+    # Format 1.5's codec rows (section 4f), set by the archive when its footer has
+    # FLAG_CODECS: a file's size is then held to its record's row, not its length.
+    codecs: CodecTable | None = None
 
     def __init__(self, container: Container, footer: Footer,
                  image: tuple[bytes | bytearray, dict[str, tuple[int, int]]] | None = None) -> None:
@@ -353,7 +358,16 @@ class PathTable:
             container = self.container
             container.crc_items.hint(row.record, row.crc)
             container.offset_items.hint(row.record, row.offset)
-            container.offset_items.hint(row.record + 1, row.offset + row.size)
+            # The row gives the record's end only where its length is the size: with
+            # codecs (format 4f) a record stored as it is; others read their end's page.
+            codecs = self.codecs
+            if codecs is not None:
+                fetch_many = getattr(container.source, "read_ranges", None)
+                if fetch_many is not None:  # both pages cold: fetched together, one round trip
+                    prefetch_pages([(codecs.row_items(), [row.record << 4]),
+                                    (container.offset_items, [row.record + 1])], fetch_many)
+            if codecs is None or codecs.row(row.record, entry).codec == CODEC_STORED:
+                container.offset_items.hint(row.record + 1, row.offset + row.size)
         return entry
 
     def _path_is(self, entry: int, key: bytes) -> bool:
@@ -523,7 +537,13 @@ class PathTable:
         if record >= self.data_records:
             self.fail(f"entry {entry} names record {record}, outside the {self.data_records} data records")
         start, end = self.container.record_span(record)
-        if end - start != self._size[entry]:
+        codecs = self.codecs
+        if codecs is not None:
+            # Format 1.5: the size is the decoded length, held to the record's codec row.
+            row = codecs.file_row(record, self._size[entry], end - start, entry)
+            if row.codec != CODEC_STORED and self.file_type(entry) != S_IFREG:
+                self.fail(f"entry {entry} is a symlink whose record {record} is not stored as it is")
+        elif end - start != self._size[entry]:
             self.fail(f"entry {entry}'s size differs from the length of its record {record}")
         return record
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..format import NAME_MAX, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32
+from ..format import CODEC_STORED, NAME_MAX, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, crc32
 
 if TYPE_CHECKING:
     from .pathtable import PathTable
@@ -39,6 +39,7 @@ def validate(table: PathTable) -> None:
         )
     offsets = table.container.offsets
     data_records = table.data_records
+    codes = table.codecs.codec_column() if table.codecs is not None else None  # one byte per record
     total_children = 0
     for start in range(0, count, _CHUNK):
         end = min(count, start + _CHUNK)
@@ -102,7 +103,10 @@ def validate(table: PathTable) -> None:
         # small steps and drop those pages, or a large header would pile up in RSS.
         for low in range(0, len(their), _GATHER):
             part = their[low : low + _GATHER]
-            if np.any(offsets[part + 1] - offsets[part] != sizes[low : low + _GATHER]):
+            wrong = offsets[part + 1] - offsets[part] != sizes[low : low + _GATHER]
+            if codes is not None:  # format 1.5: only a stored record's length is its file's size
+                wrong &= codes[part] == CODEC_STORED
+            if np.any(wrong):
                 table.fail("an entry's size differs from the length of its record")
             if count > _CHUNK:
                 table.container.release(0, table.container.data_start)
@@ -136,7 +140,8 @@ def check_records(table: PathTable) -> int:
     (format section 5, "before writing out a whole archive"), and return the bytes
     an unpack writes: the total length of the distinct records named.
 
-    A record is named by one entry, or by every name of one hard-linked file:
+    A record is named by one entry, or by every name of one hard-linked file (in an
+    archive with codecs, format 4f, by any number of regular files):
     regular files whose ``nlink`` is the number of entries naming it and whose
     ``first_link`` is the same (all 0 in a 1.0 table); a regular file's ``nlink``
     is the number of entries naming its record.  With the container's offsets
@@ -173,8 +178,12 @@ def check_records(table: PathTable) -> int:
         theirs = record[entries].astype(np.int64)
         sharing = users[theirs]
         is_file = (mode[entries] & S_IFMT) == S_IFREG
-        wrong = ((sharing > 1) & ~is_file) | (is_file & (nlink[entries] != sharing)) \
-            | (first_link[entries] != link_of[theirs])
+        wrong = (sharing > 1) & ~is_file
+        if table.codecs is None:
+            wrong |= (is_file & (nlink[entries] != sharing)) | (first_link[entries] != link_of[theirs])
+        # Format 1.5 (4f): regular files with equal contents may share a record, each
+        # keeping its own nlink and first_link (hard links among them are checked by
+        # validate's first_link rule); records still do not overlap (check_offsets).
         if wrong.any():
             bad = int(entries[np.argmax(wrong)])
             table.fail(

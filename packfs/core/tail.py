@@ -1,8 +1,9 @@
 """Format 1.4's tail (format section 4e), and the table read and checked page by page.
 
 An archive with a tail opens from its last bytes alone: the tail locates every section
-and holds a CRC for each page of the header's data-record arrays and of sections 0-20,
-and each lookup-index page's first hash and CRC.  A reader then checks what it uses
+and holds a CRC for each page of the header's data-record arrays and of sections 0-20
+(and, in a 1.5 archive with codecs, sections 22-23: format section 4f), and each
+lookup-index page's first hash and CRC.  A reader then checks what it uses
 when it first uses it:
 
 - a local archive (a map) checks a whole section, through its page CRCs, the first
@@ -22,15 +23,17 @@ from typing import Callable, Iterable, List, NamedTuple, Sequence, Tuple, Union
 
 from ..errors import ChecksumError, FormatError
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
-                      TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc)
+                      TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, Footer, crc32, header_size, tail_crc, tail_span_count,
+                      CODECS_SINCE_MINOR, FLAG_CODECS, section_count_for)
 
 __all__ = ["Tail", "PageCache", "PagedColumn", "IndexPage", "HEADER_CRCS", "HEADER_OFFSETS", "section_region",
-           "has_tail", "prefetch_pages", "FetchMany"]
+           "region_section", "has_tail", "prefetch_pages", "FetchMany"]
 
 # A source's read_ranges: the bytes of each (start, end) span, in the order given.
 FetchMany = Callable[[Sequence[Tuple[int, int]]], List[bytes]]
 
-# The tail's paged regions: the header's two arrays, then sections 0 .. 20.
+# The tail's paged regions: the header's two arrays, then sections 0 .. 20, then the
+# sections after the lookup index but the tail (22 and 23 in a 1.5 archive, format 4f).
 HEADER_CRCS = 0
 HEADER_OFFSETS = 1
 _PAGED_SECTIONS = TAIL_SPAN_COUNT - 1  # sections 0 .. 20; 21, the index, has pages of its own
@@ -39,8 +42,16 @@ _MAX_HINTS = 1 << 12  # items per column known from index rows (a lookup's stat 
 
 
 def section_region(section: int) -> int:
-    """The tail region holding section ``section``'s page CRCs (0 .. 20)."""
-    return section + 2
+    """The tail region holding section ``section``'s page CRCs (0 .. 20, and from 22 on
+    the sections a 1.5 archive adds before its tail; 21, the lookup index, has none)."""
+    if section == LOOKUP_INDEX_SECTION:
+        raise ValueError("the lookup index (section 21) is paged by its own page table")
+    return section + 2 if section < LOOKUP_INDEX_SECTION else section + 1
+
+
+def region_section(region: int) -> int:
+    """The section whose page CRCs region ``region`` (2 and up) holds: section_region's inverse."""
+    return region - 2 if region - 2 < LOOKUP_INDEX_SECTION else region - 1
 
 
 def has_tail(footer: Footer) -> bool:
@@ -98,8 +109,12 @@ class Tail:
         if page_size < TABLE_PAGE_MIN or page_size & (page_size - 1):
             raise FormatError(f"{where}: the tail's page size is {page_size}, expected a power of two "
                               f">= {TABLE_PAGE_MIN}")
-        if span_count != TAIL_SPAN_COUNT:
-            raise FormatError(f"{where}: the tail locates {span_count} sections, expected {TAIL_SPAN_COUNT}")
+        # Every section but the tail: 22 in 1.4, 24 with codecs (format section 4f).  (A
+        # footer whose section count disagrees is refused by the record count.)
+        expected_spans = tail_span_count(section_count_for(
+            CODECS_SINCE_MINOR if footer.flags & FLAG_CODECS else INDEX_SINCE_MINOR))
+        if span_count != expected_spans:
+            raise FormatError(f"{where}: the tail locates {span_count} sections, expected {expected_spans}")
         if stated_size != file_size:
             raise FormatError(f"{where}: {file_size} bytes, but its tail says the archive is {stated_size} "
                               f"(truncated or extended)")
@@ -121,7 +136,7 @@ class Tail:
         self.file_size = file_size
         position = TAIL_HEADER.size
         tail_start = file_size - FOOTER_SIZE - len(data)
-        self.spans: list[tuple[int, int]] = []  # (start, end) of sections 0 .. 21
+        self.spans: list[tuple[int, int]] = []  # (start, end) of sections 0 .. K - 1
         previous_end = data_end
         for k in range(span_count):
             start, length = TAIL_SPAN.unpack_from(data, position)
@@ -136,7 +151,7 @@ class Tail:
         self.regions: list[tuple[int, int]] = [
             (12, 12 + 4 * data_records),
             (12 + 4 * record_count, 12 + 4 * record_count + 8 * (data_records + 1)),
-        ] + self.spans[:_PAGED_SECTIONS]
+        ] + self.spans[:_PAGED_SECTIONS] + self.spans[LOOKUP_INDEX_SECTION + 1:]
         self._first_crc: list[int] = []
         count = 0
         for start, end in self.regions:
@@ -211,11 +226,14 @@ class Tail:
             return "the header's record CRCs"
         if region == HEADER_OFFSETS:
             return "the header's record offsets"
-        names = [name for name, _ in SECTIONS + PIECE_SECTIONS + XATTR_SECTIONS]
-        return f"section {names[region - 2]!r}"
+        from ..format import CODEC_SECTIONS, INDEX_SECTIONS
+
+        names = [name for name, _ in SECTIONS + PIECE_SECTIONS + XATTR_SECTIONS + INDEX_SECTIONS[:1] + CODEC_SECTIONS]
+        section = region_section(region)
+        return f"section {names[section]!r}" if section < len(names) else f"section {section}"
 
     def section_span(self, section: int) -> tuple[int, int]:
-        """Section ``section``'s (start, end) in the file (0 .. 21)."""
+        """Section ``section``'s (start, end) in the file (0 .. K - 1)."""
         return self.spans[section]
 
     # -- the lookup index's pages ---------------------------------------------------

@@ -505,6 +505,36 @@ class ShardSet:
         return None
 
     @property
+    def has_codecs(self) -> bool:
+        """Whether any shard uses format 1.5's codecs (:attr:`Archive.has_codecs`)."""
+        return any(self._shard(s.index).has_codecs for s in self._shards)
+
+    def codec_summary(self, top: int = 5) -> dict[str, object]:
+        """Every shard's :meth:`Archive.codec_summary`, added up."""
+        total: dict[str, Any] = {"compression": "uncompressed", "stored_bytes": 0, "original_bytes": 0,
+                                 "files_by_codec": {}, "dedup_saved_bytes": 0, "dictionaries": 0,
+                                 "dictionary_bytes": 0}
+        kinds: dict[str, list[int]] = {}
+        for shard in self._shards:
+            part = self._shard(shard.index).codec_summary(top=1 << 30)
+            if part["compression"] != "uncompressed":
+                total["compression"] = part["compression"]
+            for key in ("stored_bytes", "original_bytes", "dedup_saved_bytes", "dictionaries", "dictionary_bytes"):
+                total[key] += part[key]
+            for codec, files in part["files_by_codec"].items():  # type: ignore[attr-defined]
+                total["files_by_codec"][codec] = total["files_by_codec"].get(codec, 0) + files
+            for kind in part["kinds"]:  # type: ignore[attr-defined]
+                sums = kinds.setdefault(kind["kind"], [0, 0, 0])
+                for k, key in enumerate(("files", "original_bytes", "stored_bytes")):
+                    sums[k] += kind[key]
+        stored = total["stored_bytes"]
+        total["ratio"] = round(total["original_bytes"] / stored, 2) if stored else 1.0
+        total["kinds"] = [{"kind": kind, "files": files, "original_bytes": original, "stored_bytes": stored_part}
+                          for kind, (files, original, stored_part) in
+                          sorted(kinds.items(), key=lambda item: -item[1][1])[:top]]
+        return total
+
+    @property
     def xattr_entries(self) -> int:
         """Entries with extended attributes, in all shards."""
         return sum(self._shard(s.index).xattr_entries for s in self._shards)
@@ -971,6 +1001,20 @@ class ShardSet:
         """File ``entry`` in chunks, its CRC compared at the end."""
         index, local = self._split(entry)
         return self._shard(index).read_chunks(local, chunk_size)
+
+    def read_extents(self, entry: int, chunk_size: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+        """:meth:`Archive.read_extents` of file ``entry``: (offset, bytes), holes left out."""
+        index, local = self._split(entry)
+        return self._shard(index).read_extents(local, chunk_size)
+
+    def codec(self, entry: int) -> int:
+        """:meth:`Archive.codec` of file ``entry`` in its shard."""
+        index, local = self._split(entry)
+        return self._shard(index).codec(local)
+
+    def unpack_bytes(self) -> int:
+        """Every shard's :meth:`Archive.unpack_bytes`: what an unpack of the set writes."""
+        return sum(self._shard(s.index).unpack_bytes() for s in self._shards)
 
     def _by_shard(self, items: Sequence[Union[int, PathArg]]) -> dict[int, list[tuple[int, int]]]:
         groups: dict[int, list[tuple[int, int]]] = {}

@@ -10,6 +10,7 @@ from typing import Callable
 from ..errors import FormatError
 from ..format import (S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, name_length_problem, symlink_length_problem,
                       symlink_target_problem)
+from .codecs import CodecTable
 from .container import Container
 from .pathtable import PathTable
 from .pieces import PieceTable
@@ -40,12 +41,13 @@ class VerifyReport:
 
 def verify_archive(
     container: Container, table: PathTable | None, progress: Callable[[int], None] | None = None,
-    pieces: PieceTable | None = None, xattrs: XattrTable | None = None,
+    pieces: PieceTable | None = None, xattrs: XattrTable | None = None, codecs: CodecTable | None = None,
 ) -> VerifyReport:
     """Check everything at once: the header CRC, every offset, every record's CRC and,
     with ``table``, every rule of the path table (each path's stored hash included),
     with ``pieces``, every piece CRC (format section 4b) and, with ``xattrs``, every
-    entry's extended attributes (format section 4c)."""
+    entry's extended attributes (format section 4c) and, with ``codecs``, every codec
+    row, frame table and extent list, each file decoded whole (format section 4f)."""
     bad_records = []
     checked_bytes = 0
     problems = []
@@ -93,6 +95,8 @@ def verify_archive(
                 problems.extend(pieces.problems(container))
             if xattrs is not None:
                 problems.extend(xattrs.problems(table.entry_count, table.inode))
+            if codecs is not None:
+                problems.extend(codecs.problems(table))
             if container.tail is not None:
                 problems.extend(tail_problems(container, table, container.tail))
             for entry in long_names(table):

@@ -122,6 +122,12 @@ class FileReader:
     (:meth:`read`) is read in archive order, each run of adjacent records with one
     ``preadv`` straight into the arrays (``bench/ffrecord_batch.py``).
 
+    Records are read as stored, as FFRecord's own reader reads them: in a packfs
+    archive with codecs (format 1.5, section 4f) a compressed file's record is its zstd
+    frames, a sparse file's its data extents, and one record may hold the contents of
+    several equal files.  Read files of such an archive by path (``packfs.PackedFolder``,
+    ``packfs.ffrecord.package``'s reader) to get their contents.
+
     Parameters
     ----------
     fname

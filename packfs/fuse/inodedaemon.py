@@ -80,6 +80,9 @@ def _archive_unavailable(archive: Archive) -> str | None:
         return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
     if archive.footer.version_minor < 1:
         return f"the archive is format {archive.version} (packfs convert writes the current version, with inode numbers stored)"
+    if archive.has_codecs and not _compiled_reads_codecs():
+        return ("the archive uses format 1.5's codecs (compressed, shared or sparse files), which this build of "
+                "the compiled daemon does not decode")
     source = archive.source
     if is_url(source.name):
         return ("the archive is a URL: the Python daemon reads it with ranged requests (the compiled one reads "
@@ -89,6 +92,15 @@ def _archive_unavailable(archive: Archive) -> str | None:
     if source.guard_slot < 0:
         return "the archive's map is not guarded against truncation (packfs._sigbus is not built)"
     return None
+
+
+def _compiled_reads_codecs() -> bool:
+    """Whether the compiled daemon decodes format 1.5's codecs (its module says so)."""
+    try:
+        from .. import _lowlevel
+    except ImportError:
+        return False
+    return bool(getattr(_lowlevel, "READS_CODECS", False))
 
 
 def compiled_libfuse_version() -> str:
