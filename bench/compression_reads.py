@@ -12,13 +12,16 @@ Four measurements:
    disk); every reader reads the same shuffled list, rounds alternate the readers;
 2. cold shuffled reads of bench/compression.py's text tree (every file once, shuffled, one
    thread; the page cache dropped before each reader's round, which needs root):
-   ``packfs mount`` (the compiled lowlevel daemon, restarted each round so no cache of its
-   own survives) of the compressed and of the uncompressed archive, the kernel's EROFS
+   ``packfs mount`` (the compiled lowlevel daemon, or mfusepy where the compiled one
+   refuses an archive, as the report says; restarted each round so no cache of its own
+   survives) of the compressed and of the uncompressed archive, the kernel's EROFS
    mount of the ``mkfs.erofs -zlz4hc`` image over a loop device, and the plain tree;
 3. the same reads warm (the page cache left as the previous read of the same files left it);
 4. one random 4 KiB read inside a 1 GiB file: ``PackedFile.seek`` + ``read(4096)``
    in-process, and ``os.pread`` through the mount, at distinct random offsets (a new
-   frame each time, almost surely), compressed against uncompressed; median latency.
+   frame each time, almost surely), compressed against uncompressed; median latency,
+   and, for scale, what zstandard alone takes to decode one frame of 64 KiB, 256 KiB
+   and 1 MiB of the file (the latency over that is about the frames a read decoded).
 
 The archive and image are made once (untimed) with the same commands as
 bench/compression.py.  The readers run in this process, pinned by ``--cpus`` (default:
@@ -143,23 +146,24 @@ class ErofsMount:
         subprocess.run(["umount", str(self.mountpoint)], check=True)
 
 
-BINDING = {"name": "lowlevel"}  # auto (and why) if the compiled daemon refuses an archive
+BINDINGS: Dict[Path, str] = {}  # archive -> the binding that serves it
 
 
 def packfs_mount(archive: Path, mountpoint: Path, cpus: str, skipped: Dict[str, str]) -> Mount:
     """A foreground ``packfs mount`` by the compiled daemon, or, if it cannot serve the
-    archive, by whatever ``--binding auto`` picks (said in the report)."""
+    archive, by mfusepy (what ``--binding auto`` would pick; said in the report)."""
     def command(binding: str) -> List[str]:
         return ["taskset", "-c", cpus, *PACKFS, "mount", "-f", "--binding", binding, str(archive), str(mountpoint)]
 
-    if BINDING["name"] == "lowlevel":
+    if archive not in BINDINGS:
         try:
             with Mount("probe", command("lowlevel"), mountpoint):
-                pass
+                BINDINGS[archive] = "lowlevel"
         except RuntimeError as error:
-            BINDING["name"] = "auto"
-            skipped["the compiled daemon"] = f"refused {archive.name}, --binding auto served instead: {error}"
-    return Mount(f"packfs {archive.name}", command(BINDING["name"]), mountpoint)
+            BINDINGS[archive] = "mfusepy"
+            reason = str(error).split("Error: ", 1)[-1].strip()
+            skipped[f"the compiled daemon for {archive.name}"] = f"it refused it, so mfusepy served it: {reason}"
+    return Mount(f"packfs {archive.name}", command(BINDINGS[archive]), mountpoint)
 
 
 # -- 1. in-process ------------------------------------------------------------------------
@@ -269,7 +273,7 @@ def mounted_reads(work: Path, quick: bool, rounds: int, cpus: str, compresses: b
             measure(src)
         elif system in archives:
             with packfs_mount(archives[system], work / "m-packfs", cpus, skipped):
-                mount_binding[system] = BINDING["name"]
+                mount_binding[system] = BINDINGS[archives[system]]
                 measure(work / "m-packfs")
         else:
             assert erofs_image is not None
@@ -312,6 +316,27 @@ def mounted_reads(work: Path, quick: bool, rounds: int, cpus: str, compresses: b
 # -- 4. one 4 KiB read in a 1 GiB file --------------------------------------------------------
 
 
+def one_frame_decode_us(path: Path, rounds: int) -> Dict[str, float]:
+    """What decoding one frame of this file costs in zstandard alone, by frame size (the
+    format's frames are 64 KiB to 1 MiB, 4f): a read's latency over this is about how
+    many frames it decoded.  Level 9, packfs's default."""
+    import zstandard
+
+    with open(path, "rb") as f:
+        sample = f.read(MIB)
+    result = {}
+    for size in (64 * 1024, 256 * 1024, MIB):
+        frame = zstandard.ZstdCompressor(level=9).compress(sample[:size])
+        decompressor = zstandard.ZstdDecompressor()
+        times = []
+        for _ in range(max(rounds, 5) * 4):
+            started = time.perf_counter()
+            decompressor.decompress(frame)
+            times.append(time.perf_counter() - started)
+        result[f"{size // 1024} KiB"] = statistics.median(times) * 1e6
+    return result
+
+
 def large_file_reads(work: Path, size: int, reads: int, rounds: int, cpus: str, compresses: bool,
                      skipped: Dict[str, str]) -> Dict[str, object]:
     src = work / "large"
@@ -340,7 +365,8 @@ def large_file_reads(work: Path, size: int, reads: int, rounds: int, cpus: str, 
             with packfs_mount(archive, work / "m-large", cpus, skipped):
                 fd = os.open(work / "m-large" / name, os.O_RDONLY)
                 try:
-                    samples = latencies.setdefault(f"os.pread(4096) through packfs mount, {label}", [])
+                    samples = latencies.setdefault(f"os.pread(4096) through packfs mount ({BINDINGS[archive]}), {label}",
+                                                   [])
                     for offset in offsets:
                         started = time.perf_counter()
                         data = os.pread(fd, 4096, offset)
@@ -349,11 +375,13 @@ def large_file_reads(work: Path, size: int, reads: int, rounds: int, cpus: str, 
                 finally:
                     os.close(fd)
     median_us = {label: statistics.median(v) * 1e6 for label, v in latencies.items()}
+    frame_us = one_frame_decode_us(src / name, rounds)
     ratio = {}
     for label, value in median_us.items():
         base = label.replace("--compress zstd", "uncompressed")
         ratio[label] = value / median_us[base]
     return {"file_bytes": size, "reads_per_round": reads, "median_us": median_us, "ratio_to_uncompressed": ratio,
+            "one_frame_decode_us": frame_us,
             "archive_bytes": {label: a.stat().st_size for label, a in archives.items()}}
 
 
@@ -381,10 +409,11 @@ def render(report: Dict) -> str:
               "| system | cold s (page cache dropped) | warm s | archive MiB |", "|---|---:|---:|---:|"]
     for system, value in mounted["warm"]["median_s"].items():
         cold = mounted["cold"]["median_s"].get(system)
+        shown = f"{system} ({mounted['binding'][system]})" if system in mounted["binding"] else system
         cold_cell = f"{cold:.3f} ({mounted['cold']['ratio_to_plain'][system]:.2f})" if cold is not None else "n/a"
         size = mounted["archive_bytes"].get(system)
-        lines.append(f"| {system} | {cold_cell} | {value:.3f} ({mounted['warm']['ratio_to_plain'][system]:.2f}) | "
-                     f"{size / MIB:.2f} |" if size else f"| {system} | {cold_cell} | {value:.3f} (1.00) | |")
+        lines.append(f"| {shown} | {cold_cell} | {value:.3f} ({mounted['warm']['ratio_to_plain'][system]:.2f}) | "
+                     f"{size / MIB:.2f} |" if size else f"| {shown} | {cold_cell} | {value:.3f} (1.00) | |")
     lines.append(f"\nDrift of the plain directory after the rounds: cold {mounted['cold'].get('drift', float('nan')):.2f}x, "
                  f"warm {mounted['warm']['drift']:.2f}x.")
     large = report["large"]
@@ -395,6 +424,8 @@ def render(report: Dict) -> str:
     for label, value in large["median_us"].items():
         lines.append(f"| {label} | {value:.1f} | {large['ratio_to_uncompressed'][label]:.2f} |")
     lines.append("Archives: " + ", ".join(f"{k} {v / MIB:,.1f} MiB" for k, v in large["archive_bytes"].items()) + ".")
+    lines.append("For scale, zstandard alone decodes one frame of this file (level 9) in: " + ", ".join(
+        f"{k} {v:,.0f} us" for k, v in large["one_frame_decode_us"].items()) + ".")
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in report["skipped"].items()) + "."]
     return "\n".join(lines) + "\n"
