@@ -166,6 +166,24 @@ def packfs_mount(archive: Path, mountpoint: Path, cpus: str, skipped: Dict[str, 
     return Mount(f"packfs {archive.name}", command(BINDINGS[archive]), mountpoint)
 
 
+def same_binding_twin(archives: Dict[str, Path], uncompressed: str, twin_label: str, mountpoint: Path, cpus: str,
+                      skipped: Dict[str, str]) -> None:
+    """If the compiled daemon refuses a compressed archive (mfusepy then serves it), add
+    the uncompressed archive served by mfusepy too (a hard link, so a path of its own):
+    the codec's cost apart from the binding's."""
+    for label, archive in list(archives.items()):
+        if label == uncompressed:
+            continue
+        packfs_mount(archive, mountpoint, cpus, skipped)  # learns the binding; mounts nothing
+        if BINDINGS[archive] == "mfusepy":
+            twin = archives[uncompressed].with_name(archives[uncompressed].stem + "-mfusepy.ffr")
+            twin.unlink(missing_ok=True)
+            os.link(archives[uncompressed], twin)
+            BINDINGS[twin] = "mfusepy"
+            archives[twin_label] = twin
+            return
+
+
 # -- 1. in-process ------------------------------------------------------------------------
 
 PASSES = 5  # over the files a timing: one pass of 2,000 takes 20 ms, too short to time alone
@@ -237,6 +255,8 @@ def mounted_reads(work: Path, quick: bool, rounds: int, cpus: str, compresses: b
     if compresses:
         archives["packfs mount, --compress zstd"] = pack(src, work / "reads-text-zstd.ffr", "--compress", "zstd")
     archives = readable(archives, skipped)
+    same_binding_twin(archives, "packfs mount, uncompressed", "packfs mount, uncompressed, mfusepy", work / "m-packfs",
+                      cpus, skipped)
     erofs_image: Optional[Path] = None
     if shutil.which("mkfs.erofs"):
         erofs_image = work / "reads-text.erofs"
@@ -345,6 +365,7 @@ def large_file_reads(work: Path, size: int, reads: int, rounds: int, cpus: str, 
     if compresses:
         archives["--compress zstd"] = pack(src, work / "large-zstd.ffr", "--compress", "zstd")
     archives = readable(archives, skipped)
+    same_binding_twin(archives, "uncompressed", "uncompressed, mfusepy", work / "m-large", cpus, skipped)
     for archive in archives.values():  # into the page cache: the decoding is measured, not the disk
         with open(archive, "rb") as f:
             while f.read(8 * MIB):
@@ -354,18 +375,20 @@ def large_file_reads(work: Path, size: int, reads: int, rounds: int, cpus: str, 
     for _ in range(rounds):
         for label, archive in archives.items():
             offsets = [rng.randrange(0, size // 4096) * 4096 for _ in range(reads)]
-            with packfs.PackedFolder(archive) as folder, folder.open(name) as f:
-                samples = latencies.setdefault(f"PackedFile seek + read(4096), {label}", [])
-                for offset in offsets:
-                    started = time.perf_counter()
-                    f.seek(offset)
-                    data = f.read(4096)
-                    samples.append(time.perf_counter() - started)
-                    assert len(data) == 4096
+            kind = label.split(", ")[0]  # the twin (", mfusepy") is the same file
+            if not label.endswith(", mfusepy"):
+                with packfs.PackedFolder(archive) as folder, folder.open(name) as f:
+                    samples = latencies.setdefault(f"PackedFile seek + read(4096), {kind}", [])
+                    for offset in offsets:
+                        started = time.perf_counter()
+                        f.seek(offset)
+                        data = f.read(4096)
+                        samples.append(time.perf_counter() - started)
+                        assert len(data) == 4096
             with packfs_mount(archive, work / "m-large", cpus, skipped):
                 fd = os.open(work / "m-large" / name, os.O_RDONLY)
                 try:
-                    samples = latencies.setdefault(f"os.pread(4096) through packfs mount ({BINDINGS[archive]}), {label}",
+                    samples = latencies.setdefault(f"os.pread(4096) through packfs mount ({BINDINGS[archive]}), {kind}",
                                                    [])
                     for offset in offsets:
                         started = time.perf_counter()
@@ -377,9 +400,10 @@ def large_file_reads(work: Path, size: int, reads: int, rounds: int, cpus: str, 
     median_us = {label: statistics.median(v) * 1e6 for label, v in latencies.items()}
     frame_us = one_frame_decode_us(src / name, rounds)
     ratio = {}
-    for label, value in median_us.items():
-        base = label.replace("--compress zstd", "uncompressed")
-        ratio[label] = value / median_us[base]
+    for label, value in median_us.items():  # to the uncompressed archive read the same way (and binding)
+        way = label.rsplit(", ", 1)[0]
+        base = f"{way}, uncompressed"
+        ratio[label] = value / median_us[base] if base in median_us else float("nan")
     return {"file_bytes": size, "reads_per_round": reads, "median_us": median_us, "ratio_to_uncompressed": ratio,
             "one_frame_decode_us": frame_us,
             "archive_bytes": {label: a.stat().st_size for label, a in archives.items()}}
@@ -409,7 +433,8 @@ def render(report: Dict) -> str:
               "| system | cold s (page cache dropped) | warm s | archive MiB |", "|---|---:|---:|---:|"]
     for system, value in mounted["warm"]["median_s"].items():
         cold = mounted["cold"]["median_s"].get(system)
-        shown = f"{system} ({mounted['binding'][system]})" if system in mounted["binding"] else system
+        binding = mounted["binding"].get(system)
+        shown = f"{system} ({binding})" if binding and binding not in system else system
         cold_cell = f"{cold:.3f} ({mounted['cold']['ratio_to_plain'][system]:.2f})" if cold is not None else "n/a"
         size = mounted["archive_bytes"].get(system)
         lines.append(f"| {shown} | {cold_cell} | {value:.3f} ({mounted['warm']['ratio_to_plain'][system]:.2f}) | "
