@@ -161,7 +161,7 @@ $(FUZZ_BUILD)/lowlevel-coverage: fuzz/lowlevel_fuzz.c $(FUZZ_DEPENDS)
 	@mkdir -p $(@D)
 	$(FUZZ_LINK) -fsanitize=fuzzer -fprofile-instr-generate -fcoverage-mapping $< -o $@ $$flags
 
-$(FUZZ_BUILD)/seeds/.made: fuzz/seeds.py tests/fuzz.py tests/hostile.py tests/deep_tables.py | $(STAMP)
+$(FUZZ_BUILD)/seeds/.made: fuzz/seeds.py tests/fuzz.py tests/hostile.py tests/deep_tables.py tests/codec_archives.py | $(STAMP)
 	rm -rf $(@D)
 	$(PY) fuzz/seeds.py $(@D)
 	touch $@

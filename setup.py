@@ -3,7 +3,9 @@
 - packfs._sigbus keeps readers alive when an archive is truncated under its map.
 - packfs._lowlevel is the compiled, inode-based FUSE daemon on libfuse3's low-level API
   (`packfs mount --binding lowlevel`, the default where it is built).  It needs
-  libfuse3's headers (3.10 or later, found by pkg-config) and zlib's.
+  libfuse3's headers (3.10 or later, found by pkg-config) and zlib's, and libzstd's for
+  format 1.5's codecs (without them it is built with PACKFS_NO_ZSTD and refuses such
+  archives).
 
 Both are ``optional=True``: where one cannot be compiled (no C compiler, no headers),
 the install goes on without it; packfs then uses its pure-Python checks, and
@@ -12,7 +14,9 @@ the install goes on without it; packfs then uses its pure-Python checks, and
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sysconfig
 
 from setuptools import Extension, setup
 
@@ -32,13 +36,36 @@ def pkg_config(package: str, minimum: str) -> dict[str, list[str]] | None:
             "libraries": [f[2:] for f in flags if f.startswith("-l")]}
 
 
+def zstd_flags() -> dict[str, list[str]] | None:
+    """libzstd's flags: pkg-config's, else -lzstd where its header is in a standard place
+    (an install without libzstd.pc), else None."""
+    found = pkg_config("libzstd", "1.4.0")
+    if found is not None:
+        return found
+    include = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
+    folders = (include, "/usr/include", "/usr/local/include")
+    if any(os.path.exists(os.path.join(folder, "zstd.h")) for folder in folders):
+        return {"include_dirs": [], "library_dirs": [], "libraries": ["zstd"]}
+    return None
+
+
 extensions = [Extension("packfs._sigbus", ["packfs/_sigbus.c"], depends=["packfs/_sigbus.h"], optional=True,
                         extra_compile_args=WARNINGS)]
 fuse3 = pkg_config("fuse3", "3.10")
 if fuse3 is not None:
     fuse3["libraries"].append("z")
-    if pkg_config("fuse3", "3.12") is not None:
-        fuse3["define_macros"] = [("PACKFS_FUSE_312", "1")]
+    macros = [("PACKFS_FUSE_312", "1")] if pkg_config("fuse3", "3.12") is not None else []
+    # libzstd decodes format 1.5's codecs; without it the daemon refuses such archives
+    # (packfs mount then serves them with the Python daemon, saying why).
+    zstd = zstd_flags()
+    if zstd is not None:
+        for key, values in zstd.items():
+            fuse3[key].extend(value for value in values if value not in fuse3[key])
+    else:
+        macros.append(("PACKFS_NO_ZSTD", "1"))
+        print("packfs: libzstd (1.4 or later) not found by pkg-config: packfs._lowlevel is built without it and "
+              "cannot serve archives with codecs (format 1.5); `packfs mount` uses the Python daemon for them")
+    fuse3["define_macros"] = macros
     extensions.append(Extension("packfs._lowlevel", ["packfs/_lowlevel.c"], depends=["packfs/_sigbus.h"],
                                 optional=True, extra_compile_args=WARNINGS, **fuse3))
 else:

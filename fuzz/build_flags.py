@@ -1,7 +1,7 @@
 """The compiler and linker flags of fuzz/'s programs (the Makefile's fuzz-c targets):
 the running Python's headers and libpython (the programs embed it, for the Tree type's
-constructor), where its standard library is, and libfuse3's flags as setup.py finds
-them for packfs._lowlevel.
+constructor), where its standard library is, and libfuse3's and libzstd's flags as
+setup.py finds them for packfs._lowlevel.
 
     python fuzz/build_flags.py      # one line of flags; exit 1, saying why, if one is missing
 """
@@ -31,7 +31,12 @@ def flags() -> str:
         newer = subprocess.run(["pkg-config", "--atleast-version=3.12", "fuse3"]).returncode == 0
     except (OSError, subprocess.CalledProcessError):
         raise SystemExit("libfuse3 3.10 or later not found by pkg-config (libfuse3-dev)") from None
-    words = [f"-I{include}", f'-DPACKFS_FUZZ_PYTHON_HOME="{sys.base_prefix}"', *fuse3, "-lz",
+    try:  # format 1.5's codecs, decoded by the daemon and by the walk's own reference
+        zstd = subprocess.run(["pkg-config", "--cflags", "--libs", "libzstd"], check=True, capture_output=True,
+                              text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit("libzstd not found by pkg-config (libzstd-dev)") from None
+    words = [f"-I{include}", f'-DPACKFS_FUZZ_PYTHON_HOME="{sys.base_prefix}"', *fuse3, *zstd, "-lz",
              f"-L{libdir}", f"-lpython{version}", f"-Wl,-rpath,{libdir}"]
     if newer:
         words.append("-DPACKFS_FUSE_312=1")  # as setup.py builds packfs._lowlevel

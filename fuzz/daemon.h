@@ -248,7 +248,8 @@ typedef struct {
     uint64_t records, data_records, entries;
     unsigned long long table[SECTIONS][2];
     unsigned long long pieces[3][2], xattrs[3][2];
-    int has_pieces, has_xattrs;
+    unsigned long long codecs[2][2]; /* format 1.5's record_codec and codec_data (section 4f) */
+    int has_pieces, has_xattrs, has_codecs;
     int minor;                     /* the footer's version_minor */
     uint64_t data_end;             /* offset[D], as the header says */
     uint64_t plan;                 /* the footer's last 8 bytes (reserved: nothing reads them):
@@ -289,9 +290,10 @@ static int layout_of(const uint8_t *data, size_t size, Layout *layout)
     memcpy(&flags, f + 12, 4);
     memcpy(&sections, f + 32, 4);
     uint64_t entries = u64_at(f + 16), data_records = u64_at(f + 24);
-    uint32_t needed = minor >= 3 ? 21 : minor >= 2 ? 18 : 15;
-    if (memcmp(f, FOOTER_MAGIC, 8) != 0 || major != 1 || minor < 1 || flags != 0 || sections < needed
-        || entries < 1 || data_records > n)
+    uint32_t needed = flags == 1 ? 25 : minor >= 3 ? 21 : minor >= 2 ? 18 : 15;
+    /* flags 1: FLAG_CODECS, which packfs.format takes only from version 1.5 on */
+    if (memcmp(f, FOOTER_MAGIC, 8) != 0 || major != 1 || minor < 1 || flags > 1 || (flags && minor < 5)
+        || sections < needed || entries < 1 || data_records > n)
         return 0;
     uint64_t expected = data_records + 2 * (uint64_t) sections + 1;
     if (n != expected + (expected % 2 == 0))
@@ -310,6 +312,9 @@ static int layout_of(const uint8_t *data, size_t size, Layout *layout)
     layout->has_xattrs = minor >= 3;
     for (int k = 0; k < 3 && layout->has_xattrs; k++)
         record_span(data, size, n, data_records + 2 * (SECTIONS + 3 + k) + 1, layout->xattrs[k]);
+    layout->has_codecs = flags == 1;
+    for (int k = 0; k < 2 && layout->has_codecs; k++)  /* sections 22 and 23 */
+        record_span(data, size, n, data_records + 2 * (22 + k) + 1, layout->codecs[k]);
     return 1;
 }
 
@@ -331,7 +336,7 @@ static int layout_of(const uint8_t *data, size_t size, Layout *layout)
  * A real 1.4 archive's plan is 0: page checks of 64 KiB pages, every CRC right. */
 typedef struct {
     unsigned long long page_size;
-    unsigned long long regions[PAGED_REGIONS][2];
+    unsigned long long regions[PAGED_REGIONS_CODECS][2]; /* 23, or 25 with codecs (region_count) */
     int region_count;
     uint32_t *crcs;                /* malloc'ed; crc_bytes of them */
     size_t crc_bytes;
@@ -350,7 +355,7 @@ static int page_geometry(const uint8_t *data, size_t size, const Layout *layout,
         return 0;
     memset(pages, 0, sizeof *pages);
     pages->page_size = 65536ull << ((plan >> 8) & 3);
-    pages->region_count = PAGED_REGIONS;
+    pages->region_count = layout->has_codecs ? PAGED_REGIONS_CODECS : PAGED_REGIONS;
     pages->regions[HEADER_CRCS][0] = 12;
     pages->regions[HEADER_CRCS][1] = 12 + 4 * d;
     pages->regions[HEADER_OFFSETS][0] = 12 + 4 * n;
@@ -361,9 +366,13 @@ static int page_geometry(const uint8_t *data, size_t size, const Layout *layout,
         pages->regions[SECTION_REGION(k)][0] = span[0];
         pages->regions[SECTION_REGION(k)][1] = span[1];
     }
+    for (int k = 0; k < 2 && layout->has_codecs; k++) {
+        pages->regions[RECORD_CODEC_REGION + k][0] = layout->codecs[k][0];
+        pages->regions[RECORD_CODEC_REGION + k][1] = layout->codecs[k][1];
+    }
     pages->data_end = layout->data_end;
     uint64_t count = 0, ps = pages->page_size;
-    for (int r = 0; r < PAGED_REGIONS; r++) {
+    for (int r = 0; r < pages->region_count; r++) {
         unsigned long long *span = pages->regions[r];
         if (span[0] <= span[1] && span[1] <= size)  /* else tree_init refuses the sections */
             count += (span[1] - span[0] + ps - 1) / ps;
@@ -373,7 +382,7 @@ static int page_geometry(const uint8_t *data, size_t size, const Layout *layout,
         violation("out of memory");
     pages->crc_bytes = 4 * count;
     uint64_t index = 0;
-    for (int r = 0; r < PAGED_REGIONS; r++) {
+    for (int r = 0; r < pages->region_count; r++) {
         unsigned long long *span = pages->regions[r];
         for (uint64_t at = span[0]; span[0] <= span[1] && span[1] <= size && at < span[1]; at += ps) {
             uint64_t end = span[1] - at < ps ? span[1] : at + ps;
@@ -407,7 +416,7 @@ static int page_geometry(const uint8_t *data, size_t size, const Layout *layout,
         break;
     }
     case 5: pages->data_end = detail % 2 ? size + 1 + detail : 11 + 12 * n; break;
-    default: pages->region_count = PAGED_REGIONS - 1; break;
+    default: pages->region_count -= 1; break;
     }
     return 1;
 }
@@ -421,8 +430,8 @@ static void pages_free(Pages *pages)
 /* Whether the pages' regions share no byte (then a wrong page's bytes are its own). */
 static int regions_apart(const Pages *pages)
 {
-    for (int a = 0; a < PAGED_REGIONS; a++)
-        for (int b = a + 1; b < PAGED_REGIONS; b++) {
+    for (int a = 0; a < pages->region_count; a++)
+        for (int b = a + 1; b < pages->region_count; b++) {
             const unsigned long long *x = pages->regions[a], *y = pages->regions[b];
             if (x[0] < x[1] && y[0] < y[1] && x[0] < y[1] && y[0] < x[1])
                 return 0;
@@ -539,6 +548,8 @@ static int serve(Served *served, const uint8_t *data, size_t size, const Layout 
             readable(served->map, size, layout->pieces[k][0], layout->pieces[k][1]);
         if (layout->has_xattrs)
             readable(served->map, size, layout->xattrs[k][0], layout->xattrs[k][1]);
+        if (layout->has_codecs && k < 2)
+            readable(served->map, size, layout->codecs[k][0], layout->codecs[k][1]);
     }
     if (pages != NULL && check_once && !pages->hostile && regions_apart(pages)) {
         for (int k = 0; k < pages->wrong_count; k++)
@@ -563,12 +574,16 @@ static int serve(Served *served, const uint8_t *data, size_t size, const Layout 
                                           : (Py_INCREF(Py_None), Py_None);
     PyObject *xattrs = layout->has_xattrs ? spans_tuple((unsigned long long (*)[2]) layout->xattrs, 3)
                                           : (Py_INCREF(Py_None), Py_None);
+    PyObject *codecs = layout->has_codecs ? spans_tuple((unsigned long long (*)[2]) layout->codecs, 2)
+                                          : (Py_INCREF(Py_None), Py_None);
     PyObject *tree = NULL;
-    if (mapping != NULL && table != NULL && pieces != NULL && xattrs != NULL && page_checks != NULL) {
+    if (mapping != NULL && table != NULL && pieces != NULL && xattrs != NULL && page_checks != NULL
+        && codecs != NULL) {
         PyObject *args = Py_BuildValue("(OiiKKKOisi)", mapping, fd, -1, (unsigned long long) layout->records,
                                        (unsigned long long) layout->data_records,
                                        (unsigned long long) layout->entries, table, check_once, "fuzz.ffr", log_fd);
-        PyObject *kwargs = Py_BuildValue("{s:O,s:O,s:O}", "pieces", pieces, "xattrs", xattrs, "pages", page_checks);
+        PyObject *kwargs = Py_BuildValue("{s:O,s:O,s:O,s:O}", "pieces", pieces, "xattrs", xattrs, "pages", page_checks,
+                                         "codecs", codecs);
         if (args != NULL && kwargs != NULL)
             tree = PyObject_Call((PyObject *) &TreeType, args, kwargs);
         Py_XDECREF(args);
@@ -578,6 +593,7 @@ static int serve(Served *served, const uint8_t *data, size_t size, const Layout 
     Py_XDECREF(table);
     Py_XDECREF(pieces);
     Py_XDECREF(xattrs);
+    Py_XDECREF(codecs);
     Py_XDECREF(page_checks);
     if (tree == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_ValueError))
@@ -783,8 +799,113 @@ static const uint8_t *record_bytes(Walk *w, uint64_t inode, uint64_t *length, ui
     return w->data + start;
 }
 
+/* -- format 1.5's codecs, decoded here on their own (section 4f) --------------------------- */
+
+/* The codec row of the record inode ``inode`` names, from the archive's bytes: its
+ * codec (CODEC_STORED without codecs, or with a row outside the section: the daemon
+ * refuses that before reading). */
+static const uint8_t *codec_row_at(Walk *w, uint64_t record)
+{
+    Tree *t = w->tree;
+    if (t->record_codec == NULL || record >= t->data_records)
+        return NULL;
+    return w->data + (t->record_codec - t->base) + CODEC_ROW * record;
+}
+
+/* The largest zstd file or frame the reference decodes (format section 4f: 1 MiB). */
+#define REFERENCE_FRAME_MAX ((uint64_t) 1 << 20)
+
+/* What a decoded read of bytes [offset, offset + count) must answer: *expected
+ * (malloc'ed, ``count`` bytes) and, for each byte, whether the reference could decode it
+ * (*known: 1; 0 where a frame or extent is broken, which a read covering it must answer
+ * with EIO).  The work is bounded by the read, not the file: one zstd file (at most
+ * 1 MiB), the frames the read covers, the extents up to its end. */
+static void reference_contents(Walk *w, const uint8_t *row, const uint8_t *stored, uint64_t length,
+                               uint64_t file_size, uint64_t offset, uint64_t count, uint8_t **expected,
+                               uint8_t **known)
+{
+    Tree *t = w->tree;
+    uint8_t *out = calloc(count ? count : 1, 1), *ok = calloc(count ? count : 1, 1);
+    if (out == NULL || ok == NULL)
+        violation("out of memory");
+    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    uint64_t aux = u64_at(row + 8), until = offset + count;
+    const uint8_t *section = w->data + (t->codec_data - t->base);
+    if (row[0] == CODEC_ZSTD && file_size <= REFERENCE_FRAME_MAX) {
+        const uint8_t *dictionary = NULL;
+        uint64_t dictionary_length = 0;
+        if (aux != NO_RECORD && aux < t->data_records) {
+            uint64_t from = header_offset(w, aux), to = header_offset(w, aux + 1);
+            if (from <= to && to <= w->size) {
+                dictionary = w->data + from;
+                dictionary_length = to - from;
+            }
+        }
+        uint8_t *whole = malloc(file_size ? file_size : 1);
+        if (whole == NULL)
+            violation("out of memory");
+        size_t got = ZSTD_decompress_usingDict(dctx, whole, (size_t) file_size, stored, (size_t) length, dictionary,
+                                               (size_t) dictionary_length);
+        int sound = !ZSTD_isError(got) && got == file_size
+                    && (!t->check_once || (uint32_t) crc32(crc32(0L, Z_NULL, 0), whole, (uInt) file_size) == u32_at(row + 4));
+        memcpy(out, whole + offset, (size_t) count);
+        memset(ok, sound, (size_t) count);
+        free(whole);
+    } else if (row[0] == CODEC_FRAMES && row[1] >= FRAME_LOG2_MIN && row[1] <= FRAME_LOG2_MAX && count) {
+        uint64_t frame = (uint64_t) 1 << row[1];
+        uint8_t *decoded = malloc(frame);
+        if (decoded == NULL)
+            violation("out of memory");
+        for (uint64_t k = offset / frame; k <= (until - 1) / frame && aux + FRAME_ROW * (k + 1) <= t->codec_data_size;
+             k++) {
+            const uint8_t *entry = section + aux + FRAME_ROW * k;
+            uint64_t from = k ? u64_at(entry - FRAME_ROW) : 0, to = u64_at(entry);
+            uint64_t at = k * frame, expected_size = file_size - at < frame ? file_size - at : frame;
+            if (from >= to || to > length)
+                continue;
+            if (t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), stored + from, (uInt) (to - from)) != u32_at(entry + 8))
+                continue;
+            size_t got = ZSTD_decompressDCtx(dctx, decoded, (size_t) expected_size, stored + from, (size_t) (to - from));
+            if (ZSTD_isError(got) || got != expected_size)
+                continue;
+            if (t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), decoded, (uInt) expected_size) != u32_at(entry + 12))
+                continue;
+            uint64_t a = at > offset ? at : offset, b = at + expected_size < until ? at + expected_size : until;
+            memcpy(out + (a - offset), decoded + (a - at), (size_t) (b - a));
+            memset(ok + (a - offset), 1, (size_t) (b - a));
+        }
+        free(decoded);
+    } else if (row[0] == CODEC_SPARSE && aux <= t->codec_data_size && t->codec_data_size - aux >= 8) {
+        uint64_t extents = u64_at(section + aux), used = 0, previous_end = 0;
+        uint64_t room = (t->codec_data_size - aux - 8) / EXTENT_ROW;
+        memset(ok, extents <= room, (size_t) count);  /* holes read as zeros until an extent breaks */
+        for (uint64_t j = 0; j < extents && j < room; j++) {
+            uint64_t o = u64_at(section + aux + 8 + EXTENT_ROW * j), l = u64_at(section + aux + 16 + EXTENT_ROW * j);
+            if (l == 0 || o < previous_end || o > file_size || l > file_size - o || l > length - used) {
+                /* the daemon's walk meets this extent in a read that reaches the previous one's start */
+                uint64_t reached = j ? u64_at(section + aux + 8 + EXTENT_ROW * (j - 1)) : 0;
+                if (reached < until)
+                    memset(ok + (reached > offset ? reached - offset : 0), 0,
+                           (size_t) (until - (reached > offset ? reached : offset)));
+                break;
+            }
+            if (o >= until)
+                break;
+            uint64_t a = o > offset ? o : offset, b = o + l < until ? o + l : until;
+            if (a < b)
+                memcpy(out + (a - offset), stored + used + (a - o), (size_t) (b - a));
+            previous_end = o + l;
+            used += l;
+        }
+    }
+    ZSTD_freeDCtx(dctx);
+    *expected = out;
+    *known = ok;
+}
+
 /* READ of ``size`` bytes at ``offset``: the reply is the record's bytes there, and,
- * checked once, bytes whose CRC matched (a record without pieces: its whole CRC). */
+ * checked once, bytes whose CRC matched (a record without pieces: its whole CRC); a
+ * record that is not stored as it is (format 1.5), its contents decoded here. */
 static void walk_read(Walk *w, uint64_t inode, off_t offset, size_t size)
 {
     struct fuse_req r;
@@ -794,6 +915,36 @@ static void walk_read(Walk *w, uint64_t inode, off_t offset, size_t size)
         uint64_t length;
         uint32_t crc;
         const uint8_t *bytes = record_bytes(w, inode, &length, &crc);
+        const uint8_t *row = codec_row_at(w, u64_at(table_at(w, RECORD, inode - 1)));
+        if (row != NULL && row[0] != CODEC_STORED) {
+            uint64_t file_size = u64_at(table_at(w, SIZE, inode - 1));
+            uint64_t expected = (uint64_t) offset >= file_size ? 0 : file_size - (uint64_t) offset < size
+                                                                 ? file_size - (uint64_t) offset : size;
+            if (r.size != expected)
+                violation("read %zu at %lld of a %llu-byte file (codec %u): %zu bytes", size, (long long) offset,
+                          (unsigned long long) file_size, row[0], r.size);
+            /* (a frame's bytes have CRCs of their own; a sparse file's hole reads no stored byte) */
+            if (w->tree->check_once && row[0] == CODEC_ZSTD && length <= PIECE_SIZE && r.size
+                && (uint32_t) crc32(crc32(0L, Z_NULL, 0), bytes, (uInt) length) != crc)
+                violation("read at %lld: a checked read of a record (codec %u) whose CRC does not match",
+                          (long long) offset, row[0]);
+            if (r.size) {
+                uint8_t *contents, *known;
+                reference_contents(w, row, bytes, length, file_size, (uint64_t) offset, r.size, &contents, &known);
+                for (size_t k = 0; k < r.size; k++) {
+                    if (!known[k])
+                        violation("read %zu at %lld (codec %u): byte %zu answered where its frame or extent is "
+                                  "broken", size, (long long) offset, row[0], k);
+                    if (r.data[k] != contents[k])
+                        violation("read %zu at %lld (codec %u): byte %zu is not the file's", size, (long long) offset,
+                                  row[0], k);
+                }
+                free(contents);
+                free(known);
+            }
+            end(&r);
+            return;
+        }
         uint64_t expected = (uint64_t) offset >= length ? 0 : length - (uint64_t) offset < size
                                                               ? length - (uint64_t) offset : size;
         if (r.size != expected)
@@ -927,6 +1078,8 @@ static void walk_child(Walk *w, uint64_t parent, const Child *c)
         end(&r);
         if (size > 1)
             walk_read(w, c->inode, size - 1, 2);
+        if (size > 2)  /* across the middle: a frame boundary of a large compressed file, an extent's edge */
+            walk_read(w, c->inode, size / 2 - 1, 70000);
     } else if (c->type == DT_LNK) {
         walk_readlink(w, c->inode);
     }
@@ -1092,6 +1245,78 @@ static void python_child(Walk *w, uint64_t parent, const Child *c)
     python_call(w, "readdir", "(KK)", inode, 2ull);
 }
 
+/* The in-process read path (Tree.read_file) for the stored paths of the first entries,
+ * built from the table unchecked (parents before their children, at most 4 KiB): it
+ * returns bytes or raises OSError with an errno a READ may get, and what it returns is
+ * what READs of that entry answer. */
+static void python_read_files(Walk *w)
+{
+    Tree *t = w->tree;
+    const uint8_t *table_names = table_at(w, NAMES, 0);
+    for (uint64_t entry = 1; entry < t->entries && entry <= 32; entry++) {
+        char path[4096];
+        size_t length = 0;
+        int ok = 1;
+        for (uint64_t at = entry, depth = 0; at != 0 && ok; depth++) {
+            uint64_t start = at ? u64_at(table_at(w, NAME_END, at - 1)) : 0, end = u64_at(table_at(w, NAME_END, at));
+            uint64_t parent = u32_at(table_at(w, PARENT, at));
+            ok = depth < 64 && start <= end && end <= t->names_size && end - start + 1 + length <= sizeof path
+                 && parent < at;
+            if (ok) {  /* prepend the name, and a '/' unless it is the first */
+                size_t name = (size_t) (end - start), slash = length ? 1 : 0;
+                memmove(path + name + slash, path, length);
+                memcpy(path, table_names + start, name);
+                if (slash)
+                    path[name] = '/';
+                length += name + slash;
+                at = parent;
+            }
+        }
+        if (!ok)
+            continue;
+        /* the entry read_file finds (a hostile table may hold the path twice) */
+        uint64_t found = entry;
+        int missing = tree_find(t, (const uint8_t *) path, length, &found);
+        finished(t, 0);  /* this thread's page failures are the next operation's otherwise */
+        /* at most 4 MiB: a hostile sparse or framed file may claim any size (read_file allocates it) */
+        PyObject *result = PyObject_CallMethod((PyObject *) t, "read_file", "(y#L)", path, (Py_ssize_t) length,
+                                               (long long) 4 << 20);
+        w->operations++;
+        if (result == NULL) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            PyObject *number = value != NULL && PyErr_GivenExceptionMatches(type, PyExc_OSError)
+                               ? PyObject_GetAttrString(value, "errno") : NULL;
+            int error = number != NULL && PyLong_Check(number) ? (int) PyLong_AsLong(number) : -1;
+            Py_XDECREF(number);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            PyErr_Clear();
+            if (!errno_allowed(error) && error != EFBIG)  /* EFBIG: over the 4 MiB asked for */
+                violation("Tree.read_file raised something other than OSError with an allowed errno");
+            continue;
+        }
+        if (!PyBytes_Check(result))
+            violation("Tree.read_file returned a value of another type");
+        if (missing)
+            violation("Tree.read_file returned the contents of a path it does not find");
+        Py_ssize_t size = PyBytes_GET_SIZE(result);
+        size_t ask = size < (Py_ssize_t) MAX_REQUEST ? (size_t) size + 1 : MAX_REQUEST;
+        struct fuse_req r;
+        begin(&r, t);
+        ll_read(&r, found + 1, ask, 0, &(struct fuse_file_info){0});
+        if (answered(&r, REPLY_BUF, "read after read_file") && !changed(w)
+            && (r.size != (size_t) (size < (Py_ssize_t) ask ? size : (Py_ssize_t) ask)
+                || memcmp(r.data, PyBytes_AS_STRING(result), r.size) != 0))
+            violation("Tree.read_file of entry %llu: %zd bytes that a READ of it does not answer",
+                      (unsigned long long) found, size);
+        end(&r);
+        Py_DECREF(result);
+    }
+}
+
 /* The walk from the root: each directory's listing, then everything of each child;
  * ``variant`` rotates the order of the children so threads meet in different places. */
 static void walk_tree(Walk *w)
@@ -1137,6 +1362,7 @@ static void walk_tree(Walk *w)
         python_call(w, "readdir", "(K)", 1ull);
         python_call(w, "read", "(KKn)", 1ull, 0ull, (Py_ssize_t) -1);  /* EINVAL */
         python_call(w, "getattr", "(K)", (unsigned long long) w->tree->entries + 1);
+        python_read_files(w);
     }
 }
 
@@ -1201,8 +1427,13 @@ static void walk_forest(Walk *w, Forest *f, unsigned variant)
             for (size_t j = 0; j < count; j++) {
                 Child *c = &children[(j + variant) % count];
                 ASK_FOREST(&r, f, first, ll_lookup, directory, c->name);
-                /* (The root's two parts hold the same names: a lookup there finds the second's.) */
-                if (directory != 1 && r.kind == REPLY_ENTRY && r.entry.ino != 0 && r.entry.ino != c->inode)
+                /* (The root's two parts hold the same names: a lookup there finds the second's.  A
+                 * hostile child range may hold a name twice, which only verify refuses (format
+                 * section 5): a lookup then finds one of them.) */
+                int listed_as = 0;
+                for (size_t other = 0; other < count && !listed_as; other++)
+                    listed_as = children[other].inode == r.entry.ino && strcmp(children[other].name, c->name) == 0;
+                if (directory != 1 && r.kind == REPLY_ENTRY && r.entry.ino != 0 && !listed_as)
                     violation("forest: lookup of %s gave inode %llu, its listing %llu", c->name,
                               (unsigned long long) r.entry.ino, (unsigned long long) c->inode);
                 end(&r);

@@ -14,8 +14,9 @@
  * knows the container (format section 1) and the sections (2-4c): it puts values on
  * either side of a limit a table value is checked against (format section 5: a name's
  * end, a child range, a record's pieces, an attribute list, a symlink's length, a data
- * record's end), sets a table item to a value that matters (another entry's, a count,
- * an edge), rewrites one record (its length may change: the container is laid out
+ * record's end; in a 1.5 archive a codec row's fields and a frame table's or extent
+ * list's values, section 4f), sets a table item to a value that matters (another
+ * entry's, a count, an edge), rewrites one record (its length may change: the container is laid out
  * again, sections kept 64-byte aligned), moves an offset, changes the footer or
  * damages a data byte; then, half the time, recomputes every CRC, so a changed record
  * is read, not refused by its CRC.  One time in thirteen it is libFuzzer's plain byte
@@ -276,17 +277,19 @@ static size_t relayout(const Container *c, const Layout *layout, uint64_t change
     return (size_t) position;
 }
 
-/* The item sizes of sections 0..20 (format sections 4, 4b, 4c). */
+/* The item sizes of sections 0..20 (format sections 4, 4b, 4c), then of 22 and 23 (4f),
+ * taken as u64s (a codec row is two, a frame table row two, an extent two). */
 static int item_size_of(int k)
 {
-    static const int more[6] = {8, 8, 4, 4, 8, 1};
+    static const int more[8] = {8, 8, 4, 4, 8, 1, 8, 8};
     return k < SECTIONS ? item_size[k] : more[k - SECTIONS];
 }
 
 static unsigned long long *span_of(Layout *layout, int k)
 {
     return k < SECTIONS ? layout->table[k] : k < SECTIONS + 3 ? layout->pieces[k - SECTIONS]
-                                                              : layout->xattrs[k - SECTIONS - 3];
+                                           : k < SECTIONS + 6 ? layout->xattrs[k - SECTIONS - 3]
+                                                              : layout->codecs[k - SECTIONS - 6];
 }
 
 /* A value that matters for an item of section ``k``: an edge, a count, another item's. */
@@ -347,7 +350,7 @@ static void edge(Random *r, uint8_t *data, size_t size, Container *c, Layout *la
 {
     int64_t delta = (int64_t) below(r, 5) - 2;
     uint64_t entries = layout->entries;
-    switch (below(r, 6)) {
+    switch (below(r, layout->has_codecs ? 9 : 6)) {
     case 0: {
         unsigned long long *names = layout->table[NAMES];
         put(item_at(data, size, layout, NAME_END, below(r, entries)), names[1] - names[0] + (uint64_t) delta, 8);
@@ -398,10 +401,44 @@ static void edge(Random *r, uint8_t *data, size_t size, Container *c, Layout *la
         }
         break;
     }
-    default: {
+    case 5: {
         uint64_t record = below(r, layout->data_records);
         if (record + 1 < c->n && layout->data_records < c->n)
             put(data + 12 + 4 * c->n + 8 * (record + 1), start_of(c, layout->data_records) + (uint64_t) delta, 8);
+        break;
+    }
+    case 6: {  /* a codec row's field at a value its rules turn on (format section 4f) */
+        uint8_t *row = item_at(data, size, layout, SECTIONS + 6, 2 * below(r, layout->data_records));
+        unsigned long long *codec_data = layout->codecs[1];
+        if (row == NULL)
+            break;
+        switch (below(r, 7)) {
+        case 0: row[0] = (uint8_t) below(r, 6); break;
+        case 1: row[1] = (uint8_t) (FRAME_LOG2_MIN - 1 + below(r, 7)); break;
+        case 2: row[2 + below(r, 2)] = 1; break;
+        case 3: row[4] ^= 1; break;
+        case 4: put(row + 8, below(r, 2) ? NO_RECORD : below(r, layout->data_records + 1), 8); break;
+        case 5: put(row + 8, codec_data[1] - codec_data[0] + (uint64_t) (8 * delta), 8); break;
+        default: put(row + 8, 8 * below(r, (codec_data[1] - codec_data[0]) / 8 + 1), 8); break;
+        }
+        break;
+    }
+    default: {  /* a frame table's or extent list's u64 at a limit: a record's length, the file's end */
+        unsigned long long *codec_data = layout->codecs[1];
+        uint8_t *at = item_at(data, size, layout, SECTIONS + 7, below(r, (codec_data[1] - codec_data[0]) / 8 + 1));
+        uint64_t record = below(r, layout->data_records), value;
+        switch (below(r, 5)) {
+        case 0: value = end_of(c, record) - start_of(c, record) + (uint64_t) delta; break;
+        case 1: {
+            const uint8_t *file_size = item_at(data, size, layout, SIZE, below(r, entries));
+            value = (file_size != NULL ? u64_at(file_size) : 0) + (uint64_t) delta;
+            break;
+        }
+        case 2: value = below(r, 4); break;
+        case 3: value = (uint64_t) 1 << below(r, 64); break;
+        default: value = at != NULL ? u64_at(at) + (uint64_t) delta : 0; break;
+        }
+        put(at, value, 8);
         break;
     }
     }
@@ -424,7 +461,8 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
     if (choice < 7) {  /* a value at one of the table's limits */
         edge(&r, data, size, &c, &layout);
     } else if (choice < 13) {  /* one table item */
-        int k = (int) below(&r, SECTIONS + 3 * layout.has_pieces + 3 * layout.has_xattrs);  /* 1.3 has both */
+        /* 1.3 has both; 1.5 with codecs has them and its two codec sections */
+        int k = (int) below(&r, SECTIONS + 3 * layout.has_pieces + 3 * layout.has_xattrs + 2 * layout.has_codecs);
         unsigned long long *span = span_of(&layout, k);
         int item = item_size_of(k);
         if (span[0] > span[1] || span[1] > size || span[1] - span[0] < (uint64_t) item)

@@ -20,6 +20,14 @@ test suite's archives:
   (fuzz/daemon.h: page_geometry): pages with a wrong CRC (the small seed's, and one
   whose names section spans two 64 KiB pages), larger pages, a hostile geometry of each
   kind tree_init refuses, and none at all;
+- format 1.5's codecs (section 4f; tests/codec_archives.py): a small archive with every
+  codec (a zstd file, two with a dictionary, zstd frames, a sparse file, a record shared
+  by two names, a hard link to a compressed file), what the packer writes with
+  ``compress="zstd", dictionary="auto", dedup=True, sparse=True``, hostile variants (a
+  frame's stored CRC wrong, a frame that decodes to more than it says, one that decodes
+  to other bytes than its decoded CRC's, a decompression
+  bomb, an extent past the file's end, a dictionary's row not a dictionary's), and a
+  page plan whose wrong page is codec_data's;
 - FFRecord's reference vectors (tests/vectors/ffrecord; the daemon never serves them,
   the fuzzer's mutations may make something of them) and packed_folder.ffr converted.
 
@@ -44,6 +52,7 @@ from packfs.format import PIECE_SECTIONS, PIECE_SIZE, SECTIONS, XATTR  # noqa: E
 from tests.conftest import as_version_1_1, damaged_copy, read_records, write_records  # noqa: E402
 from tests.deep_tables import chain_archive, long_target_archive, realigned, wide_long_names_archive  # noqa: E402
 from tests.fuzz import SEED_XATTRS, _records, build_seed, mutate  # noqa: E402
+from tests.codec_archives import Codec, Layout, codec_archive, train_dictionary  # noqa: E402
 from tests.hostile import all_hostile  # noqa: E402
 
 VECTORS = REPO / "tests" / "vectors" / "ffrecord"
@@ -122,6 +131,75 @@ def two_page_names(path: Path, files: int = 400) -> Path:
     return path
 
 
+_CODEC_SAMPLES = [b'{"id": %d, "name": "%s", "tags": ["a", "b"]}\n' % (i, b"n" * (i % 9)) for i in range(200)]
+
+
+def _codec_files() -> dict[str, bytes]:
+    rng = random.Random(15)
+    sparse = bytearray(200_000)
+    sparse[4096:8192] = rng.randbytes(4096)
+    sparse[150_000:150_100] = b"s" * 100
+    return {
+        "small.txt": b"hello, compressed world\n" * 20,
+        "frames.txt": b"".join(b"line %d\n" % rng.randrange(1000) for _ in range(20_000))[: 3 * 65536 - 100],
+        "dict/a.json": b"".join(_CODEC_SAMPLES[10:14]),
+        "dict/b.json": b"".join(_CODEC_SAMPLES[40:42]),
+        "sparse.bin": bytes(sparse),
+        "plain": b"stored",
+        "same/one": b"shared contents\n" * 30,
+        "same/two": b"shared contents\n" * 30,
+    }
+
+
+_CODEC_CODECS = {
+    "small.txt": Codec("zstd"),
+    "frames.txt": Codec("frames", frame_log2=16),
+    "dict/a.json": Codec("zstd", dictionary="json"),
+    "dict/b.json": Codec("zstd", dictionary="json"),
+    "sparse.bin": Codec("sparse"),
+    "same/one": Codec("zstd"),
+}
+
+
+def codec_seed(path: Path, tamper=None, codecs: dict[str, Codec] | None = None) -> Path:
+    """A small 1.5 archive with every codec (tests/codec_archives.py), ``tamper`` as there."""
+    files = _codec_files()
+    entries = [packfs.Entry(name, data, mode=0o600 if name == "same/two" else 0o644) for name, data in files.items()]
+    entries += [packfs.Entry("link", kind="symlink", target="small.txt"),
+                packfs.Entry("hard", kind="hardlink", target="small.txt")]
+    return codec_archive(path, entries, codecs or _CODEC_CODECS,
+                         dictionaries={"json": train_dictionary(_CODEC_SAMPLES, 1024)},
+                         shared={"same/two": "same/one"}, tamper=tamper)
+
+
+def _frame_crc_wrong(layout: Layout) -> None:
+    layout.codec_data[layout.aux_of["frames.txt"] + 16 + 8] ^= 1
+
+
+def _bomb(layout: Layout) -> None:
+    import zstandard
+
+    layout.data[layout.record_of["small.txt"]] = zstandard.ZstdCompressor().compress(bytes(4 << 20))
+
+
+def _extent_past_end(layout: Layout) -> None:
+    struct.pack_into("<Q", layout.codec_data, layout.aux_of["sparse.bin"] + 8 + 16, 199_990)
+
+
+def _dictionary_row_stored(layout: Layout) -> None:
+    layout.record_codec[16 * layout.dictionary_record["json"]] = 0
+
+
+def packer_codecs(path: Path) -> Path:
+    """What pack writes with every codec on (a dictionary trained from the small files)."""
+    rng = random.Random(4)
+    entries = [packfs.Entry(f"docs/{i}.json", _CODEC_SAMPLES[i] * (1 + i % 3)) for i in range(120)]
+    entries += [packfs.Entry("big.txt", b"".join(b"row %d\n" % rng.randrange(50) for _ in range(200_000))),
+                packfs.Entry("copy1", b"dup " * 500), packfs.Entry("copy2", b"dup " * 500)]
+    packfs.pack_entries(entries, path, compress="zstd:1", dictionary="auto", dedup=True)
+    return path
+
+
 def make_seeds(out: Path) -> list[Path]:
     """Write the seeds into ``out`` (created); returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +228,21 @@ def make_seeds(out: Path) -> list[Path]:
         names = two_page_names(work / "two-page-names.ffr")
         with_page_plan(names, out / "pages-two-page-names.ffr", 0)
         with_page_plan(names, out / "pages-two-page-names-wrong-second.ffr", 0x10_0000)  # page 15
+        codecs = codec_seed(out / "codecs-small.ffr")
+        codec_seed(out / "codecs-frame-crc-wrong.ffr", _frame_crc_wrong)
+        codec_seed(out / "codecs-bomb.ffr", _bomb)
+        codec_seed(out / "codecs-extent-past-end.ffr", _extent_past_end)
+        codec_seed(out / "codecs-dictionary-row-stored.ffr", _dictionary_row_stored)
+        longer = dict(_CODEC_CODECS)
+        longer["frames.txt"] = Codec("frames", frame_log2=16, frame_override={1: b"x" * 65537})
+        codec_seed(out / "codecs-frame-longer.ffr", codecs=longer)
+        other = dict(_CODEC_CODECS)  # frame 1 decodes to its size, but not to its decoded_crc's bytes
+        other["frames.txt"] = Codec("frames", frame_log2=16, frame_override={1: b"o" * 65536})
+        codec_seed(out / "codecs-frame-other-bytes.ffr", codecs=other)
+        packer_codecs(out / "codecs-packer.ffr")
+        with packfs.core.Archive(codecs) as opened:
+            pages = len(opened.page_checks[2]) // 4
+        with_page_plan(codecs, out / "pages-codecs-wrong-codec-data.ffr", pages << 16)  # the last page
         for vector in sorted(VECTORS.glob("*.ffr")):
             shutil.copyfile(vector, out / f"ffrecord-{vector.name}")
         packfs.convert(VECTORS / "packed_folder.ffr", out / "converted-packed-folder.ffr")

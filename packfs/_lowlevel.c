@@ -18,6 +18,14 @@
  *   READ    = pread() of the file's record; its CRC-32 is checked once per record
  *             (a bitmap; one thread checks a record while the others asking for it
  *             wait), and a record that failed is EIO from then on (a second bitmap).
+ *             In a format 1.5 archive (section 4f) the record is decoded as its codec
+ *             row says, with libzstd: one zstd frame (with a dictionary, loaded once
+ *             into a DDict every thread shares), the frames a READ covers (each
+ *             checked before and after it is decoded, decoded into exactly its size),
+ *             or a sparse file's extents over zeros; decoded frames are kept (16 for
+ *             the process) so the READs of one frame decode it once.  Each thread has
+ *             its own ZSTD_DCtx.  Built without libzstd (PACKFS_NO_ZSTD), a Tree with
+ *             codecs is refused.
  *
  * This is a second reader of the format (packfs/format.py is the specification):
  * every value read from the table is checked, where it is used, against the rule of
@@ -28,7 +36,8 @@
  *
  * The operations are plain C functions over a Tree (tree_lookup, entry_stat,
  * tree_read, ...), called by the FUSE callbacks and, for tests and the fuzzer, by the
- * Tree type's Python methods of the same names.
+ * Tree type's Python methods of the same names; Tree.read_file (tree_find, then a READ
+ * of the whole file) is the in-process read path, a path's contents in one call.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -55,6 +64,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifndef PACKFS_NO_ZSTD
+#include <zstd.h>
+#endif
 
 #include "_sigbus.h"
 
@@ -114,17 +126,43 @@
 /* What the log keeps: each distinct (entry, rule) once, at most this many lines. */
 #define MAX_LOG_LINES 10000
 /* Format 1.4's tail (section 4e) has a CRC per page of these regions: the header's
- * CRCs of the data records, their offsets with offset[D], then sections 0 .. 20. */
+ * CRCs of the data records, their offsets with offset[D], then sections 0 .. 20; a
+ * 1.5 archive with codecs (section 4f) also sections 22 and 23 (21, the lookup index,
+ * has pages of its own and is not read here). */
 #define HEADER_CRCS 0
 #define HEADER_OFFSETS 1
 #define SECTION_REGION(k) (2 + (k))
 #define PAGED_REGIONS 23
+#define RECORD_CODEC_REGION 23
+#define CODEC_DATA_REGION 24
+#define PAGED_REGIONS_CODECS 25
 #define PIECE_REGION(k) SECTION_REGION(15 + (k))
 #define XATTR_REGION(k) SECTION_REGION(18 + (k))
 /* The first check of a table page asks the kernel to read this much of its region from
  * there on (asynchronously), so that a walk on a cold page cache reads the table in
  * few large reads instead of a fault's 128 KiB at a time. */
 #define PREFETCH_BYTES ((uint64_t) 2 << 20)
+/* Format section 4f (1.5, footer flag CODECS): a row per data record says how its
+ * stored bytes decode into the file's contents. */
+#define CODEC_ROW 16               /* codec u8, frame_log2 u8, reserved u16, check u32, aux u64 */
+#define FRAME_ROW 16               /* stored_end u64, stored_crc u32, decoded_crc u32 */
+#define EXTENT_ROW 16              /* offset u64, length u64, after a count u64 */
+#define CODEC_STORED 0
+#define CODEC_ZSTD 1
+#define CODEC_FRAMES 2
+#define CODEC_SPARSE 3
+#define CODEC_DICTIONARY 4
+#define FRAME_LOG2_MIN 16
+#define FRAME_LOG2_MAX 20
+#define ZSTD_SIZE_MAX ((uint64_t) 1 << 20)
+#define DICTIONARY_MAX ((uint64_t) 1 << 20)
+#define NO_RECORD UINT64_MAX
+/* Decoded bytes kept (a small file's, or one frame of a large one: at most 1 MiB each),
+ * so the 128 KiB READs of a frame decode it once, whichever thread serves them; the
+ * kernel's page cache keeps what was answered (no_open: it keeps a file's pages).  One
+ * set of slots for the process, whatever the number of Trees (a shard set's Forest has
+ * one per shard): 16 MiB at most. */
+#define DECODED_SLOTS 16
 
 enum {
     PARENT, MODE, UID, GID, MTIME_NS, SIZE, RECORD, CHILD_START, CHILD_COUNT, NAME_END, NLINK,
@@ -206,15 +244,24 @@ typedef struct {
      * tail's CRC before any value in it is used (pages_ok); page_shift 0: no page checks
      * (an older archive, whose header and table Python checked whole at open). */
     unsigned page_shift;
-    uint64_t region_start[PAGED_REGIONS], region_end[PAGED_REGIONS];
-    uint64_t region_first[PAGED_REGIONS];  /* its first page's index in page_crc */
-    uint64_t region_window[PAGED_REGIONS]; /* its first PREFETCH_BYTES window's bit */
+    unsigned paged_regions;        /* PAGED_REGIONS, or PAGED_REGIONS_CODECS (1.5) */
+    uint64_t region_start[PAGED_REGIONS_CODECS], region_end[PAGED_REGIONS_CODECS];
+    uint64_t region_first[PAGED_REGIONS_CODECS];  /* its first page's index in page_crc */
+    uint64_t region_window[PAGED_REGIONS_CODECS]; /* its first PREFETCH_BYTES window's bit */
     uint32_t *page_crc;
     uint64_t pages;
     uint8_t *page_checked;         /* a bit per page: it matched */
     uint8_t *page_failed;          /* a bit per page: it did not (EIO from then on, at once) */
     uint8_t *page_prefetched;      /* a bit per PREFETCH_BYTES of a region: asked for */
     int xattrs_damaged;            /* section 4c's bounds were on a damaged page: EIO */
+    /* Format 1.5's codecs (section 4f); record_codec NULL: every record is stored. */
+    const uint8_t *record_codec;   /* section 22: D rows of CODEC_ROW */
+    const uint8_t *codec_data;     /* section 23: frame tables and extent lists */
+    uint64_t codec_data_size;
+    struct Dictionary *dictionaries; /* made at first use, ascending by record */
+    uint64_t dictionary_count, dictionary_capacity;
+    pthread_mutex_t dictionary_lock;
+    uint64_t decodes;              /* zstd files and frames decoded (tests: the kept ones are not) */
 } Tree;
 
 /* -- logging (to log_fd: stderr, the daemon's log file, by default) ---------------------- */
@@ -312,13 +359,13 @@ static int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at);
 
 static const char *region_name(unsigned region)
 {
-    static const char *names[PAGED_REGIONS] = {
+    static const char *names[PAGED_REGIONS_CODECS] = {
         "the header's record CRCs", "the header's record offsets", "section 'parent'", "section 'mode'",
         "section 'uid'", "section 'gid'", "section 'mtime_ns'", "section 'size'", "section 'record'",
         "section 'child_start'", "section 'child_count'", "section 'name_end'", "section 'nlink'",
         "section 'first_link'", "section 'names'", "section 'path_hash'", "section 'path_entry'",
         "section 'piece_record'", "section 'piece_start'", "section 'piece_crc'", "section 'xattr_entry'",
-        "section 'xattr_start'", "section 'xattr_data'"};
+        "section 'xattr_start'", "section 'xattr_data'", "section 'record_codec'", "section 'codec_data'"};
     return names[region];
 }
 
@@ -572,8 +619,101 @@ static int parent_is(Tree *t, uint64_t child, uint64_t directory)
     return 0;
 }
 
-/* A file's or symlink's record: below D, inside the data area, as long as its size. */
-static int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start, uint64_t *end)
+/* A data record's codec row (format section 4f): what its stored bytes are. */
+typedef struct {
+    unsigned codec, frame_log2;
+    uint32_t check;
+    uint64_t aux;
+} CodecRow;
+
+/* A broken rule of section 4f: EIO for the entry, logged once per entry and rule
+ * (unless it came from a damaged page's zeros: that page was logged). */
+static int codec_broken(Tree *t, uint64_t entry, int rule, const char *what)
+{
+    if (page_failure)
+        return EIO;
+    log_line(t, entry * 64 + (uint64_t) rule, "'%s': entry %llu %s (format section 4f): it answers EIO", t->name,
+             (unsigned long long) entry, what);
+    return EIO;
+}
+
+/* The most stored bytes a zstd frame of ``decoded`` bytes can take (zstd's own bound,
+ * ZSTD_COMPRESSBOUND, is below it), so that nothing read for a frame is unbounded. */
+static inline uint64_t stored_bound(uint64_t decoded)
+{
+    return decoded + (decoded >> 7) + 4096;
+}
+
+/* Record ``record``'s codec row (named by ``entry``, for the log), its fields held to
+ * their codec's rules (section 4f, "where used"); an archive without codecs: stored. */
+static int codec_row_of(Tree *t, uint64_t entry, uint64_t record, CodecRow *row)
+{
+    memset(row, 0, sizeof *row);
+    if (t->record_codec == NULL)
+        return 0;
+    const uint8_t *p = t->record_codec + CODEC_ROW * record;
+    uint64_t at = (uint64_t) (p - t->base);
+    if (pages_ok(t, RECORD_CODEC_REGION, at, at + CODEC_ROW))
+        return EIO;
+    row->codec = p[0];
+    row->frame_log2 = p[1];
+    row->check = u32_at(p + 4);
+    row->aux = u64_at(p + 8);
+    if (p[2] || p[3])
+        return codec_broken(t, entry, 30, "names a record whose codec row has reserved bytes set");
+    if (row->check && row->codec != CODEC_ZSTD)
+        return codec_broken(t, entry, 30, "names a record whose codec row has a check its codec does not use");
+    switch (row->codec) {
+    case CODEC_STORED:
+    case CODEC_DICTIONARY:
+        if (row->aux)
+            return codec_broken(t, entry, 30, "names a record whose codec row has an aux its codec does not use");
+        return row->frame_log2 ? codec_broken(t, entry, 31, "names a record whose codec row has a frame size") : 0;
+    case CODEC_ZSTD: {
+        if (row->frame_log2)
+            return codec_broken(t, entry, 31, "names a record whose codec row has a frame size");
+        if (row->aux == NO_RECORD)
+            return 0;
+        if (row->aux >= t->data_records || row->aux == record)
+            return codec_broken(t, entry, 32, "names a zstd record whose dictionary is not a data record");
+        const uint8_t *d = t->record_codec + CODEC_ROW * row->aux;
+        uint64_t d_at = (uint64_t) (d - t->base);
+        if (pages_ok(t, RECORD_CODEC_REGION, d_at, d_at + CODEC_ROW))
+            return EIO;
+        static const uint8_t dictionary_row[CODEC_ROW] = {CODEC_DICTIONARY};
+        if (memcmp(d, dictionary_row, CODEC_ROW) != 0)
+            return codec_broken(t, entry, 32, "names a zstd record whose dictionary's row is not a dictionary's");
+        return 0;
+    }
+    case CODEC_FRAMES:
+        if (row->frame_log2 < FRAME_LOG2_MIN || row->frame_log2 > FRAME_LOG2_MAX)
+            return codec_broken(t, entry, 31, "names a record of zstd frames whose frame size is out of range");
+        if (row->aux % 8 || row->aux >= t->codec_data_size)
+            return codec_broken(t, entry, 33, "names a record whose frame table is not inside section 23");
+        return 0;
+    case CODEC_SPARSE:
+        if (row->frame_log2)
+            return codec_broken(t, entry, 31, "names a record whose codec row has a frame size");
+        if (row->aux % 8 || row->aux > t->codec_data_size || t->codec_data_size - row->aux < 8)
+            return codec_broken(t, entry, 34, "names a record whose extent list is not inside section 23");
+        return 0;
+    default:
+        return codec_broken(t, entry, 35, "names a record of an unknown codec");
+    }
+}
+
+/* How many frames a file of ``size`` bytes in frames of 2**log2 has. */
+static inline uint64_t frame_count(uint64_t size, unsigned log2)
+{
+    return size == 0 ? 0 : ((size - 1) >> log2) + 1;
+}
+
+/* A file's or symlink's record: below D, inside the data area, and its size what its
+ * codec row allows (section 4f: the record's length when stored; at most 1 MiB for
+ * one zstd frame; within what its frame table or extent list can describe), the size
+ * in *size. */
+static int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start, uint64_t *end, CodecRow *row,
+                     uint64_t *size)
 {
     uint64_t r = COLUMN64(t, RECORD, entry);
     if (r >= t->data_records)
@@ -581,19 +721,57 @@ static int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start,
     uint64_t s = offset_of(t, r), e = offset_of(t, r + 1);
     if (s < t->header_end || s > e || e > t->data_end)
         return broken(t, entry, 7, "names a record whose offsets are outside the data area");
-    if (e - s != COLUMN64(t, SIZE, entry))
-        return broken(t, entry, 8, "has a size that is not its record's length");
+    uint64_t length = e - s, file_size = COLUMN64(t, SIZE, entry);
+    int error = codec_row_of(t, entry, r, row);
+    if (error)
+        return error;
+    switch (row->codec) {
+    case CODEC_STORED:
+        if (length != file_size)
+            return broken(t, entry, 8, "has a size that is not its record's length");
+        break;
+    case CODEC_DICTIONARY:
+        return codec_broken(t, entry, 36, "names a dictionary record as its contents");
+    case CODEC_ZSTD:
+        if (file_size > ZSTD_SIZE_MAX || length > stored_bound(file_size))
+            return codec_broken(t, entry, 37, "is a zstd file over 1 MiB, or its record is longer than zstd "
+                                              "makes one");
+        break;
+    case CODEC_FRAMES:
+        if (file_size > (uint64_t) INT64_MAX
+            || frame_count(file_size, row->frame_log2) > (t->codec_data_size - row->aux) / FRAME_ROW)
+            return codec_broken(t, entry, 38, "has a size its frame table does not fit in section 23");
+        break;
+    case CODEC_SPARSE: {
+        const uint8_t *list = t->codec_data + row->aux;
+        uint64_t count = checked_u64(t, CODEC_DATA_REGION, list);
+        if (page_failure)
+            return EIO;
+        /* each extent holds at least a byte of the record */
+        if (file_size > (uint64_t) INT64_MAX || count > (t->codec_data_size - row->aux - 8) / EXTENT_ROW
+            || count > length)
+            return codec_broken(t, entry, 39, "has a size over 2**63 - 1, or an extent list not inside section 23 "
+                                              "or with more extents than its record has bytes");
+        break;
+    }
+    }
     *record = r;
     *start = s;
     *end = e;
+    *size = file_size;
     return 0;
 }
 
 /* A file's or symlink's record (record_of), and for a symlink the target's own rule:
- * 1 to 4,095 bytes.  What a size must obey before READ, READLINK or the kernel gets it. */
+ * 1 to 4,095 bytes, stored.  What a size must obey before READ, READLINK or the kernel
+ * gets it. */
 static int contents_of(Tree *t, uint64_t entry, unsigned type, uint64_t *record, uint64_t *start, uint64_t *end)
 {
-    int error = record_of(t, entry, record, start, end);
+    CodecRow row;
+    uint64_t size;
+    int error = record_of(t, entry, record, start, end, &row, &size);
+    if (!error && type == S_IFLNK && row.codec != CODEC_STORED)
+        return codec_broken(t, entry, 40, "is a symlink whose target is not stored");
     if (!error && type == S_IFLNK && (*end == *start || *end - *start > MAX_SYMLINK_TARGET))
         return broken(t, entry, 11, "is a symlink whose target is empty or longer than 4095 bytes");
     return error;
@@ -1234,26 +1412,15 @@ static int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length,
     return 0;
 }
 
-/* tree_read, for READ ``park`` (or NULL): PARKED when it waits for another thread's
- * check of its record, which then answers it. */
-static int read_or_park(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
-                        size_t *skip, const Parked *park)
+/* Bytes [offset, offset + want) of record ``record`` (stored at [start, end), named by
+ * ``entry``) as stored, checked as format sections 1 and 4b say: *out (malloc'ed) from
+ * *skip on.  For READ ``park`` (or NULL): PARKED when it waits for another thread's
+ * check of the record, which then answers it. */
+static int read_stored(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t offset,
+                       uint64_t want, uint8_t **out, size_t *skip, const Parked *park)
 {
-    uint64_t entry, record, start, end;
-    unsigned type;
-    int error = typed_entry(t, inode, &entry, &type);
-    if (error)
-        return error;
-    if (type != S_IFREG)
-        return type == S_IFDIR ? EISDIR : EINVAL;
-    if ((error = record_of(t, entry, &record, &start, &end)) != 0)
-        return error;
     uint64_t length = end - start;
-    *out = NULL;
-    *got = *skip = 0;
-    if (offset >= length || size == 0)
-        return 0;
-    uint64_t want = length - offset < size ? length - offset : size;
+    int error;
     int unchecked = !record_checked(t, record);
     if (unchecked && record_failed(t, record))
         return EIO;  /* found damaged at an earlier read (logged then) */
@@ -1262,11 +1429,8 @@ static int read_or_park(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size,
         uint64_t first;
         if ((error = pieces_of(t, entry, record, length, &first)) != 0)
             return error;
-        if (first != NO_PIECES) {
-            if ((error = read_pieces(t, first, start, length, offset, want, out, skip)) == 0)
-                *got = (size_t) want;
-            return error;
-        }
+        if (first != NO_PIECES)
+            return read_pieces(t, first, start, length, offset, want, out, skip);
     }
     if (unchecked && length <= MAX_REQUEST) {
         from = 0;  /* the whole record: one pread serves the check and the reply */
@@ -1286,8 +1450,419 @@ static int read_or_park(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size,
     }
     *out = buffer;
     *skip = (size_t) (offset - from);
-    *got = (size_t) want;
     return 0;
+}
+
+/* -- codecs (format section 4f) ------------------------------------------------------------ */
+
+/* A decoded small file or frame, kept for the READs that follow (DECODED_SLOTS). */
+typedef struct {
+    const Tree *tree;              /* whose record (slots are shared by every Tree) */
+    uint64_t record, index, length; /* index: the frame (0 for a one-frame file) */
+    uint64_t used;                 /* 0: empty; else when last used (the oldest goes first) */
+    uint8_t *bytes;
+} Decoded;
+
+static Decoded decoded_slots[DECODED_SLOTS];
+static pthread_mutex_t decoded_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t decoded_clock;
+
+static inline int decoded_is(const Decoded *d, const Tree *t, uint64_t record, uint64_t index, uint64_t length)
+{
+    return d->used && d->tree == t && d->record == record && d->index == index && d->length == length;
+}
+
+/* Copy [from, from + count) of the decoded bytes of (record, index), ``length`` bytes
+ * in all, into ``into`` if they are kept: 1, else 0. */
+static int decoded_copy(Tree *t, uint64_t record, uint64_t index, uint64_t length, uint64_t from, uint64_t count,
+                        uint8_t *into)
+{
+    int found = 0;
+    pthread_mutex_lock(&decoded_lock);
+    for (unsigned k = 0; k < DECODED_SLOTS; k++) {
+        Decoded *d = &decoded_slots[k];
+        if (decoded_is(d, t, record, index, length)) {
+            memcpy(into, d->bytes + from, (size_t) count);
+            d->used = ++decoded_clock;
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&decoded_lock);
+    return found;
+}
+
+/* Keep ``bytes`` (malloc'ed, ``length`` of them: taken over) as (record, index)'s,
+ * in place of the slot used longest ago. */
+static void keep_decoded(Tree *t, uint64_t record, uint64_t index, uint8_t *bytes, uint64_t length)
+{
+    pthread_mutex_lock(&decoded_lock);
+    Decoded *oldest = &decoded_slots[0];
+    for (unsigned k = 0; k < DECODED_SLOTS; k++) {
+        Decoded *d = &decoded_slots[k];
+        if (decoded_is(d, t, record, index, length)) {
+            oldest = NULL;  /* another thread decoded it meanwhile */
+            break;
+        }
+        if (d->used < oldest->used)
+            oldest = d;
+    }
+    if (oldest != NULL) {
+        free(oldest->bytes);
+        *oldest = (Decoded) {t, record, index, length, ++decoded_clock, bytes};
+        bytes = NULL;
+    }
+    pthread_mutex_unlock(&decoded_lock);
+    free(bytes);
+}
+
+/* A fork (a DataLoader's workers, after a thread read through read_file) must not leave
+ * the child a lock another thread held: the forking thread holds it across the fork. */
+static void decoded_before_fork(void)
+{
+    pthread_mutex_lock(&decoded_lock);
+}
+
+static void decoded_after_fork(void)
+{
+    pthread_mutex_unlock(&decoded_lock);
+}
+
+/* Tree ``t`` goes: its kept bytes too (a later Tree at the same address must not find them). */
+static void forget_decoded(const Tree *t)
+{
+    pthread_mutex_lock(&decoded_lock);
+    for (unsigned k = 0; k < DECODED_SLOTS; k++) {
+        if (decoded_slots[k].used && decoded_slots[k].tree == t) {
+            free(decoded_slots[k].bytes);
+            memset(&decoded_slots[k], 0, sizeof decoded_slots[k]);
+        }
+    }
+    pthread_mutex_unlock(&decoded_lock);
+}
+
+#ifndef PACKFS_NO_ZSTD
+/* A zstd dictionary record, made into a ZSTD_DDict at its first use (then shared by
+ * every thread: a DDict is read-only). */
+typedef struct Dictionary {
+    uint64_t record;
+    ZSTD_DDict *ddict;
+} Dictionary;
+
+/* One ZSTD_DCtx per thread (libfuse's workers, and callers of the Python methods),
+ * freed when the thread ends. */
+static pthread_key_t dctx_key;
+static pthread_once_t dctx_once = PTHREAD_ONCE_INIT;
+
+static void free_dctx(void *dctx)
+{
+    ZSTD_freeDCtx(dctx);
+}
+
+static void make_dctx_key(void)
+{
+    pthread_key_create(&dctx_key, free_dctx);
+}
+
+static ZSTD_DCtx *thread_dctx(void)
+{
+    pthread_once(&dctx_once, make_dctx_key);
+    ZSTD_DCtx *dctx = pthread_getspecific(dctx_key);
+    if (dctx == NULL && (dctx = ZSTD_createDCtx()) != NULL)
+        pthread_setspecific(dctx_key, dctx);
+    return dctx;
+}
+
+/* Dictionary record ``record`` (its row checked to be CODEC_DICTIONARY by the caller)
+ * as a DDict in *ddict: made once, from its bytes checked against its record CRC. */
+static int dictionary_of(Tree *t, uint64_t entry, uint64_t record, ZSTD_DDict **ddict)
+{
+    int error = 0;
+    pthread_mutex_lock(&t->dictionary_lock);
+    uint64_t low = 0, high = t->dictionary_count;
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        if (t->dictionaries[middle].record < record)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    if (low < t->dictionary_count && t->dictionaries[low].record == record) {
+        *ddict = t->dictionaries[low].ddict;
+        goto done;
+    }
+    uint64_t start = offset_of(t, record), end = offset_of(t, record + 1);
+    if (page_failure) {
+        error = EIO;
+        goto done;
+    }
+    if (start < t->header_end || start > end || end > t->data_end || end - start > DICTIONARY_MAX) {
+        error = codec_broken(t, entry, 41, "names a zstd dictionary outside the data area or over 1 MiB");
+        goto done;
+    }
+    uint8_t *bytes = NULL;
+    size_t skip = 0;
+    if ((error = read_stored(t, entry, record, start, end, 0, end - start, &bytes, &skip, NULL)) != 0)
+        goto done;
+    ZSTD_DDict *made = ZSTD_createDDict(bytes + skip, (size_t) (end - start));
+    free(bytes);
+    if (made == NULL) {
+        error = codec_broken(t, entry, 42, "names a zstd dictionary that zstd cannot load");
+        goto done;
+    }
+    if (t->dictionary_count == t->dictionary_capacity) {
+        uint64_t capacity = t->dictionary_capacity ? 2 * t->dictionary_capacity : 8;
+        Dictionary *grown = realloc(t->dictionaries, capacity * sizeof *grown);
+        if (grown == NULL) {
+            ZSTD_freeDDict(made);
+            error = ENOMEM;
+            goto done;
+        }
+        t->dictionaries = grown;
+        t->dictionary_capacity = capacity;
+    }
+    memmove(t->dictionaries + low + 1, t->dictionaries + low, (t->dictionary_count - low) * sizeof *t->dictionaries);
+    t->dictionaries[low] = (Dictionary) {record, made};
+    t->dictionary_count++;
+    *ddict = made;
+done:
+    pthread_mutex_unlock(&t->dictionary_lock);
+    return error;
+}
+
+/* ``stored`` (``stored_length`` bytes: one zstd frame, nothing after it) decoded into
+ * exactly ``expected`` bytes at *decoded (malloc'ed), with ``ddict`` or none: a frame
+ * that decodes to more or fewer bytes is an error, found without decoding more than
+ * ``expected``. */
+static int zstd_decode(Tree *t, uint64_t entry, const uint8_t *stored, uint64_t stored_length, uint64_t expected,
+                       ZSTD_DDict *ddict, uint8_t **decoded)
+{
+    /* zstd would decode a second frame after the first, or skip a skippable one */
+    if (ZSTD_findFrameCompressedSize(stored, (size_t) stored_length) != stored_length)
+        return codec_broken(t, entry, 43, "has zstd data that is not one frame decoding to its size");
+    ZSTD_DCtx *dctx = thread_dctx();
+    uint8_t *bytes = malloc(expected ? expected : 1);
+    if (dctx == NULL || bytes == NULL) {
+        free(bytes);
+        return ENOMEM;
+    }
+    size_t got = ddict != NULL ? ZSTD_decompress_usingDDict(dctx, bytes, (size_t) expected, stored,
+                                                            (size_t) stored_length, ddict)
+                               : ZSTD_decompressDCtx(dctx, bytes, (size_t) expected, stored, (size_t) stored_length);
+    if (ZSTD_isError(got) || got != expected) {
+        free(bytes);
+        return codec_broken(t, entry, 43, "has zstd data that is not one frame decoding to its size");
+    }
+    *decoded = bytes;
+    return 0;
+}
+
+/* A CODEC_ZSTD file's contents, ``size`` bytes at *decoded: its record checked as any
+ * record is, decoded, and its decoded CRC (the row's check) matched. */
+static int decode_file(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                       const CodecRow *row, uint8_t **decoded)
+{
+    ZSTD_DDict *ddict = NULL;
+    int error = row->aux == NO_RECORD ? 0 : dictionary_of(t, entry, row->aux, &ddict);
+    uint8_t *stored = NULL;
+    size_t skip = 0;
+    if (!error)
+        error = read_stored(t, entry, record, start, end, 0, end - start, &stored, &skip, NULL);
+    if (!error) {
+        error = zstd_decode(t, entry, stored + skip, end - start, size, ddict, decoded);
+        free(stored);
+    }
+    if (!error && t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), *decoded, (uInt) size) != row->check) {
+        free(*decoded);
+        return codec_broken(t, entry, 44, "has zstd data whose decoded bytes do not match their CRC");
+    }
+    return error;
+}
+
+/* Frame ``k`` of a CODEC_FRAMES file (``size`` bytes, its record at [start, end)),
+ * ``expected`` bytes at *decoded: its frame table row read (pages checked), its stored
+ * bytes checked against stored_crc before they are decoded, decoded_crc after. */
+static int decode_frame(Tree *t, uint64_t entry, uint64_t start, uint64_t end, const CodecRow *row, uint64_t k,
+                        uint64_t expected, uint8_t **decoded)
+{
+    const uint8_t *table = t->codec_data + row->aux + FRAME_ROW * k;  /* k < count: record_of */
+    uint64_t at = (uint64_t) (table - t->base);
+    if (pages_ok(t, CODEC_DATA_REGION, k ? at - FRAME_ROW : at, at + FRAME_ROW))
+        return EIO;
+    uint64_t from = k ? u64_at(table - FRAME_ROW) : 0, to = u64_at(table);
+    uint32_t stored_crc = u32_at(table + 8), decoded_crc = u32_at(table + 12);
+    if (from >= to || to > end - start || to - from > stored_bound(expected))
+        return codec_broken(t, entry, 45, "has a frame table whose frame is empty, outside its record or longer "
+                                          "than zstd makes one");
+    uint8_t *stored = malloc(to - from);
+    if (stored == NULL)
+        return ENOMEM;
+    int error = read_exactly(t, stored, to - from, start + from);
+    if (!error && t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), stored, (uInt) (to - from)) != stored_crc)
+        error = codec_broken(t, entry, 46, "has a frame whose stored bytes do not match their CRC");
+    if (!error)
+        error = zstd_decode(t, entry, stored, to - from, expected, NULL, decoded);
+    free(stored);
+    if (!error && t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), *decoded, (uInt) expected) != decoded_crc) {
+        free(*decoded);
+        return codec_broken(t, entry, 47, "has a frame whose decoded bytes do not match their CRC");
+    }
+    return error;
+}
+#else
+static int decode_file(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                       const CodecRow *row, uint8_t **decoded)
+{
+    return EIO;  /* never reached: tree_init refuses codecs without libzstd */
+}
+
+static int decode_frame(Tree *t, uint64_t entry, uint64_t start, uint64_t end, const CodecRow *row, uint64_t k,
+                        uint64_t expected, uint8_t **decoded)
+{
+    return EIO;
+}
+#endif
+
+/* Extent ``j`` of a sparse file's list at ``list`` (count checked by record_of), its
+ * page checked: 0, or EIO. */
+static inline int extent_at(Tree *t, const uint8_t *list, uint64_t j, uint64_t *offset, uint64_t *length)
+{
+    const uint8_t *p = list + 8 + EXTENT_ROW * j;
+    uint64_t at = (uint64_t) (p - t->base);
+    if (pages_ok(t, CODEC_DATA_REGION, at, at + EXTENT_ROW))
+        return EIO;
+    *offset = u64_at(p);
+    *length = u64_at(p + 8);
+    return 0;
+}
+
+/* Bytes [offset, offset + want) of a CODEC_SPARSE file into ``into``: zeros, and the
+ * extents' bytes where they are, read from its record as stored (checked as any
+ * record's).  The extents are walked from the first, each held to the rules a read
+ * relies on (non-empty, ascending, not overlapping, inside the file and its record). */
+static int read_sparse(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                       const CodecRow *row, uint64_t offset, uint64_t want, uint8_t *into)
+{
+    const uint8_t *list = t->codec_data + row->aux;
+    uint64_t count = checked_u64(t, CODEC_DATA_REGION, list);
+    if (page_failure)
+        return EIO;
+    memset(into, 0, (size_t) want);
+    uint64_t length = end - start, stored = 0, previous_end = 0, until = offset + want;
+    uint64_t first = count, last = 0, stored_from = 0, stored_to = 0, first_stored = 0;
+    for (uint64_t j = 0; j < count; j++) {
+        uint64_t o, l;
+        if (extent_at(t, list, j, &o, &l))
+            return EIO;
+        if (l == 0 || o < previous_end || o > size || l > size - o || l > length - stored)
+            return codec_broken(t, entry, 48, "has an extent list that is not ascending, non-empty extents inside "
+                                              "the file and its record");
+        if (o >= until)
+            break;
+        if (o + l > offset) {
+            if (first == count) {
+                first = j;
+                first_stored = stored;
+                stored_from = stored + (o < offset ? offset - o : 0);
+            }
+            last = j;
+            stored_to = stored + ((o + l < until ? o + l : until) - o);
+        }
+        previous_end = o + l;
+        stored += l;
+    }
+    if (first == count)
+        return 0;  /* a hole */
+    uint8_t *bytes = NULL;
+    size_t skip = 0;
+    int error = read_stored(t, entry, record, start, end, stored_from, stored_to - stored_from, &bytes, &skip, NULL);
+    if (error)
+        return error;
+    const uint8_t *from = bytes + skip;
+    stored = first_stored;
+    for (uint64_t j = first; j <= last; j++) {
+        uint64_t o, l;
+        if (extent_at(t, list, j, &o, &l))
+            break;  /* checked in the walk above: not reached */
+        uint64_t a = o < offset ? offset : o, b = o + l < until ? o + l : until;
+        memcpy(into + (a - offset), from + (stored + (a - o) - stored_from), (size_t) (b - a));
+        stored += l;
+    }
+    free(bytes);
+    return 0;
+}
+
+/* Bytes [offset, offset + want) of a file whose record is not stored as it is
+ * (section 4f), decoded: *out (malloc'ed, ``want`` bytes).  A one-frame file and each
+ * frame are decoded once while kept (DECODED_SLOTS). */
+static int read_decoded(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                        const CodecRow *row, uint64_t offset, uint64_t want, uint8_t **out)
+{
+    uint8_t *buffer = malloc(want ? want : 1);
+    if (buffer == NULL)
+        return ENOMEM;
+    int error = 0;
+    if (row->codec == CODEC_SPARSE) {
+        error = read_sparse(t, entry, record, start, end, size, row, offset, want, buffer);
+    } else if (row->codec == CODEC_ZSTD) {
+        if (!decoded_copy(t, record, 0, size, offset, want, buffer)) {
+            uint8_t *decoded;
+            if ((error = decode_file(t, entry, record, start, end, size, row, &decoded)) == 0) {
+                __atomic_add_fetch(&t->decodes, 1, __ATOMIC_RELAXED);
+                memcpy(buffer, decoded + offset, (size_t) want);
+                keep_decoded(t, record, 0, decoded, size);
+            }
+        }
+    } else {
+        unsigned log2 = row->frame_log2;
+        for (uint64_t k = offset >> log2; !error && k <= (offset + want - 1) >> log2; k++) {
+            uint64_t frame_start = k << log2;
+            uint64_t expected = size - frame_start < ((uint64_t) 1 << log2) ? size - frame_start : (uint64_t) 1 << log2;
+            uint64_t a = offset > frame_start ? offset : frame_start;
+            uint64_t b = offset + want < frame_start + expected ? offset + want : frame_start + expected;
+            if (decoded_copy(t, record, k, expected, a - frame_start, b - a, buffer + (a - offset)))
+                continue;
+            uint8_t *decoded;
+            if ((error = decode_frame(t, entry, start, end, row, k, expected, &decoded)) == 0) {
+                __atomic_add_fetch(&t->decodes, 1, __ATOMIC_RELAXED);
+                memcpy(buffer + (a - offset), decoded + (a - frame_start), (size_t) (b - a));
+                keep_decoded(t, record, k, decoded, expected);
+            }
+        }
+    }
+    if (error) {
+        free(buffer);
+        return error;
+    }
+    *out = buffer;
+    return 0;
+}
+
+/* tree_read, for READ ``park`` (or NULL): PARKED when it waits for another thread's
+ * check of its record, which then answers it. */
+static int read_or_park(Tree *t, fuse_ino_t inode, uint64_t offset, size_t size, uint8_t **out, size_t *got,
+                        size_t *skip, const Parked *park)
+{
+    uint64_t entry, record, start, end, length;
+    unsigned type;
+    CodecRow row;
+    int error = typed_entry(t, inode, &entry, &type);
+    if (error)
+        return error;
+    if (type != S_IFREG)
+        return type == S_IFDIR ? EISDIR : EINVAL;
+    if ((error = record_of(t, entry, &record, &start, &end, &row, &length)) != 0)
+        return error;
+    *out = NULL;
+    *got = *skip = 0;
+    if (offset >= length || size == 0)
+        return 0;
+    uint64_t want = length - offset < size ? length - offset : size;
+    error = row.codec == CODEC_STORED ? read_stored(t, entry, record, start, end, offset, want, out, skip, park)
+                                      : read_decoded(t, entry, record, start, end, length, &row, offset, want, out);
+    if (!error)
+        *got = (size_t) want;
+    return error;
 }
 
 /* Up to ``size`` bytes of file inode ``inode`` from ``offset``: *out (malloc'ed, free
@@ -2241,17 +2816,29 @@ static const struct fuse_lowlevel_ops operations = {
 
 /* -- the Tree type ---------------------------------------------------------------------------- */
 
+/* The libzstd the daemon decodes format 1.5's codecs with (10504 for 1.5.4), or 0:
+ * built without it (PACKFS_NO_ZSTD), it refuses archives with codecs. */
+static int zstd_version(void)
+{
+#ifdef PACKFS_NO_ZSTD
+    return 0;
+#else
+    return (int) ZSTD_versionNumber();
+#endif
+}
+
 static PyObject *os_error(int error)
 {
     errno = error;
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
-/* Format 1.4's page checks (``pages``: page_size, the 23 regions' (start, end), their
+/* Format 1.4's page checks (``pages``: page_size, the regions' (start, end), their
  * page CRCs as bytes, u32 region after region, and data_end, all from the checked tail),
- * each checked to fit the archive and the header before any is used.  With checks off
- * (``check_once`` 0) only data_end is taken: nothing is checked. */
-static int init_pages(Tree *t, PyObject *pages, int check_once)
+ * each checked to fit the archive and the header before any is used: 23 regions, or 25
+ * in a 1.5 archive with codecs (``regions``), whose sections 22 and 23 are paged too.
+ * With checks off (``check_once`` 0) only data_end is taken: nothing is checked. */
+static int init_pages(Tree *t, PyObject *pages, int check_once, unsigned paged_regions)
 {
     unsigned long long page_size, data_end;
     PyObject *regions;
@@ -2263,12 +2850,13 @@ static int init_pages(Tree *t, PyObject *pages, int check_once)
     if (spans == NULL)
         goto done;
     if (page_size < 65536 || page_size > ((uint64_t) 1 << 31) || (page_size & (page_size - 1))
-        || PySequence_Fast_GET_SIZE(spans) != PAGED_REGIONS) {
+        || PySequence_Fast_GET_SIZE(spans) != paged_regions) {
         PyErr_SetString(PyExc_ValueError, "pages: the page size or the number of regions is wrong");
         goto done;
     }
+    t->paged_regions = paged_regions;
     uint64_t count = 0, windows = 0;
-    for (int r = 0; r < PAGED_REGIONS; r++) {
+    for (int r = 0; r < (int) paged_regions; r++) {
         unsigned long long start, end;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(spans, r), "KK", &start, &end))
             goto done;
@@ -2422,11 +3010,39 @@ static int init_xattrs(Tree *t, PyObject *xattrs)
     return 0;
 }
 
+/* Section 4f's two spans, ((start, end) x 2): record_codec a row per data record,
+ * codec_data anywhere in the archive; with page checks, each its region (23 and 24). */
+static int init_codecs(Tree *t, PyObject *codecs)
+{
+    unsigned long long span[2][2];
+    if (!PyArg_ParseTuple(codecs, "(KK)(KK)", &span[0][0], &span[0][1], &span[1][0], &span[1][1]))
+        return -1;
+    for (int k = 0; k < 2; k++) {
+        if (span[k][0] > span[k][1] || span[k][1] > t->file_size) {
+            PyErr_Format(PyExc_ValueError, "codec section %d's span does not fit the archive", k);
+            return -1;
+        }
+        if (t->page_crc != NULL && (t->region_start[RECORD_CODEC_REGION + k] != span[k][0]
+                                    || t->region_end[RECORD_CODEC_REGION + k] != span[k][1])) {
+            PyErr_Format(PyExc_ValueError, "section %d's span is not the tail's", 22 + k);
+            return -1;
+        }
+    }
+    if (span[0][1] - span[0][0] != CODEC_ROW * t->data_records) {
+        PyErr_SetString(PyExc_ValueError, "the record_codec section is not a row per data record");
+        return -1;
+    }
+    t->record_codec = t->base + span[0][0];
+    t->codec_data = t->base + span[1][0];
+    t->codec_data_size = span[1][1] - span[1][0];
+    return 0;
+}
+
 static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
-                               "check_once", "name", "log_fd", "pieces", "xattrs", "pages", NULL};
-    PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None, *pages = Py_None;
+                               "check_once", "name", "log_fd", "pieces", "xattrs", "pages", "codecs", NULL};
+    PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None, *pages = Py_None, *codecs = Py_None;
     const char *name = "archive";
     int log_fd = 2;
     int fd, guard, check_once;
@@ -2435,10 +3051,17 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siOOO:Tree", keywords, &mapping, &fd, &guard, &records,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OiiKKKOp|siOOOO:Tree", keywords, &mapping, &fd, &guard, &records,
                                      &data_records, &entries, &sections, &check_once, &name, &log_fd, &pieces,
-                                     &xattrs, &pages))
+                                     &xattrs, &pages, &codecs))
         return -1;
+#ifdef PACKFS_NO_ZSTD
+    if (codecs != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "packfs._lowlevel was built without libzstd (libzstd-dev): it cannot "
+                                          "serve format 1.5's codecs");
+        return -1;
+    }
+#endif
     t->fd = -1;
     if ((t->name = strdup(name)) == NULL) {
         PyErr_NoMemory();
@@ -2478,7 +3101,7 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     t->data_records = data_records;
     t->entries = entries;
     if (pages != Py_None) {
-        if (init_pages(t, pages, check_once) != 0)
+        if (init_pages(t, pages, check_once, codecs != Py_None ? PAGED_REGIONS_CODECS : PAGED_REGIONS) != 0)
             return -1;
     } else {
         t->data_end = offset_of(t, data_records);
@@ -2523,6 +3146,9 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     if (pieces != Py_None && init_pieces(t, pieces) != 0)
         return -1;
     if (xattrs != Py_None && init_xattrs(t, xattrs) != 0)
+        return -1;
+    pthread_mutex_init(&t->dictionary_lock, NULL);
+    if (codecs != Py_None && init_codecs(t, codecs) != 0)
         return -1;
     long page = sysconf(_SC_PAGESIZE);
     t->table_low &= ~((uintptr_t) page - 1);  /* whole pages: the map starts on one */
@@ -2584,6 +3210,13 @@ static void tree_dealloc(Tree *t)
     free(t->page_prefetched);
     free(t->name);
     free(t->search_tops);
+    if (t->record_codec != NULL)
+        forget_decoded(t);
+#ifndef PACKFS_NO_ZSTD
+    for (uint64_t k = 0; k < t->dictionary_count; k++)
+        ZSTD_freeDDict(t->dictionaries[k].ddict);
+#endif
+    free(t->dictionaries);
     Py_TYPE(t)->tp_free((PyObject *) t);
 }
 
@@ -2737,6 +3370,108 @@ static PyObject *py_read(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     error = finished(t, tree_read(t, local, offset, (size_t) size, &data, &got, &skip));
     Py_END_ALLOW_THREADS
+    if (error) {
+        free(data);
+        return os_error(error);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(data ? (const char *) data + skip : "", (Py_ssize_t) got);
+    free(data);
+    return result;
+}
+
+/* Whether entry ``entry``'s full path (format section 4: names from the root down,
+ * joined by '/') is ``path``: compared from its last name up, each parent below its
+ * child (section 5), so the walk ends. */
+static int path_is(Tree *t, uint64_t entry, const uint8_t *path, size_t length, int *same)
+{
+    *same = 0;
+    size_t end = length;
+    for (uint64_t steps = 0; entry != 0; steps++) {
+        const uint8_t *name;
+        uint64_t name_length;
+        int error = name_of(t, entry, &name, &name_length);
+        if (error)
+            return error;
+        if (name_length > end || memcmp(path + end - name_length, name, (size_t) name_length) != 0)
+            return 0;
+        end -= (size_t) name_length;
+        uint64_t parent = COLUMN32(t, PARENT, entry);
+        if (parent >= entry)
+            return broken(t, entry, 49, "names a parent that is not before it");
+        if (parent != 0) {
+            if (end == 0 || path[end - 1] != '/')
+                return 0;
+            end--;
+        }
+        entry = parent;
+    }
+    *same = end == 0;
+    return 0;
+}
+
+/* The entry whose stored path is exactly ``path`` (canonical, as packfs.core's
+ * Archive.find takes it: no leading or trailing slash, symlinks not followed), by a
+ * binary search of path_hash and a comparison of each candidate's full path: ENOENT if
+ * there is none. */
+static int tree_find(Tree *t, const uint8_t *path, size_t length, uint64_t *found)
+{
+    uint32_t hash = (uint32_t) crc32(crc32(0L, Z_NULL, 0), path, (uInt) length);
+    uint64_t low = 0, high = t->entries;
+    while (low < high) {
+        uint64_t middle = low + (high - low) / 2;
+        if (COLUMN32(t, PATH_HASH, middle) < hash)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    for (uint64_t j = low; j < t->entries && COLUMN32(t, PATH_HASH, j) == hash && !page_failure; j++) {
+        uint64_t entry = COLUMN32(t, PATH_ENTRY, j);
+        if (entry >= t->entries)
+            return broken(t, entry, 50, "is named by a path_entry value beyond the table");
+        int same, error = path_is(t, entry, path, length, &same);
+        if (error)
+            return error;
+        if (same) {
+            *found = entry;
+            return 0;
+        }
+    }
+    return page_failure ? EIO : ENOENT;
+}
+
+PyDoc_STRVAR(read_file_doc,
+"read_file(path, max_size=-1) -> bytes: the whole contents of the file stored at ``path``\n"
+"(bytes, canonical as Archive.find takes it: no leading slash, symlinks not followed),\n"
+"found, read, checked and decoded in C in one call, without the GIL: the in-process read\n"
+"path (what a READ of each part of it answers).  A file over ``max_size`` bytes (-1: no\n"
+"limit) is EFBIG, having allocated at most ``max_size`` + 1 bytes: a compressed or sparse\n"
+"file's size is not bounded by the archive's.  OSError with the errno: ENOENT, EISDIR for\n"
+"a directory, EINVAL for a symlink, EIO for a damaged or changed archive, ENOMEM.");
+
+static PyObject *py_read_file(Tree *t, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"path", "max_size", NULL};
+    Py_buffer path;
+    long long max_size = -1;
+    if (!ready(t) || !PyArg_ParseTupleAndKeywords(args, kwargs, "y*|L:read_file", keywords, &path, &max_size))
+        return NULL;
+    /* one byte more than the limit tells a file over it from one just at it */
+    size_t wanted = max_size < 0 || max_size >= PY_SSIZE_T_MAX ? (size_t) PY_SSIZE_T_MAX : (size_t) max_size + 1;
+    uint64_t entry = 0;
+    uint8_t *data = NULL;
+    size_t got = 0, skip = 0;
+    int error;
+    Py_BEGIN_ALLOW_THREADS
+    error = tree_find(t, path.buf, (size_t) path.len, &entry);
+    /* All of it: a READ of the whole file (its type, size and record held to their rules
+     * there), one entry read for its own contents, not for a hard link's first name. */
+    if (!error)
+        error = read_or_park(t, entry + 1, 0, wanted, &data, &got, &skip, NULL);
+    if (!error && max_size >= 0 && got > (uint64_t) max_size)
+        error = EFBIG;
+    error = finished(t, error);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&path);
     if (error) {
         free(data);
         return os_error(error);
@@ -3003,6 +3738,13 @@ static PyObject *py_checking(Tree *t, PyObject *unused)
     return Py_BuildValue("(II)", claimed, parked);
 }
 
+static PyObject *py_decodes(Tree *t, PyObject *unused)
+{
+    if (!ready(t))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&t->decodes, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef tree_methods[] = {
     {"lookup", (PyCFunction) py_lookup, METH_VARARGS, lookup_doc},
     {"getattr", (PyCFunction) py_getattr, METH_VARARGS, getattr_doc},
@@ -3019,6 +3761,10 @@ static PyMethodDef tree_methods[] = {
     {"checking", (PyCFunction) py_checking, METH_NOARGS,
      "checking() -> (records, reads): the records being checked from the archive now (claimed),\n"
      "and the READs parked until those checks end."},
+    {"read_file", (PyCFunction) (void (*)(void)) py_read_file, METH_VARARGS | METH_KEYWORDS, read_file_doc},
+    {"decodes", (PyCFunction) py_decodes, METH_NOARGS,
+     "decodes() -> int: how many zstd files and frames were decoded (format 1.5's codecs): what\n"
+     "the kept decoded bytes save is seen here."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3028,7 +3774,11 @@ PyDoc_STRVAR(tree_doc,
 "archive's map, ``fd`` its descriptor (duplicated), ``guard`` the map's packfs._sigbus\n"
 "slot or -1, ``sections`` the 15 (start, end) spans of the table's columns, and\n"
 "``check_once`` whether each record's CRC is checked at its first read; problems\n"
-"are logged to ``log_fd`` (not closed here), each once.");
+"are logged to ``log_fd`` (not closed here), each once.  Keywords: ``pieces`` and\n"
+"``xattrs``, the spans of format sections 4b and 4c; ``pages``, format 1.4's page\n"
+"checks (Archive.page_checks: 23 regions, 25 with codecs); ``codecs``, the spans of a\n"
+"1.5 archive's record_codec and codec_data sections (section 4f), whose files are then\n"
+"decoded as their codec rows say.");
 
 static PyTypeObject TreeType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -3278,12 +4028,14 @@ PyMODINIT_FUNC PyInit__lowlevel(void)
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL)
         return NULL;
+    pthread_atfork(decoded_before_fork, decoded_after_fork, decoded_after_fork);
     Py_INCREF(&TreeType);
     Py_INCREF(&ForestType);
     if (PyModule_AddObject(module, "Tree", (PyObject *) &TreeType) != 0
         || PyModule_AddObject(module, "Forest", (PyObject *) &ForestType) != 0
         || PyModule_AddIntConstant(module, "FUSE_VERSION", fuse_version()) != 0
-        || PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) != 0) {
+        || PyModule_AddIntConstant(module, "MAX_REQUEST", MAX_REQUEST) != 0
+        || PyModule_AddIntConstant(module, "ZSTD_VERSION", zstd_version()) != 0) {
         Py_DECREF(&TreeType);
         Py_DECREF(module);
         return NULL;

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PackfsError",
     "FormatError",
+    "TooLargeToReadError",
     "ChecksumError",
     "RecordFileError",
     "ArchiveChangedError",
@@ -47,6 +48,12 @@ class PackfsError(Exception):
 
 class FormatError(PackfsError, ValueError):
     """Raised when a file is not a valid archive: bad magic, unsupported version, truncation."""
+
+
+class TooLargeToReadError(PackfsError, MemoryError):
+    """Raised when a whole file is asked for in memory and its decoded size (a sparse
+    or compressed file, format 1.5, may declare far more than the archive holds) is
+    over half this machine's memory: read it in parts (``open``, ``read_chunks``)."""
 
 
 class ChecksumError(FormatError):

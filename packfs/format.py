@@ -297,6 +297,9 @@ The stored bytes of a data record are what its record CRC (section 1), its piece
 - ``CODEC_DICTIONARY``: the record is a zstd dictionary (at most ``DICTIONARY_MAX`` =
   1 MiB) that ``CODEC_ZSTD`` rows name; no entry names it.
 
+A symlink's record is always ``CODEC_STORED`` (its target is read where a path is
+resolved, and is at most 4,095 bytes); a reader refuses any other codec for it.
+
 Records shared by contents (deduplication): in an archive with ``FLAG_CODECS``, regular
 files with equal contents may name one record, each keeping its own mode, owner, mtime,
 inode number and ``nlink`` (unlike hard links, section 4); ``first_link`` stays the
@@ -343,7 +346,8 @@ When checking data, also a CRC mismatch in the header or a table section: one pa
 over their bytes (about 100 bytes per entry) at CRC speed, not a walk of the table.
 From 1.4 (an archive with a tail): at open, a ``tail_size`` below 64 or beyond the
 file, a tail whose CRC (``tail_crc``) does not match, a tail without its magic, a page
-size that is not a power of two of at least 65,536, another span count than 22,
+size that is not a power of two of at least 65,536, another span count than 22 (24
+with ``FLAG_CODECS``, section 4f),
 another ``file_size`` than the file's, ``n`` other than the header's or fewer than
 ``D`` records, ``data_end`` outside ``[12 + 12n, file_size]``, a span not 64-byte
 aligned, before the previous one's end or past the tail's start, a tail length other
@@ -810,7 +814,9 @@ def unpack_footer(data: bytes, where: str) -> Footer:
         raise FormatError(f"{where}: the footer sets the codecs flag in a version {major}.{minor} archive, "
                           f"expected 1.{CODECS_SINCE_MINOR} or later")
     # A flagged archive has the codec sections whatever its minor version says.
-    needed = section_count_for(CODECS_SINCE_MINOR if flags & FLAG_CODECS else minor)
+    # (A higher minor version without the flag has what 1.4 has, and what it adds an
+    # older reader may ignore.)
+    needed = section_count_for(CODECS_SINCE_MINOR if flags & FLAG_CODECS else min(minor, INDEX_SINCE_MINOR))
     if sections < needed:
         raise FormatError(
             f"{where}: footer lists {sections} sections, version {major}.{minor} needs {needed}"

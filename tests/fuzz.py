@@ -101,6 +101,38 @@ def build_seed(path: Path) -> dict[str, bytes]:
     return files
 
 
+def build_compressed_seed(path: Path, work: Path) -> dict[str, bytes]:
+    """A small format 1.5 archive (section 4f) with every codec: zstd files with and
+    without a trained dictionary (a dictionary record), a file of several frames
+    (a frame table and zstd's seek table), a sparse file (an extent list), files
+    sharing a record (dedup), stored files, a symlink and a hard link; returns path
+    -> contents of its files."""
+    rng = random.Random(3)
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"{\"id\": ", b"\"name\": ", b"\n"]
+    files = {f"json/{i:02}.json": b" ".join(rng.choice(words) for _ in range(rng.randint(40, 120)))
+             for i in range(48)}
+    files["frames.txt"] = b"".join(b"line %d of a file of several frames\n" % i for i in range(80_000))
+    files["noise.bin"] = rng.randbytes(5000)
+    files["copy-a.txt"] = files["copy-b.txt"] = b"the same bytes twice " * 50
+    files["empty.txt"] = b""
+    tree = work / "compressed-seed"
+    shutil.rmtree(tree, ignore_errors=True)
+    for name, data in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(data)
+    with open(tree / "sparse.img", "wb") as handle:  # holes of 64 KiB and more: stored sparse
+        handle.truncate(400_000)
+        handle.write(b"head" * 1000)
+        handle.seek(300_000)
+        handle.write(b"tail" * 1000)
+    files["sparse.img"] = (tree / "sparse.img").read_bytes()
+    os.symlink("frames.txt", tree / "link")
+    os.link(tree / "noise.bin", tree / "hard.bin")
+    files["hard.bin"] = files["noise.bin"]
+    packfs.pack_folder(tree, path, compress="zstd:3", dictionary="auto", jobs=1)
+    return files
+
+
 def _records(archive: Path) -> tuple[list[bytes], int]:
     records = read_records(archive)
     data_records = int.from_bytes(records[-1][24:32], "little")
@@ -476,10 +508,12 @@ def fuzz(cases: int, seed: int, work: Path, progress: bool = False) -> Counts:
 
 
 def _fuzz(cases: int, seed: int, work: Path, progress: bool) -> Counts:
-    seed_archive = work / "seed.ffr"
-    files = build_seed(seed_archive)
-    original = seed_archive.read_bytes()
-    records, data_records = _records(seed_archive)
+    seeds = []  # every other case mutates the compressed one (format 1.5)
+    for name, build in (("seed.ffr", lambda path: build_seed(path)),
+                        ("compressed.ffr", lambda path: build_compressed_seed(path, work))):
+        seed_archive = work / name
+        files = build(seed_archive)
+        seeds.append((files, seed_archive.read_bytes(), *_records(seed_archive)))
     counts = Counts()
     started = time.monotonic()
     for case in range(cases):
@@ -493,6 +527,7 @@ def _fuzz(cases: int, seed: int, work: Path, progress: bool) -> Counts:
                 counts.by_kind[kind] = counts.by_kind.get(kind, 0) + 1
                 run_structure(kind, *build_structure(kind, rng, work), work, counts)
             else:
+                files, original, records, data_records = seeds[(case // len(_KINDS)) % len(seeds)]
                 run_case(mutate(original, records, data_records, rng, kind), original, files, kind, work,
                          counts)
         except Failure as failure:

@@ -41,7 +41,9 @@ def test_footer_round_trip() -> None:
     [
         (lambda d: b"\0" + d[1:], "not a packfs archive"),
         (lambda d: d[:8] + (2).to_bytes(2, "little") + d[10:], "unsupported format version 2.2"),  # the minor stays that of the writer
-        (lambda d: d[:12] + (1).to_bytes(4, "little") + d[16:], "unknown feature flags"),
+        (lambda d: d[:12] + (2).to_bytes(4, "little") + d[16:], "unknown feature flags 0x2"),
+        # The codecs flag (format 4f) in an archive of a version before 1.5.
+        (lambda d: d[:12] + (1).to_bytes(4, "little") + d[16:], "sets the codecs flag in a version 1.2 archive"),
         (lambda d: d[:32] + (3).to_bytes(4, "little") + d[36:], "lists 3 sections"),
         (lambda d: d[:16] + bytes(8) + d[24:], "0 entries"),
         (lambda d: d[:-1], "not a packfs archive"),
@@ -56,6 +58,9 @@ def test_higher_minor_version_is_accepted() -> None:
     data = pack_footer(3, 2, minor=4, tail=bytes(64))
     data = data[:10] + (7).to_bytes(2, "little") + data[12:]
     assert unpack_footer(data, "x").version_minor == 7
+    # A 1.5 archive with codecs has their two sections (format 4f) and the flag.
+    footer = unpack_footer(pack_footer(3, 2, minor=5, tail=bytes(64)), "x")
+    assert (footer.flags, footer.section_count) == (1, 25)
 
 
 def test_each_minor_version_needs_the_sections_of_the_steps_before_it() -> None:

@@ -47,7 +47,7 @@ from ..format import (CODEC_FRAMES, CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD, FOOT
                       symlink_target_problem, unpack_footer)
 from ..source import ByteSource, with_cache_dir
 from . import legacy, recordfile
-from .codecs import CodecRow, CodecTable
+from .codecs import CodecRow, CodecTable, check_in_memory
 from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, DecodedFile, MemoryFile, PackedFile, StreamFile,
                     read_entries, read_spans)
@@ -1143,6 +1143,7 @@ class Archive:
         if begin == 0 and stop == length:
             return self._read_coded(entry, where)
         if codec == CODEC_FRAMES:
+            check_in_memory(stop - begin, self.path)
             frame_size = 1 << row.frame_log2
             parts = []
             for k in range(begin // frame_size, (stop - 1) // frame_size + 1):

@@ -24,6 +24,8 @@ cost over the decompression itself.
 
 from __future__ import annotations
 
+import functools
+import os
 import struct
 import threading
 from array import array
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, NoReturn, Unio
 
 import zstandard
 
-from ..errors import ChecksumError, FormatError
+from ..errors import ChecksumError, FormatError, TooLargeToReadError
 from ..format import (CODEC_DICTIONARY, CODEC_FRAMES, CODEC_NAMES, CODEC_ROW, CODEC_SECTIONS, CODEC_SPARSE,
                       CODEC_STORED, CODEC_ZSTD, DICTIONARY_MAX, EXTENT, EXTENT_COUNT, FLAG_CODECS, FRAME_LOG2_MAX,
                       FRAME_LOG2_MIN, FRAME_ROW, NO_RECORD, RECORD_CODEC_SECTION, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
@@ -47,6 +49,25 @@ __all__ = ["CodecTable", "CodecRow", "SparseLayout", "SIZE_MAX", "STORED_ROW"]
 
 SIZE_MAX = 2**63 - 1  # section 4f: the largest size a frames or sparse file may declare
 
+
+
+def check_in_memory(length: int, path: str, label: str = "a read") -> None:
+    """Raise TooLargeToReadError if ``length`` decoded bytes, asked for at once, are
+    more than whole_read_limit(): the one rule for reads of framed and sparse files."""
+    if length > whole_read_limit():
+        raise TooLargeToReadError(f"{path!r}: {label} would decode {length:,} bytes at once, more than half "
+                                  f"this machine's memory: read it in parts (open(), read_chunks)")
+
+
+@functools.lru_cache(maxsize=None)
+def whole_read_limit() -> int:
+    """The most a whole-file read of a framed or sparse file decodes into memory: half
+    the machine's memory (a hostile 1.5 archive may declare a sparse file of 2**62
+    bytes in a few hundred; a file that size is read in parts)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError):
+        return 1 << 32
 
 class CodecRow(NamedTuple):
     """A record's row of section 22 (``CODEC_ROW``'s fields), checked (section 4f's row rules)."""
@@ -383,6 +404,7 @@ class CodecTable:
             return data
         if codec == CODEC_STORED:
             return stored if type(stored) is bytes else bytes(stored)
+        check_in_memory(size, self.path, self._label(where))
         if codec == CODEC_FRAMES:
             parts = [self.frame_from(row, stored, size, k, where, False)
                      for k in range(-(-size >> row.frame_log2))]
@@ -483,6 +505,7 @@ class CodecTable:
         """Bytes [begin, stop) of a sparse file, reading only the stored bytes of the
         extents they cover with ``read_stored(start, end)`` (record-relative, checked
         by the caller under the policy)."""
+        check_in_memory(stop - begin, self.path)
         covered = layout.overlapping(begin, stop)
         if not len(covered):
             return bytes(max(0, stop - begin))

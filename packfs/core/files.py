@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
 from ..format import CODEC_FRAMES, CODEC_STORED, S_IFMT, S_IFREG, crc32
 from ..source import ByteSource
+from .codecs import check_in_memory
 from .container import Container
 
 __all__ = ["PackedFile", "MemoryFile", "StreamFile", "DecodedFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
@@ -244,6 +245,7 @@ class _DecodedReader(_RecordReader):
         self._frame_bytes = b""
 
     def readall(self) -> bytes:
+        check_in_memory(self._length - min(self._position, self._length), self.name)
         parts = []
         while True:
             part = self.read(1 << 20)

@@ -5,12 +5,13 @@ GIL.  Python only decides whether it can serve, mounts, and waits.
 
 What it needs, and what ``packfs mount`` does without it (the Python path daemon, said
 in one line): the extension built (a C compiler, libfuse3 3.10+ and zlib headers at
-install time), a native archive of format 1.1 or later read in place from a local file,
-and its map guarded by packfs._sigbus (the daemon must survive the archive being
-truncated under it).  A shard set (packfs.core.union) is served as a Forest of one
-Tree per shard when every shard could be served alone and the set is one layer
-(shards whose ranges do not overlap, as a set packed at once): its shared directories
-are then known at mount, O(shards x depth).
+install time; for an archive with codecs, format 1.5, libzstd's too), a native archive
+of format 1.1 or later read in place from a local file, and its map guarded by
+packfs._sigbus (the daemon must survive the archive being truncated under it).  A
+shard set (packfs.core.union) is served as a Forest of one Tree per shard when every
+shard could be served alone and the set is one layer (shards whose ranges do not
+overlap, as a set packed at once): its shared directories are then known at mount,
+O(shards x depth).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 from ..core import Archive, ShardSet
 from ..errors import MountError
+from ..format import FLAG_CODECS
 from ..source import is_url
 from .libfuse import CapturedStderr, options_error
 
@@ -80,9 +82,6 @@ def _archive_unavailable(archive: Archive) -> str | None:
         return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
     if archive.footer.version_minor < 1:
         return f"the archive is format {archive.version} (packfs convert writes the current version, with inode numbers stored)"
-    if archive.has_codecs and not _compiled_reads_codecs():
-        return ("the archive uses format 1.5's codecs (compressed, shared or sparse files), which this build of "
-                "the compiled daemon does not decode")
     source = archive.source
     if is_url(source.name):
         return ("the archive is a URL: the Python daemon reads it with ranged requests (the compiled one reads "
@@ -91,16 +90,13 @@ def _archive_unavailable(archive: Archive) -> str | None:
         return "the archive is not a local file read in place"
     if source.guard_slot < 0:
         return "the archive's map is not guarded against truncation (packfs._sigbus is not built)"
-    return None
-
-
-def _compiled_reads_codecs() -> bool:
-    """Whether the compiled daemon decodes format 1.5's codecs (its module says so)."""
-    try:
+    if archive.footer.flags & FLAG_CODECS:
         from .. import _lowlevel
-    except ImportError:
-        return False
-    return bool(getattr(_lowlevel, "READS_CODECS", False))
+
+        if not _lowlevel.ZSTD_VERSION:
+            return ("the archive has codecs (format 1.5) and packfs._lowlevel was built without libzstd "
+                    "(install libzstd-dev and reinstall packfs)")
+    return None
 
 
 def compiled_libfuse_version() -> str:
@@ -153,10 +149,24 @@ def _tree(archive: Archive, log_fd: int) -> Any:
     from .. import _lowlevel
 
     source = archive.source
+    pages = archive.page_checks
     return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
                           archive.data_records, archive.entry_count, archive.section_spans,
                           archive.checksums != "never", os.fsdecode(archive.path), log_fd,
-                          pieces=archive.piece_spans, xattrs=archive.xattr_spans, pages=archive.page_checks)
+                          pieces=archive.piece_spans, xattrs=archive.xattr_spans, pages=pages,
+                          codecs=_codec_spans(archive, pages))
+
+
+def _codec_spans(archive: Archive, pages: tuple[int, tuple[tuple[int, int], ...], Any, int] | None
+                 ) -> tuple[tuple[int, int], ...] | None:
+    """Where a 1.5 archive's record_codec and codec_data sections lie (format section 4f),
+    or None without codecs: the last two of its paged regions (section 4e: after the
+    header's two arrays and sections 0-20 come sections 22 and 23)."""
+    if not archive.footer.flags & FLAG_CODECS:
+        return None
+    if pages is None:  # every 1.5 archive has a tail; one not read in place is not served here
+        raise MountError(f"the compiled daemon cannot serve {archive.path!r}: its codec sections are not in place")
+    return tuple(pages[1][-2:])
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:
