@@ -338,3 +338,30 @@ def test_verify_reads_the_archive_back_before_it_is_published(tmp_path: Path, mo
     with pytest.raises(PackError, match=r"failed --verify: .*a\.txt.* differs"):
         pack_folder(src, tmp_path / "changed.ffr", verify=True)
     assert sorted(os.listdir(tmp_path)) == ["ok-None.ffr", "ok-zstd.ffr", "src"]
+
+
+def test_ffrecords_readers_read_every_record_of_a_compressed_archive(mixed: Path, tmp_path: Path) -> None:
+    """FFRecord's container is unchanged in 1.5: its FileReader (packfs.ffrecord's, with
+    its checks on) and a RecordReader read every record, CRCs checked, and a file's
+    record is its stored (compressed) bytes."""
+    import numpy as np
+
+    from packfs import RecordReader
+    from packfs.ffrecord import FileReader
+
+    out = tmp_path / "c.ffr"
+    pack_folder(mixed, out, compress="zstd", dictionary="auto")
+    archive = Spec15(out)
+    n = len(archive.offsets)
+    reader = FileReader(str(out), check_data=True)
+    assert reader.n == n
+    records = reader.read(list(range(n)))
+    with RecordReader(out) as plain:
+        assert [bytes(r) for r in records] == plain[:]
+    for r in range(n):
+        assert bytes(records[r]) == archive.data[archive.offsets[r]: archive.offsets[r + 1] if r + 1 < n else None]
+        assert zlib.crc32(bytes(records[r])) == archive.crcs[r]
+    (entry,) = [e for e in range(1, archive.footer.entry_count) if archive.path(e) == b"big.txt"]
+    stored = np.asarray(records[int(archive.record[entry])]).tobytes()
+    assert stored == archive.stored(int(archive.record[entry])) and len(stored) < int(archive.size[entry]) // 10
+    reader.close()
