@@ -294,6 +294,22 @@ def _input_size(stream: BinaryIO) -> int:
     return 0
 
 
+def _source_kind(source: str, stdin: BinaryIO | None, caller: str) -> tuple[bool, str]:
+    """Whether ``source`` is read as a stream, and whether it is a "tar" or a "zip":
+    the one check of a tar or zip source (PackError for anything else)."""
+    # A pipe given by name (`packfs pack <(tar c ...) out`) is read once, as "-" is:
+    # sniffing its first bytes would consume them.
+    streamed = source == "-" or _is_stream(source)
+    if not streamed and not os.path.lexists(source):
+        raise url_error(source) or PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
+    kind = "tar" if streamed else archive_kind(source)
+    if kind not in ("tar", "zip"):
+        raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
+    if source == "-" and stdin is None:
+        raise ValueError(f'{caller}("-") needs the stream to read as stdin')
+    return streamed, kind
+
+
 def pack_archive(source: str, out: PathLike, *, force: bool = False,
                  stdin: BinaryIO | None = None, progress: PackProgress | None = None,
                  xattrs: bool = True, compress: str | None = None, dictionary: str | None = None,
@@ -338,16 +354,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
         ``source`` is not a tar or zip, is damaged or truncated, or ``out`` cannot be
         written.
     """
-    # A pipe given by name (`packfs pack <(tar c ...) out`) is read once, as "-" is:
-    # sniffing its first bytes would consume them.
-    streamed = source == "-" or _is_stream(source)
-    if not streamed and not os.path.lexists(source):
-        raise url_error(source) or PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
-    kind = "tar" if streamed else archive_kind(source)
-    if kind not in ("tar", "zip"):
-        raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
-    if source == "-" and stdin is None:
-        raise ValueError('pack_archive("-") needs the stream to read as stdin')
+    streamed, kind = _source_kind(source, stdin, "pack_archive")
     skips = SkipList(where=f"{'<stdin>' if source == '-' else source}: ")
     codecs = dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse, verify=verify)
     spool_for_dictionaries = dictionary == "auto"  # a tar read in place is sampled from the spool
@@ -408,14 +415,7 @@ def archive_entries(source: str, skips: SkipList, *, stdin: BinaryIO | None = No
     the next entry is taken.  A damaged source raises PackError, from the ``with``
     block too.
     """
-    streamed = source == "-" or _is_stream(source)
-    if not streamed and not os.path.lexists(source):
-        raise url_error(source) or PackError(f"{source!r}: no such file or directory, expected a directory, a tar or a zip archive")
-    kind = "tar" if streamed else archive_kind(source)
-    if kind not in ("tar", "zip"):
-        raise PackError(f"{source!r} is neither a directory nor a tar or zip archive")
-    if source == "-" and stdin is None:
-        raise ValueError('archive_entries("-") needs the stream to read as stdin')
+    streamed, kind = _source_kind(source, stdin, "archive_entries")
     try:
         with contextlib.ExitStack() as stack:
             raw = cast(BinaryIO, stdin) if source == "-" else stack.enter_context(open(source, "rb"))

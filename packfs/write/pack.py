@@ -260,7 +260,7 @@ class _ArchiveBuilder:
                     record, size, info = sparse
                     changed = False
                 else:
-                    sink = _RecordSink(self) if self.encoder is None else _EncodingSink(self, _kind(source.key))
+                    sink = _RecordSink(self, _kind(source.key))
                     size, info, changed = read_stable(source, sink, self._buffer, self._advance_bytes)
             finally:
                 source.close()
@@ -706,49 +706,31 @@ def _kind(key: bytes) -> str:
     return name[dot + 1 :].decode("ascii", "replace").lower() if 0 < dot < len(name) - 1 else ""
 
 
-class _EncodingSink:
-    """The current record of an _ArchiveBuilder's writer, through its encoder (format 1.5)."""
+class _RecordSink:
+    """The current record of an _ArchiveBuilder's writer (one process packing), through
+    its encoder when the archive has codecs (format 1.5; ``kind`` picks the dictionary)."""
 
-    def __init__(self, builder: _ArchiveBuilder, kind: str) -> None:
+    def __init__(self, builder: _ArchiveBuilder, kind: str = "") -> None:
         self._builder = builder
         self._kind = kind
+        self._encoder = builder.encoder
+        # Bound once: called for every chunk of the file.
+        self.write: Callable[[memoryview], None] = (builder.writer.write if self._encoder is None
+                                                     else self._encoder.write)
 
     def begin(self, expected: int) -> None:
         self._builder._new_record()
-        self._builder.encoder.begin(self._kind)
-
-    def write(self, data: memoryview) -> None:
-        self._builder.encoder.write(data)
+        if self._encoder is not None:
+            self._encoder.begin(self._kind)
 
     @property
     def crc(self) -> int:
-        return self._builder.encoder.crc
+        return self._builder.writer.record_crc if self._encoder is None else self._encoder.crc
 
     def discard(self) -> None:
-        self._builder.encoder.discard()
+        if self._encoder is not None:
+            self._encoder.discard()
         self._builder.writer.discard_record()
-
-
-class _RecordSink:
-    """The current record of an _ArchiveBuilder's writer (one process packing)."""
-
-    def __init__(self, builder: _ArchiveBuilder) -> None:
-        self._builder = builder
-
-    def begin(self, expected: int) -> None:
-        self._builder._new_record()
-
-    def write(self, data: memoryview) -> None:
-        self._builder.writer.write(data)
-
-    @property
-    def crc(self) -> int:
-        return self._builder.writer.record_crc
-
-    def discard(self) -> None:
-        self._builder.writer.discard_record()
-
-
 
 
 def pack_folder(
