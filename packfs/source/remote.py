@@ -82,6 +82,12 @@ S3_ACCESS = {"AccessDenied": "were refused", "InvalidAccessKeyId": "name a key i
 # The conditions of every GET after the open, by name -> the header that carries each.
 CONDITION_HEADERS = {"if_match": "If-Match", "if_unmodified_since": "If-Unmodified-Since"}
 S3_RETRIED = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout")
+# A refused connection (nothing listens on the port: a wrong port, a server not
+# started or gone) is tried once more, after the first backoff, and then told: on
+# loopback or a LAN it is final at once, and 6 tries spread over 5 s only delayed the
+# error.  The one retry covers a server restarting or a load balancer's node cycling.
+# Timeouts, resets, cut-off answers, 5xx, 429 and S3's SlowDown keep every retry.
+REFUSED_RETRIES = 1
 
 
 def public_url(url: str) -> str:
@@ -95,11 +101,13 @@ def public_url(url: str) -> str:
 
 
 class _Retry(Exception):
-    """A failure worth another try: carries the error to raise when tries run out."""
+    """A failure worth another try: carries the error to raise when tries run out, and
+    at most how many retries its kind gets (None: the ``retries`` option's)."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, most: Optional[int] = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.most = most
 
 
 class _Endpoint:
@@ -465,7 +473,7 @@ class RemoteFile:
             try:
                 return self._fetch_once(start, end, suffix)
             except _Retry as failure:
-                if attempt == self._retries:
+                if attempt >= (self._retries if failure.most is None else min(self._retries, failure.most)):
                     raise failure.error from None
                 with self._locked():
                     self._stats["retries"] += 1
@@ -632,8 +640,14 @@ class RemoteFile:
         if isinstance(error, exceptions.SSLError) and "CERTIFICATE_VERIFY_FAILED" in text:
             return RemoteArchiveError(f"{self.name!r}: the server's TLS certificate was not accepted: expected one "
                                       f"this machine trusts")
-        if isinstance(error, exceptions.NewConnectionError) or "Connection refused" in text:
-            cause = "connection refused"
+        if isinstance(error, ConnectionRefusedError) or "Connection refused" in text:
+            tries = min(self._retries, REFUSED_RETRIES) + 1
+            return _Retry(RemoteIOError(f"{self.name!r}: the connection failed (connection refused; {tries} "
+                                        f"{'try' if tries == 1 else 'tries'}): expected a server listening at "
+                                        f"{self._endpoint.origin}"), REFUSED_RETRIES)
+        if isinstance(error, exceptions.NewConnectionError):
+            cause = "could not connect: the host name did not resolve" if "resolution" in text or "not known" in text \
+                else "could not connect"
         elif isinstance(error, (exceptions.TimeoutError, TimeoutError)) or "timed out" in text:
             return _Retry(self._timed_out())
         else:
