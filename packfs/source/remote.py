@@ -42,6 +42,7 @@ from ..errors import (ArchiveChangedError, ClosedArchiveError, FormatError, Pack
 from .multiget import MultiGet
 from .s3config import s3_settings
 from .sigv4 import canonical_query, encode_key, sign_v4
+from .tails import CHECK_BYTES, KnownTail
 
 __all__ = ["RemoteFile", "public_url", "REMOTE_SCHEMES"]
 
@@ -218,6 +219,10 @@ class RemoteFile:
         :meth:`read_ranges` closer than ``coalesce_gap`` share one GET; at most
         ``in_flight`` requests at once; the first retry waits up to ``backoff`` s,
         doubling each time (to 20 s at most).
+    tails
+        A :class:`~packfs.source.tails.TailStore` (the disk cache's): an object whose
+        last bytes it kept is opened by fetching its footer only (64 bytes), the rest
+        taken from it when the object is the same; None: the last bytes are fetched.
 
     Raises
     ------
@@ -231,7 +236,8 @@ class RemoteFile:
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None, suffix_bytes: int = 256 << 10,
                  memory_cap: int = 256 << 20, timeout: float = 30.0, retries: int = 5, part_bytes: int = 8 << 20,
-                 coalesce_gap: int = 64 << 10, in_flight: int = IN_FLIGHT, backoff: float = 0.1) -> None:
+                 coalesce_gap: int = 64 << 10, in_flight: int = IN_FLIGHT, backoff: float = 0.1,
+                 tails=None) -> None:
         self.name = public_url(url)
         self.memory_cap = memory_cap
         self.part_bytes = max(1, part_bytes)
@@ -251,7 +257,7 @@ class RemoteFile:
         # forked child makes its own before its first request (_own).
         self._pid = -1
         self._own()
-        data, headers, first, size = self._fetch(0, 0, suffix=max(1, suffix_bytes))
+        data, headers, first, size = self._open(max(1, suffix_bytes), tails)
         self.size = size
         self.suffix = data
         self.suffix_start = first
@@ -278,6 +284,28 @@ class RemoteFile:
         self.owner = (os.getuid(), os.getgid(), int(modified.timestamp()) * 10**9 if modified else 0)
         # The batches' fast path (packfs.source.multiget): what it does not take, _get does.
         self._multi = MultiGet(self._endpoint.url, self._request_head, self._accepts, self.in_flight, self._timeout)
+
+    def _open(self, suffix_bytes: int, tails) -> Tuple[bytes, dict, int, int]:
+        """The opening request's answer: (the last bytes, the headers, where they start,
+        the object's size).  With ``tails`` (a :class:`~packfs.source.tails.TailStore`)
+        that kept this URL's last bytes, only the last CHECK_BYTES are fetched, and the
+        kept ones taken when the answer is the same object (ETag, version id,
+        Last-Modified, size and those bytes alike); the last bytes fetched are kept."""
+        location = self._endpoint.url
+        known = tails.load(location) if tails is not None else None
+        if known is not None and len(known.suffix) >= min(suffix_bytes, known.size) > CHECK_BYTES:
+            data, headers, first, size = self._fetch(0, 0, suffix=CHECK_BYTES)
+            version = headers.get("x-amz-version-id") or None
+            if (size, headers.get("etag") or None, None if version == "null" else version,
+                    headers.get("last-modified") or "") == (known.size, known.etag, known.version, known.modified) \
+                    and first == size - len(data) and known.suffix.endswith(data):
+                return known.suffix, headers, known.suffix_start, size
+        data, headers, first, size = self._fetch(0, 0, suffix=suffix_bytes)
+        if tails is not None and size > CHECK_BYTES:
+            version = headers.get("x-amz-version-id") or None
+            tails.save(location, KnownTail(headers.get("etag") or None, None if version == "null" else version,
+                                           headers.get("last-modified") or "", size, first, bytes(data)))
+        return data, headers, first, size
 
     def _own(self) -> None:
         """Connections, a lock and (on first use) threads of this process's own.  In a
