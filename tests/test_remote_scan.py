@@ -140,3 +140,23 @@ def test_reads_out_of_order_while_scanning_are_still_right(nginx, on_nginx, scan
         order = names[:30] + names[5:10] + names[600:620] + names[40:45] + names[-3:]
         for name in order:
             assert opened.read_path(name) == files[name]
+
+
+def test_verify_of_a_compressed_url_without_a_cache_is_not_a_get_per_file(nginx, tmp_path) -> None:  # noqa: F811
+    """Format 1.5: verify decodes every file after checking the records' CRCs, a second
+    pass; without a cache both passes are scans (before: a GET per file in the second).
+    Known: the second pass fetches the records again (2x the bytes, docs/remote.md)."""
+    rng = random.Random(5)
+    files = {f"d{k % 10}/f{k}.txt": rng.randbytes(10_000) + b"x" * 10_000 for k in range(600)}
+    for name, data in files.items():
+        (tmp_path / "tree" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / name).write_bytes(data)
+    pack_folder(tmp_path / "tree", tmp_path / "z.ffr", compress="zstd")
+    size = (tmp_path / "z.ffr").stat().st_size
+    nginx.put("z.ffr", (tmp_path / "z.ffr").read_bytes())
+    nginx.clear_log()
+    with Archive(nginx.url("z.ffr"), cache_dir=False) as opened:
+        assert opened.has_codecs and opened.verify().ok
+    settled_count(nginx)
+    gets, fetched, _ = _fetched(nginx)
+    assert gets <= 2 * _bound(size) and fetched <= 2.02 * size, (gets, fetched, size)

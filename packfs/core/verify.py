@@ -127,7 +127,10 @@ def verify_archive(
             if xattrs is not None:
                 problems.extend(xattrs.problems(table.entry_count, table.inode))
             if codecs is not None:
-                problems.extend(codecs.problems(table))
+                # Every file decoded: its record read again, in archive order (from a URL
+                # without a cache, through a scan: not a GET per file).
+                with container.scanning():
+                    problems.extend(codecs.problems(table))
             if container.tail is not None:
                 problems.extend(tail_problems(container, table, container.tail))
             for entry in long_names(table):
