@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=80)
     parser.add_argument("--packfs-path", default=str(REPO))
     parser.add_argument("--modes", default="verify,unpack,prefetch")
+    parser.add_argument("--servers", default="nginx,moto")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": args.packfs_path, "AWS_ACCESS_KEY_ID": S3_KEY,
            "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_REGION": S3_REGION,
@@ -98,6 +99,8 @@ def main() -> None:
             moto.client().put_object(Bucket="bench", Key="a.ffr", Body=archive.read_bytes())
             env["AWS_ENDPOINT_URL"] = moto.endpoint
             for server, url in (("nginx", nginx.url("a.ffr")), ("moto", "s3://bench/a.ffr")):
+                if server not in args.servers.split(","):
+                    continue
                 for mode in args.modes.split(","):
                     for cache in ("off", "on"):
                         if mode == "prefetch" and cache == "off":
