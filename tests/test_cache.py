@@ -500,3 +500,20 @@ def test_a_second_process_opening_a_cached_archive_in_s3_fetches_no_tail(moto, s
     client.put_object(Bucket="tails", Key="data.ffr", Body=_make_archive(tmp_path, other, "o.ffr").read_bytes())
     third = _in_a_fresh_process(url, tmp_path / "cache", name)
     assert third["crc"] == zlib.crc32(other[name]) and third["stats"]["bytes_fetched"] > 64
+
+
+def test_a_damaged_kept_tail_is_not_used(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """A kept tail that fails its CRC (a torn write, a bad disk) is not there: the open
+    fetches the tail again and reads right."""
+    _, files = dataset
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        assert folder.read("train/0001.bin") == files["train/0001.bin"]
+    (kept,) = (tmp_path / "cache" / "tails-v1").iterdir()
+    data = bytearray(kept.read_bytes())
+    data[-1000] ^= 0x40
+    kept.write_bytes(bytes(data))
+    nginx.clear_log()
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        assert folder.read("train/0002.bin") == files["train/0002.bin"]
+        assert folder.archive.stats()["bytes_fetched"] >= 256 << 10
+    assert [r.range for r in nginx.requests(1) if r.range.startswith("bytes=-")] == ["bytes=-262144"]
