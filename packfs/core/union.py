@@ -196,6 +196,13 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
         source.close()
 
 
+def _absolute(location: str) -> str:
+    """Where a shard is, whatever the working directory later: a URL as it is, a local
+    path made absolute.  Shards are opened when first used, which may be after the
+    process changed directory (a mount's daemon serves from ``/``)."""
+    return location if is_url(location) else os.path.abspath(location)
+
+
 def _beside(manifest: str, file: str) -> str:
     """Where a manifest's ``file`` is: in the manifest's directory (or URL prefix)."""
     if is_url(manifest):
@@ -228,7 +235,8 @@ class ShardSet:
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
         self._closed = False
-        self._shards = [_Shard(i, location, records[i] if records else None) for i, location in enumerate(locations)]
+        self._shards = [_Shard(i, _absolute(location), records[i] if records else None)
+                        for i, location in enumerate(locations)]
         # Each shard's archive once opened (None before): the hot paths' one list index.
         self._opened: list[Optional[Archive]] = [None] * len(self._shards)
         try:
@@ -295,8 +303,16 @@ class ShardSet:
             if self._closed:
                 raise ClosedArchiveError(f"{self.path!r} is closed")
             if shard.archive is None:
-                opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
-                                 cache_dir=self._cache_dir)
+                try:
+                    opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
+                                     cache_dir=self._cache_dir)
+                except FileNotFoundError:
+                    if shard.record is None:
+                        raise  # a list's or a glob's archive, named by the user: not there
+                    # A damaged set, not a path missing from its tree: a mount answers
+                    # EIO and logs this, rather than ENOENT for a path that is listed.
+                    raise FormatError(f"{shard.location!r}: shard {index} of {self.path!r} is missing (moved or "
+                                      "removed since the manifest was written)") from None
                 try:
                     self._check_against_manifest(shard, opened)
                 except BaseException:
@@ -707,7 +723,7 @@ class ShardSet:
         """The entry ``path`` names, symlinks followed as a shell does (:meth:`Archive.lookup`)."""
         key = lookup_key(path)
         index, local = self._first_found(key)
-        if index >= 0 and (not follow or self._shards[index].archive.file_type(local) != S_IFLNK):
+        if index >= 0 and (not follow or self._shard(index).file_type(local) != S_IFLNK):
             return self._bases[index] + local
         shown = os.fsdecode(path)
         return resolve_path(key, follow, shown, self.path, self.file_type, self.lookup_child, self.path_of,
