@@ -45,7 +45,7 @@ import glob as glob_module
 import heapq
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       PathNotFoundError)
@@ -585,6 +585,20 @@ class ShardSet:
             pending.extend(entry for entry, mode in zip(entries, modes) if mode & S_IFMT == S_IFDIR)
         total = sum(int(((self._shard(s.index).column("mode") & S_IFMT) == S_IFDIR).sum()) for s in self._shards)
         return total - seen
+
+    def held_already(self, paths: Iterable[tuple[bytes, bool]]) -> list[bytes]:
+        """The paths of a tree to be added to the set that the set holds already, as
+        anything but a directory in both (the set's one rule): ``paths`` are (stored
+        path, is a directory), the root left out.  Each is found as :meth:`find` finds
+        it, in the shards whose ranges may hold it: no shard is read whole."""
+        held = []
+        for path, is_directory in paths:
+            if not path:
+                continue
+            entry = self.find(path)
+            if entry >= 0 and not (is_directory and self.file_type(entry) == S_IFDIR):
+                held.append(path)
+        return held
 
     def manifest_records(self) -> list[ShardRecord]:
         """What a manifest of this set lists (opens every shard)."""
