@@ -526,7 +526,9 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
 
     The new shard is a complete archive beside MANIFEST (STEM-NNNNN.ffr). Its paths
     may go anywhere in the tree, into existing directories too, but none may already
-    be in the set (the set is refused, naming both shards, and nothing changes).
+    be in the set: SRC's paths are checked before anything is packed, and the append
+    is refused, counting those the set holds and naming the first few; nothing
+    changes (a tar on stdin, read once, is checked once packed).
     Readers and mounts opened before keep serving the set they opened; new ones see
     the new files. Appends to one set wait for each other.
 
