@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import NamedTuple
 
@@ -95,6 +96,27 @@ def test_a_relative_spec_reads_after_the_working_directory_changes(layout: Layou
         walked = {f"{top}/{name}" if top else name for top, _, names in folder.walk() for name in names}
         assert walked == set(expected)
         assert not folder.verify().problems
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_folder_and_a_dataset_pickled_after_a_change_of_directory_reopen_the_same(
+        layout: Layout, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a DataLoader worker does: re-open what the folder or dataset was given,
+    wherever the working directory is by then."""
+    from packfs.dataset import PackedFiles
+
+    monkeypatch.chdir(layout.root)
+    spec = layout.spec(kind)
+    expected = layout.expected(kind)
+    dataset = PackedFiles(spec)
+    with packfs.PackedFolder(spec) as folder:
+        monkeypatch.chdir(layout.elsewhere)
+        with pickle.loads(pickle.dumps(folder)) as again:
+            assert {path: again.read(path) for path in expected} == expected
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert sorted(copy[k] for k in range(len(copy))) == sorted(expected.values())
+    copy.close()
+    dataset.close()
 
 
 @pytest.mark.parametrize("kind", ["archive", "glob", "manifest"])

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       PathNotFoundError)
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from ..source import ByteSource, is_url, open_source, with_cache_dir
+from ..source import ByteSource, absolute_location, is_url, open_source, with_cache_dir
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
 from .manifest import (MANIFEST_SUFFIX, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
@@ -196,13 +196,6 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
         source.close()
 
 
-def _absolute(location: str) -> str:
-    """Where a shard is, whatever the working directory later: a URL as it is, a local
-    path made absolute.  Shards are opened when first used, which may be after the
-    process changed directory (a mount's daemon serves from ``/``)."""
-    return location if is_url(location) else os.path.abspath(location)
-
-
 def _beside(manifest: str, file: str) -> str:
     """Where a manifest's ``file`` is: in the manifest's directory (or URL prefix)."""
     if is_url(manifest):
@@ -235,7 +228,9 @@ class ShardSet:
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
         self._closed = False
-        self._shards = [_Shard(i, _absolute(location), records[i] if records else None)
+        # Shards open when first used, perhaps after the process changed directory (a
+        # mount's daemon serves from /): where they are is settled now.
+        self._shards = [_Shard(i, absolute_location(location), records[i] if records else None)
                         for i, location in enumerate(locations)]
         # Each shard's archive once opened (None before): the hot paths' one list index.
         self._opened: list[Optional[Archive]] = [None] * len(self._shards)
