@@ -317,8 +317,10 @@ def test_append_shard_checks_the_paths_given_before_packing(files, manifest, tmp
     new = tmp_path / "new"
     (new / "val").mkdir(parents=True)
     (new / "val" / "000.jpg").write_bytes(b"again")
+    (new / "README").mkdir()  # a directory where the set has a file
+    (new / "README" / "inside.txt").write_bytes(b"inside")
     packed = []
-    with pytest.raises(PackError, match=r"1 path of it is in the set already: 'val/000.jpg' \("):
+    with pytest.raises(PackError, match=r"2 paths of it are in the set already: 'README', 'val/000.jpg' \("):
         append_shard(str(manifest), packed.append, paths=tree_paths(str(new), str(manifest)), source=str(new))
     assert packed == []
 

@@ -165,19 +165,29 @@ def tree_paths(src: str, manifest: str, follow_symlinks: bool = False,
     found: list[tuple[bytes, bool]] = []
     if os.path.isdir(src):
         root = os.fsencode(src).rstrip(b"/") or b"/"
-        directory = os.stat(os.path.dirname(os.path.abspath(manifest)))
-        temp_files = ((directory.st_dev, directory.st_ino),
-                      os.fsencode(f".{os.path.basename(set_stem(manifest))}{TEMP_MARKER}"))
-        for item in scan_tree(root, follow_symlinks, ExcludePatterns(exclude, root), set(), temp_files,
-                              _Unreported(True), xattrs=False):
-            found.append((item.key, item.kind == "dir"))
+        try:
+            directory = os.stat(os.path.dirname(os.path.abspath(manifest)))
+            temp_files = ((directory.st_dev, directory.st_ino),
+                          os.fsencode(f".{os.path.basename(set_stem(manifest))}{TEMP_MARKER}"))
+            items = scan_tree(root, follow_symlinks, ExcludePatterns(exclude, root), set(), temp_files,
+                              _Unreported(True), xattrs=False)
+        except OSError:
+            return None  # the pack that follows says what is wrong, in its words
+        found = [(item.key, item.kind == "dir") for item in items]
     else:
         with archive_entries(src, _Unreported(True), xattrs=False) as (entries, _):
             found = [(archive_key(entry.path), entry.kind == "dir") for entry in entries]
-    # A tar or zip need not list the directories above its members; a scan lists them all.
-    listed = {path for path, _ in found}
-    above = {path[:at] for path, _ in found for at in range(len(path)) if path[at:at + 1] == b"/"}
-    return found + [(path, True) for path in sorted(above - listed)]
+    # A tar or zip need not list the directories above its members (a scan lists them
+    # all): each path's are added, up to the first one already known.
+    known = {path for path, _ in found}
+    above = []
+    for path, _ in list(found):
+        cut = path.rfind(b"/")
+        while cut > 0 and path[:cut] not in known:
+            known.add(path[:cut])
+            above.append((path[:cut], True))
+            cut = path.rfind(b"/", 0, cut)
+    return found + above
 
 
 def _archive_paths(archive: Archive) -> Iterable[tuple[bytes, bool]]:
