@@ -20,6 +20,7 @@ import packfs
 from packfs.core import open_archive
 from packfs.format import S_IFDIR
 from tests.conftest import TEST_BINDING, cli_runner, mounted, packfs_cli
+from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
 
 IMGS = {"a/f1.jpg": b"a1", "a/f2.jpg": b"a2" * 300, "a/f3.jpg": b"a3", "b/f1.jpg": b"b1" * 500, "b/f2.jpg": b"b2",
         "b/sub/f3.jpg": b"b3"}
@@ -194,3 +195,33 @@ def test_a_missing_shard_is_refused_at_mount_by_the_compiled_daemon(tmp_path: Pa
     result = packfs_cli("mount", "shards/train.ffrset", "mnt", "--binding", "lowlevel", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("Error: ") and missing.name in result.stderr
+
+
+def test_a_url_set_keeps_its_relative_cache_dir_where_it_was_opened(tmp_path: Path, monkeypatch, nginx) -> None:
+    """A set of URLs opens its shards when first used: a relative ``cache_dir`` (or
+    ``$PACKFS_CACHE_DIR``) names the directory it named at open, not one under wherever
+    the process is by then."""
+    server = nginx
+    _write(tmp_path / "data", IMGS)
+    (tmp_path / "shards").mkdir()
+    assert packfs_cli("pack", "data", "shards/urlset.ffr", "--shard-size", "600", cwd=tmp_path).returncode == 0
+    shards = sorted((tmp_path / "shards").glob("urlset-*.ffr"))
+    assert len(shards) > 1
+    for shard in shards:
+        server.put(shard.name, shard.read_bytes())
+    urls = [server.url(shard.name) for shard in shards]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for how in ("argument", "environment"):
+        monkeypatch.chdir(tmp_path)
+        if how == "environment":
+            monkeypatch.setenv("PACKFS_CACHE_DIR", f"cache-{how}")
+            archive = open_archive(urls)
+        else:
+            archive = open_archive(urls, cache_dir=f"cache-{how}")
+        with archive:
+            monkeypatch.chdir(elsewhere)
+            for path, data in IMGS.items():
+                assert archive.read_path(path) == data
+        assert (tmp_path / f"cache-{how}").is_dir()
+        assert not (elsewhere / f"cache-{how}").exists()

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       PathNotFoundError)
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from ..source import ByteSource, absolute_location, is_url, open_source, with_cache_dir
+from ..source import ByteSource, absolute_location, is_url, open_source, settled_cache_dir, with_cache_dir
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
 from .manifest import (MANIFEST_SUFFIX, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
@@ -225,6 +225,10 @@ class ShardSet:
         self.checksums = checksums
         self.path = where
         self._options = dict(storage_options or {})
+        # URL shards open when first used: their cache directory, like their locations
+        # below, is settled now (a relative one would move with the working directory).
+        if any(is_url(os.fspath(location)) for location in locations):
+            cache_dir = settled_cache_dir(cache_dir if cache_dir is not None else self._options.get("cache_dir"))
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
         self._closed = False

@@ -23,7 +23,7 @@ from ..errors import RemoteArchiveError
 from .local import GUARDED, LocalFile, absolute_location, is_url, release_pages, url_error
 
 __all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url",
-           "absolute_location", "open_source", "with_cache_dir"]
+           "absolute_location", "open_source", "with_cache_dir", "settled_cache_dir"]
 
 # The schemes RemoteFile reads (packfs.source.remote.REMOTE_SCHEMES, which imports
 # nothing it does not need; repeated here so that a local open imports nothing remote).
@@ -89,6 +89,22 @@ def with_cache_dir(storage_options: Optional[Mapping[str, Any]], cache_dir: obje
     if cache_dir is None:
         return storage_options
     return {**(storage_options or {}), "cache_dir": cache_dir}
+
+
+def settled_cache_dir(cache_dir: object) -> object:
+    """``cache_dir`` as it must be kept by a reader that opens URLs later, perhaps after
+    the process changed directory (a mount's daemon serves from ``/``): a path made
+    absolute now, the default (None) decided now (:func:`packfs.source.cache.default_cache_dir`,
+    False when it is off), False kept."""
+    if cache_dir is False:
+        return False
+    if cache_dir is None:
+        from .cache import default_cache_dir
+
+        cache_dir = default_cache_dir()
+        if cache_dir is None:
+            return False
+    return os.path.abspath(os.fspath(cache_dir))  # type: ignore[arg-type]
 
 
 def _size(value: object, name: str) -> int:
