@@ -50,6 +50,7 @@ that doubles with each refill up to ``MAX_WINDOW``.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import hashlib
@@ -58,12 +59,14 @@ import mmap
 import os
 import queue
 import struct
+import sys
 import threading
 import time
 import weakref
 from bisect import bisect_right
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
+from .cachestats import COUNTERS, FLUSH_EVERY, add_counts
 
 __all__ = ["CachedSource", "default_cache_dir", "default_cache_size", "parse_size", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES",
            "CHUNK_BYTES"]
@@ -251,6 +254,8 @@ class CachedSource:
                                                self.cache_size // 8))
         self._reads = 0  # reads through read(), numbered for the streams
         self._own()
+        if self.directory is not None:
+            _LIVE.add(self)  # its counts written at exit too
 
     def _own(self) -> None:
         # As RemoteFile: threads and locks belong to the process that made them.
@@ -258,7 +263,15 @@ class CachedSource:
         self._parts: Optional[queue.SimpleQueue] = None  # the parts to fetch ahead, for the threads below
         self._workers = 0  # threads fetching ahead (daemons: exit never waits for them)
         self._in_flight = 0  # parts queued or being fetched
+        # The node-wide counters (cachestats): what this process counted and has not yet
+        # added to them; a forked child starts from nothing, its parent's counts its own.
+        forked = hasattr(self, "_pid")
+        self._unflushed = dict.fromkeys(COUNTERS, 0)
+        self._remote_counted = dict(self.remote.stats()) if forked else {}
+        self._flushed_at = time.monotonic()
         self._pid = os.getpid()
+        if forked:
+            _flush_at_child_exit()
 
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():
@@ -325,6 +338,7 @@ class CachedSource:
             workers = self._workers
         for _ in range(workers if parts is not None else 0):
             parts.put(None)  # type: ignore[union-attr]  # each thread's last item
+        self.flush_counts()
         self.remote.close()
 
     @property
@@ -593,6 +607,59 @@ class CachedSource:
     def _count(self, name: str, value: int) -> None:
         with self._locked():
             self._stats[name] += value
+            self._unflushed[name] += value
+            due = time.monotonic() - self._flushed_at >= FLUSH_EVERY
+        if due:
+            self.flush_counts()
+
+    def prefetch(self, progress: Optional[Callable[[int], None]] = None) -> None:
+        """Fill the disk cache with every byte of the archive it does not hold (the
+        suffix the open fetched is the remote's), a chunk at a time: the missing blocks
+        of each in ranged GETs of up to the remote's ``part_bytes``, all in flight at
+        once.  ``progress`` is called with the bytes of each chunk done.  Errors are
+        raised (unlike a read ahead's)."""
+        if self.directory is None:
+            return
+        end = self.remote.suffix_start
+        step = max(BLOCK_BYTES, min(CHUNK_BYTES, getattr(self.remote, "memory_cap", CHUNK_BYTES * 4) // 4)
+                   // BLOCK_BYTES * BLOCK_BYTES)
+        for begin in range(0, end, step):
+            stop = min(end, begin + step)
+            wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
+            missing = self._read_cached(wanted, None)
+            if missing:
+                self._fetch(missing, None, set(wanted).difference(missing))
+            if progress is not None:
+                progress(stop - begin)
+        self.flush_counts()
+
+    def flush_counts(self) -> None:
+        """Add what this process counted since it last did (its block hits, misses and
+        waits, its remote's requests and bytes) to the counters every process using
+        the cache adds to (:mod:`packfs.source.cachestats`); done at close, at exit and
+        every FLUSH_EVERY seconds of reading."""
+        if self.directory is None:
+            return
+        with self._locked():
+            remote = self.remote.stats()
+            counts = dict(self._unflushed)
+            for name in ("requests", "bytes_fetched", "retries"):
+                counts[name] += remote.get(name, 0) - self._remote_counted.get(name, 0)
+            self._unflushed = dict.fromkeys(COUNTERS, 0)
+            self._remote_counted = dict(remote)
+            self._flushed_at = time.monotonic()
+        if not any(counts.values()):
+            return
+        if not os.path.exists(os.path.join(self.directory, "identity")):  # cleared meanwhile
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._write_identity(self.directory)
+            except OSError:
+                pass
+        if not add_counts(self.directory, counts):
+            with self._locked():  # kept for the next try
+                for name, value in counts.items():
+                    self._unflushed[name] += value
 
     def _submit_ahead(self, parts: List[Tuple[int, int]]) -> None:
         """Queue ``parts`` for the threads that fetch ahead, started as needed (up to one
@@ -708,6 +775,31 @@ class CachedSource:
             except OSError:
                 continue
             excess -= size
+
+
+# The sources with a disk cache still open, whose counts are written at exit.
+_LIVE: "weakref.WeakSet[CachedSource]" = weakref.WeakSet()
+
+
+def _flush_at_exit() -> None:
+    for source in list(_LIVE):
+        try:
+            source.flush_counts()
+        except Exception:  # an exit is never failed by the counters
+            pass
+
+
+atexit.register(_flush_at_exit)
+_EXIT_REGISTERED = [os.getpid()]
+
+
+def _flush_at_child_exit() -> None:
+    """In a child of multiprocessing (a DataLoader worker), which ends with os._exit and
+    runs no atexit handler: write the counts through its own exit hook, once."""
+    if _EXIT_REGISTERED[0] == os.getpid() or "multiprocessing.util" not in sys.modules:
+        return
+    _EXIT_REGISTERED[0] = os.getpid()
+    sys.modules["multiprocessing.util"].Finalize(None, _flush_at_exit, exitpriority=0)
 
 
 AHEAD_IDLE = 30.0  # seconds a thread that fetches ahead waits for work before it ends
