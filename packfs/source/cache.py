@@ -265,7 +265,7 @@ class CachedSource:
         self._in_flight = 0  # parts queued or being fetched
         # The node-wide counters (cachestats): what this process counted and has not yet
         # added to them; a forked child starts from nothing, its parent's counts its own.
-        forked = hasattr(self, "_pid")
+        forked = "_pid" in self.__dict__  # (not hasattr: the remote has one)
         self._unflushed = dict.fromkeys(COUNTERS, 0)
         self._remote_counted = dict(self.remote.stats()) if forked else {}
         self._flushed_at = time.monotonic()
@@ -348,6 +348,15 @@ class CachedSource:
 
     def __repr__(self) -> str:
         return f"CachedSource({self.remote!r}, {self.directory!r})"
+
+    def __del__(self) -> None:
+        # An archive's close() drops its source rather than closing it (see
+        # packfs.core.Archive.close): its counts are written when it is freed.
+        try:
+            if "_unflushed" in self.__dict__:
+                self.flush_counts()
+        except Exception:
+            pass
 
     # -- serving -----------------------------------------------------------------------------
 
