@@ -54,7 +54,8 @@ def cache_stats(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str
     directory = cache_location(cache_dir)
     archives = cached_archives(os.path.join(directory, LAYOUT))
     if url is not None:
-        archives = [a for a in archives if a.url == url]
+        _check_url(url)
+        archives = [a for a in archives if a.url == _as_named(url)]
     return CacheReport(directory, default_cache_size(), archives)
 
 
@@ -64,7 +65,7 @@ def cache_clear(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str
     what they need."""
     if url is not None:
         _check_url(url)
-    return clear_cached(os.path.join(cache_location(cache_dir), LAYOUT), url)
+    return clear_cached(os.path.join(cache_location(cache_dir), LAYOUT), None if url is None else _as_named(url))
 
 
 def cache_prefetch(url: str, progress: Optional[Callable[[int], None]] = None,
@@ -96,3 +97,10 @@ def _check_url(url: str) -> None:
     if not is_url(url):
         raise RemoteArchiveError(f"{url!r}: not a URL (the disk cache holds archives at s3://, http:// or "
                                  f"https:// URLs)")
+
+
+def _as_named(url: str) -> str:
+    """``url`` as the cache names it: without a user, password or query (RemoteFile.name)."""
+    from .source.remote import public_url
+
+    return public_url(url)

@@ -119,7 +119,9 @@ def test_clear_one_url_keeps_the_other_and_its_reads_fetch_again(nginx, served, 
     for url in (served, other):
         _read_in_a_process(url, tmp_path / "cache", names)
     assert sorted(a["url"] for a in _listing(tmp_path / "cache")["archives"]) == sorted([served, other])
-    result = _packfs("cache", "clear", served, "--cache-dir", str(tmp_path / "cache"))
+    # named as the cache names it: without a user and password
+    result = _packfs("cache", "clear", served.replace("http://", "http://user:secret@"), "--cache-dir",
+                     str(tmp_path / "cache"))
     assert result.stdout.startswith("removed 1 archive, ")
     [kept] = _listing(tmp_path / "cache")["archives"]
     assert kept["url"] == other and kept["cached_bytes"] > 0

@@ -12,6 +12,7 @@ On disk (``cache_dir``, by default ``$PACKFS_CACHE_DIR``, else
 
     cache_dir/v1/<key>/identity     the archive's URL, tag and size, for people
     cache_dir/v1/<key>/c<N>         chunk N: bytes [N * CHUNK_BYTES, (N + 1) * CHUNK_BYTES)
+    cache_dir/v1/<key>/stats        the counters of every process that read it (cachestats)
 
 ``key`` hashes the archive's identity (URL, ETag or version id, size) *and* the bytes
 its open fetched (the footer and the tail, which hold a CRC of every other page of
