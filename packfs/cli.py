@@ -1468,6 +1468,7 @@ def cache_prefetch(url: str, quiet: bool, force_progress: bool) -> None:
     started = time.monotonic()
     with _closing(progress):
         stats = prefetch(url, progress.add_bytes, opened=opened)
+        progress.fetched = lambda: stats  # the archive is closed: its last line says what the run fetched
     if not quiet:
         click.echo(f"prefetched {url}: fetched {human_size(stats.get('bytes_fetched', 0))} in "
                    f"{_count(stats.get('requests', 0), 'request')}, {time.monotonic() - started:.1f} s")

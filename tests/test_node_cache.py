@@ -164,8 +164,10 @@ def test_clear_follows_no_symlink(nginx, served, dataset, tmp_path) -> None:  # 
 
 def test_prefetch_then_a_whole_read_sends_no_data_get(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
     archive, files = dataset
-    result = _packfs("cache", "prefetch", served, "--cache-dir", str(tmp_path / "cache"))
+    result = _packfs("cache", "prefetch", served, "--progress", "--cache-dir", str(tmp_path / "cache"))
     assert result.stdout.startswith(f"prefetched {served}: fetched ")
+    last = result.stderr.splitlines()[-1]  # progress as verify's: the whole run's line last
+    assert last.startswith("prefetching 100.0%") and " in " in last and "requests)" in last, result.stderr
     spans = _data_gets(nginx)
     size = archive.stat().st_size
     assert bytes_asked_twice(spans) == 0 and spans
