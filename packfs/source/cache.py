@@ -626,9 +626,8 @@ class CachedSource:
         """Fill the disk cache with every byte of the archive it does not hold (the
         suffix the open fetched is the remote's), a chunk at a time: the missing blocks
         of each in ranged GETs of up to the remote's ``part_bytes``, all in flight at
-        once.  ``progress`` is called with the bytes of each chunk done (and of the suffix:
-all of ``size`` in all).  Errors are
-        raised (unlike a read ahead's)."""
+        once.  ``progress`` is called with the bytes of each chunk done, and of the
+        suffix (``size`` in all).  Errors are raised (unlike a read ahead's)."""
         if self.directory is None:
             return
         end = self.remote.suffix_start
