@@ -34,7 +34,7 @@ mode, url, cache, out = sys.argv[1:5]
 cache_dir = False if cache == "off" else cache
 started = time.perf_counter()
 if mode == "prefetch":
-    from packfs.core import prefetch
+    from packfs import cache_prefetch as prefetch
     stats = prefetch(url, cache_dir=cache_dir)
 elif mode == "unpack":
     from packfs import PackedFolder, unpack

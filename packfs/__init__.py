@@ -37,6 +37,7 @@ from .write import Entry, PackStats, SkippedPath, convert, pack_entries, pack_fo
 from .extract import UnpackStats, unpack
 from .folder import FileStat, PackedFile, PackedFolder, VerifyReport
 from .records import RecordReader, RecordWriter, record_file_info, verify_record_file
+from .nodecache import CacheReport, CachedArchive, cache_clear, cache_prefetch, cache_stats
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,11 @@ __all__ = [
     "RecordReader",
     "record_file_info",
     "verify_record_file",
+    "cache_stats",
+    "cache_clear",
+    "cache_prefetch",
+    "CacheReport",
+    "CachedArchive",
     "PackfsError",
     "FormatError",
     "ChecksumError",

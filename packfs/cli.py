@@ -1370,5 +1370,122 @@ def unmount(mountpoint: str, lazy: bool) -> None:
         click.echo(f"cleared stale mount {mountpoint!r} (its daemon had died)", err=True)
 
 
+def _ago(seconds: float) -> str:
+    """A span of time as people read it in a listing: ``40 s``, ``12 min``, ``3 h``, ``5 d``."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+@main.group(invoke_without_command=True)
+@_cache_options
+@click.option("--json", "as_json", is_flag=True, help="With no command: print the listing as JSON.")
+@click.pass_context
+def cache(ctx: click.Context, as_json: bool) -> None:
+    """Show, clear or fill the node's disk cache of archives at URLs.
+
+    With no command, lists it (as cache list).  The cache is shared by every process
+    on the node that reads an archive at a URL; it lives in --cache-dir,
+    $PACKFS_CACHE_DIR, $XDG_CACHE_HOME/packfs or ~/.cache/packfs (the first set), and is
+    bounded by --cache-size, $PACKFS_CACHE_SIZE or 32G.
+
+    \b
+    Example:
+      packfs cache
+      packfs cache prefetch s3://bucket/train.ffr
+      packfs cache clear s3://bucket/train.ffr
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(cache_list, as_json=as_json)
+
+
+@cache.command(name="list")
+@_cache_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the directory, the bound and each archive's fields.")
+def cache_list(as_json: bool) -> None:
+    """List what the disk cache holds, an archive a line.
+
+    For each archive: its URL, the bytes cached, the hits and misses (16 KiB blocks)
+    and GETs of every process that read it through this cache, when it was first
+    cached and last used; then the total, the directory and the bound.  A process adds
+    its counts at close, at exit and every 10 s of reading.
+    """
+    from .nodecache import cache_stats
+
+    report = cache_stats()
+    if as_json:
+        click.echo(json.dumps({"directory": report.directory, "bound": report.bound,
+                               "cached_bytes": report.cached_bytes,
+                               "archives": [a._asdict() for a in report.archives]}, indent=2))
+        return
+    now = time.time()
+    if report.archives:
+        rows = [("URL", "CACHED", "SIZE", "HITS", "MISSES", "GETS", "FETCHED", "LAST USED", "AGE")]
+        for a in report.archives:
+            rows.append((a.url or f"(unknown: {a.key})", human_size(a.cached_bytes), human_size(a.size) if a.size else "?",
+                         str(a.cache_hits), str(a.cache_misses), str(a.requests), human_size(a.bytes_fetched),
+                         _ago(now - a.last_used) + " ago", _ago(now - a.first_used)))
+        widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+        for row in rows:
+            click.echo("  ".join([row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:])]))
+    else:
+        click.echo("nothing cached")
+    click.echo(f"{_count(len(report.archives), 'archive')}, {human_size(report.cached_bytes)} cached in "
+               f"{report.directory} (bound {human_size(report.bound)})")
+
+
+@cache.command(name="clear")
+@_cache_options
+@click.argument("url", required=False)
+def cache_clear(url: str | None) -> None:
+    """Remove every archive from the disk cache, or every version of URL.
+
+    Safe while other processes read: they fetch again what they need.
+
+    \b
+    Example:
+      packfs cache clear
+      packfs cache clear https://example.com/data.ffr
+    """
+    from .nodecache import cache_clear as clear
+
+    removed, freed = clear(url)
+    click.echo(f"removed {_count(removed, 'archive')}, {human_size(freed)}")
+
+
+@cache.command(name="prefetch")
+@_cache_options
+@click.argument("url")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@_progress_option
+def cache_prefetch(url: str, quiet: bool, force_progress: bool) -> None:
+    """Fill the disk cache with the whole archive at URL (a shard set: every shard).
+
+    Reads what the cache does not hold in large ranged GETs, many in flight, so that
+    a job that follows (every process on the node) reads it from local disk.
+
+    \b
+    Example:
+      packfs cache prefetch s3://bucket/train.ffrset && torchrun train.py
+    """
+    from .nodecache import cache_prefetch as prefetch
+
+    progress = _TerminalProgress("prefetching", quiet, force_progress)
+
+    def opened(archive: Any) -> None:
+        progress.fetched = archive.stats
+        progress.start(0, archive.size)
+
+    started = time.monotonic()
+    with _closing(progress):
+        stats = prefetch(url, progress.add_bytes, opened=opened)
+        progress.fetched = lambda: stats  # the archive is closed: its last line says what the run fetched
+    if not quiet:
+        click.echo(f"prefetched {url}: fetched {human_size(stats.get('bytes_fetched', 0))} in "
+                   f"{_count(stats.get('requests', 0), 'request')}, {time.monotonic() - started:.1f} s")
+
+
 if __name__ == "__main__":
     main()

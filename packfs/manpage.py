@@ -77,6 +77,18 @@ def _options(command: click.Command, ctx: click.Context) -> list[str]:
     return out
 
 
+def _commands(group: click.Group, parent: click.Context, prefix: str = "") -> list:
+    """(name, command, context) of every command under ``group``, a group's own commands
+    after it (``cache``, ``cache list``, ...)."""
+    found = []
+    for name, command in group.commands.items():
+        ctx = command.make_context(name, [], parent=parent, resilient_parsing=True)
+        found.append((prefix + name, command, ctx))
+        if isinstance(command, click.Group):
+            found += _commands(command, ctx, f"{prefix}{name} ")
+    return found
+
+
 def manpage() -> str:
     """packfs(1) as troff (man macros)."""
     # make_context applies each command's context_settings (which names its help option).
@@ -97,8 +109,7 @@ def manpage() -> str:
         *_options(main, root),
         ".SH COMMANDS",
     ]
-    for name, command in main.commands.items():
-        ctx = command.make_context(name, [], parent=root, resilient_parsing=True)
+    for name, command, ctx in _commands(main, root):
         usage = " ".join(command.collect_usage_pieces(ctx))
         lines += [f'.SS "packfs {name} {_escape(usage)}"', *_paragraphs(command.help or "")]
         options = _options(command, ctx)

@@ -27,8 +27,14 @@ def test_every_command_and_option_is_on_the_page() -> None:
     root = main.make_context("packfs", [], resilient_parsing=True)
     for option in ("--debug", "--version", "-h", "--help"):
         assert f"\\fB{_escaped(option)}\\fR" in page, option
-    for name, command in main.commands.items():
-        ctx = command.make_context(name, [], parent=root, resilient_parsing=True)
+    commands = [(name, command, root) for name, command in main.commands.items()]
+    for group_name, group, _ in list(commands):  # and a group's commands (cache list, ...)
+        if isinstance(group, click.Group):
+            group_ctx = group.make_context(group_name, [], parent=root, resilient_parsing=True)
+            commands += [(f"{group_name} {name}", command, group_ctx) for name, command in group.commands.items()]
+    assert "cache prefetch" in [name for name, _, _ in commands]
+    for name, command, parent in commands:
+        ctx = command.make_context(name.split()[-1], [], parent=parent, resilient_parsing=True)
         usage = " ".join(command.collect_usage_pieces(ctx))
         assert f'.SS "packfs {name} {_escaped(usage)}"' in page, name
         first_line = (command.help or "").strip().splitlines()[0]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from packfs import PackedFolder, pack_folder, unpack
-from packfs.core import Archive, prefetch
+from packfs import cache_prefetch as prefetch
+from packfs.core import Archive
 from packfs.errors import RemoteArchiveError
 from tests.remote_servers import bytes_asked_twice
 from tests.test_cache import _data_gets
@@ -127,7 +128,7 @@ def test_prefetch_fills_the_cache_then_a_scan_fetches_nothing(nginx, on_nginx, s
         assert folder.read_many(sorted(files)[:50]) == [files[name] for name in sorted(files)[:50]]
     settled_count(nginx)
     assert _data_gets(nginx) == []
-    with pytest.raises(RemoteArchiveError, match="no disk cache to prefetch into"):
+    with pytest.raises(RemoteArchiveError, match="the disk cache is off"):
         prefetch(on_nginx, cache_dir=False)
 
 

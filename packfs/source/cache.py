@@ -12,6 +12,7 @@ On disk (``cache_dir``, by default ``$PACKFS_CACHE_DIR``, else
 
     cache_dir/v1/<key>/identity     the archive's URL, tag and size, for people
     cache_dir/v1/<key>/c<N>         chunk N: bytes [N * CHUNK_BYTES, (N + 1) * CHUNK_BYTES)
+    cache_dir/v1/<key>/stats        the counters of every process that read it (cachestats)
 
 ``key`` hashes the archive's identity (URL, ETag or version id, size) *and* the bytes
 its open fetched (the footer and the tail, which hold a CRC of every other page of
@@ -50,6 +51,7 @@ that doubles with each refill up to ``MAX_WINDOW``.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import hashlib
@@ -58,12 +60,14 @@ import mmap
 import os
 import queue
 import struct
+import sys
 import threading
 import time
 import weakref
 from bisect import bisect_right
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
+from .cachestats import COUNTERS, FLUSH_EVERY, add_counts
 
 __all__ = ["CachedSource", "default_cache_dir", "default_cache_size", "parse_size", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES",
            "CHUNK_BYTES"]
@@ -251,6 +255,8 @@ class CachedSource:
                                                self.cache_size // 8))
         self._reads = 0  # reads through read(), numbered for the streams
         self._own()
+        if self.directory is not None:
+            _LIVE.add(self)  # its counts written at exit too
 
     def _own(self) -> None:
         # As RemoteFile: threads and locks belong to the process that made them.
@@ -258,7 +264,15 @@ class CachedSource:
         self._parts: Optional[queue.SimpleQueue] = None  # the parts to fetch ahead, for the threads below
         self._workers = 0  # threads fetching ahead (daemons: exit never waits for them)
         self._in_flight = 0  # parts queued or being fetched
+        # The node-wide counters (cachestats): what this process counted and has not yet
+        # added to them; a forked child starts from nothing, its parent's counts its own.
+        forked = "_pid" in self.__dict__  # (not hasattr: the remote has one)
+        self._unflushed = dict.fromkeys(COUNTERS, 0)
+        self._remote_counted = dict(self.remote.stats()) if forked else {}
+        self._flushed_at = time.monotonic()
         self._pid = os.getpid()
+        if forked:
+            _flush_at_child_exit()
 
     def _locked(self) -> threading.Lock:
         if self._pid != os.getpid():
@@ -308,29 +322,6 @@ class CachedSource:
             self.remote.check_span(start, end)
         return self._serve(spans)
 
-    def prefetch(self, progress: Optional[Callable[[int], None]] = None) -> int:
-        """Fetch every block of the archive the cache does not hold yet (a whole-archive
-        scan to come: ``packfs cache prefetch``), each byte once: in windows of up to a
-        quarter of ``memory_cap`` (64 MiB), each window's missing runs fetched at once
-        (a GET per ``part_bytes``, in parallel) into an anonymous map and written.  The
-        bytes the open fetched (the tail) are not: a later open finds them kept with the
-        cache (:mod:`packfs.source.tails`).  ``progress`` is called with each window's
-        bytes.  The bytes fetched; ValueError without a cache directory."""
-        if self.directory is None:
-            raise ValueError(f"{self.remote.name!r}: no disk cache to fetch into (cache_dir off, or not writable)")
-        before = self.stats()["readahead_bytes"]
-        step = max(BLOCK_BYTES, self._max_window // BLOCK_BYTES * BLOCK_BYTES)
-        end = self.remote.suffix_start
-        for first in range(0, end, step):
-            stop = min(end, first + step)
-            wanted = list(range(first // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
-            missing = self._read_cached(wanted, None)
-            if missing:
-                self._fetch(missing, None, set(wanted).difference(missing))
-            if progress is not None:
-                progress(stop - first)
-        return self.stats()["readahead_bytes"] - before
-
     def stats(self) -> Dict[str, int]:
         """The remote's counters and the cache's: ``cache_hits`` and ``cache_misses``
         (blocks read from the disk cache, blocks fetched), ``cache_waits`` (blocks another
@@ -348,6 +339,7 @@ class CachedSource:
             workers = self._workers
         for _ in range(workers if parts is not None else 0):
             parts.put(None)  # type: ignore[union-attr]  # each thread's last item
+        self.flush_counts()
         self.remote.close()
 
     @property
@@ -357,6 +349,15 @@ class CachedSource:
 
     def __repr__(self) -> str:
         return f"CachedSource({self.remote!r}, {self.directory!r})"
+
+    def __del__(self) -> None:
+        # An archive's close() drops its source rather than closing it (see
+        # packfs.core.Archive.close): its counts are written when it is freed.
+        try:
+            if "_unflushed" in self.__dict__:
+                self.flush_counts()
+        except Exception:
+            pass
 
     # -- serving -----------------------------------------------------------------------------
 
@@ -616,6 +617,67 @@ class CachedSource:
     def _count(self, name: str, value: int) -> None:
         with self._locked():
             self._stats[name] += value
+            self._unflushed[name] += value
+            due = time.monotonic() - self._flushed_at >= FLUSH_EVERY
+        if due:
+            self.flush_counts()
+
+    def prefetch(self, progress: Optional[Callable[[int], None]] = None) -> int:
+        """Fill the disk cache with every byte of the archive it does not hold (a
+        whole-archive scan to come: ``packfs cache prefetch``), each byte once, a window
+        at a time (up to a quarter of the remote's ``memory_cap``, at most a chunk): the
+        missing blocks of each in ranged GETs of up to the remote's ``part_bytes``, all
+        in flight at once.  The suffix the open fetched is not fetched again: a later
+        open finds it kept beside the cache (:mod:`packfs.source.tails`).  ``progress``
+        is called with the bytes of each window done, and of the suffix (``size`` in
+        all).  Errors are raised (unlike a read ahead's).  Returns the bytes fetched;
+        ValueError without a cache directory."""
+        if self.directory is None:
+            raise ValueError(f"{self.remote.name!r}: no disk cache to fetch into (cache_dir off, or not writable)")
+        before = self.stats()["readahead_bytes"]
+        end = self.remote.suffix_start
+        step = max(BLOCK_BYTES, min(CHUNK_BYTES, getattr(self.remote, "memory_cap", CHUNK_BYTES * 4) // 4)
+                   // BLOCK_BYTES * BLOCK_BYTES)
+        for begin in range(0, end, step):
+            stop = min(end, begin + step)
+            wanted = list(range(begin // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
+            missing = self._read_cached(wanted, None)
+            if missing:
+                self._fetch(missing, None, set(wanted).difference(missing))
+            if progress is not None:
+                progress(stop - begin)
+        if progress is not None:
+            progress(self.remote.size - end)  # the suffix, which the open fetched
+        self.flush_counts()
+        return self.stats()["readahead_bytes"] - before
+
+    def flush_counts(self) -> None:
+        """Add what this process counted since it last did (its block hits, misses and
+        waits, its remote's requests and bytes) to the counters every process using
+        the cache adds to (:mod:`packfs.source.cachestats`); done at close, at exit and
+        every FLUSH_EVERY seconds of reading."""
+        if self.directory is None:
+            return
+        with self._locked():
+            remote = self.remote.stats()
+            counts = dict(self._unflushed)
+            for name in ("requests", "bytes_fetched", "retries"):
+                counts[name] += remote.get(name, 0) - self._remote_counted.get(name, 0)
+            self._unflushed = dict.fromkeys(COUNTERS, 0)
+            self._remote_counted = dict(remote)
+            self._flushed_at = time.monotonic()
+        if not any(counts.values()):
+            return
+        if not os.path.exists(os.path.join(self.directory, "identity")):  # cleared meanwhile
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._write_identity(self.directory)
+            except OSError:
+                pass
+        if not add_counts(self.directory, counts):
+            with self._locked():  # kept for the next try
+                for name, value in counts.items():
+                    self._unflushed[name] += value
 
     def _submit_ahead(self, parts: List[Tuple[int, int]]) -> None:
         """Queue ``parts`` for the threads that fetch ahead, started as needed (up to one
@@ -731,6 +793,31 @@ class CachedSource:
             except OSError:
                 continue
             excess -= size
+
+
+# The sources with a disk cache still open, whose counts are written at exit.
+_LIVE: "weakref.WeakSet[CachedSource]" = weakref.WeakSet()
+
+
+def _flush_at_exit() -> None:
+    for source in list(_LIVE):
+        try:
+            source.flush_counts()
+        except Exception:  # an exit is never failed by the counters
+            pass
+
+
+atexit.register(_flush_at_exit)
+_EXIT_REGISTERED = [os.getpid()]
+
+
+def _flush_at_child_exit() -> None:
+    """In a child of multiprocessing (a DataLoader worker), which ends with os._exit and
+    runs no atexit handler: write the counts through its own exit hook, once."""
+    if _EXIT_REGISTERED[0] == os.getpid() or "multiprocessing.util" not in sys.modules:
+        return
+    _EXIT_REGISTERED[0] = os.getpid()
+    sys.modules["multiprocessing.util"].Finalize(None, _flush_at_exit, exitpriority=0)
 
 
 AHEAD_IDLE = 30.0  # seconds a thread that fetches ahead waits for work before it ends
