@@ -49,10 +49,11 @@ def _cache_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     command = click.option("--cache-size", metavar="SIZE", expose_value=False,
                            callback=_cache_setting("PACKFS_CACHE_SIZE", parse_size),
-                           help="For a URL: bound the disk cache (as 20G; default: $PACKFS_CACHE_SIZE, else 32G).")(command)
+                           help="The bound of the disk cache of archives at URLs (as 20G; default: $PACKFS_CACHE_SIZE, "
+                                "else 32G).")(command)
     return click.option("--cache-dir", metavar="DIR", expose_value=False, callback=_cache_setting("PACKFS_CACHE_DIR"),
-                        help="For a URL: the disk cache shared by every process on the node ('off': none; default: "
-                             "$PACKFS_CACHE_DIR, else ~/.cache/packfs).")(command)
+                        help="The disk cache of archives at URLs, shared by every process on the node ('off': none; "
+                             "default: $PACKFS_CACHE_DIR, else $XDG_CACHE_HOME/packfs, else ~/.cache/packfs).")(command)
 
 
 def human_size(n: float) -> str:
