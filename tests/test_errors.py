@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -138,7 +139,15 @@ def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]
     data = archive.read_bytes()
     truncated = tmp_path / "truncated.ffr"
     truncated.write_bytes(data[: len(data) // 2])
+    text = tmp_path / "passwd"  # as /etc/passwd: `packfs mount /etc/passwd` once spoke of its "records"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
+    binary = tmp_path / "random.bin"  # its first 8 bytes as a record count: negative
+    binary.write_bytes(bytes(random.Random(33).getrandbits(8) for _ in range(4096))[:11] + b"\xf3"
+                       + bytes(random.Random(34).getrandbits(8) for _ in range(4096)))
     return {
+        "text": (text, f"{str(text)!r} is a text file, not a packfs archive"),
+        "random": (binary, f"{str(binary)!r}: not a packfs archive (no FFRecord header: its first 12 bytes give "
+                           f"a record count that no file could hold)"),
         "tar": (tar, "is a tar archive, not a packfs archive; to make one from it: packfs pack"),
         "zip": (zipped, "is a zip archive, not a packfs archive"),
         "gzip": (gz, "is gzip-compressed data, not a packfs archive"),
@@ -149,7 +158,7 @@ def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]
     }
 
 
-@pytest.mark.parametrize("kind", ["tar", "zip", "gzip", "empty", "truncated"])
+@pytest.mark.parametrize("kind", ["tar", "zip", "gzip", "empty", "truncated", "text", "random"])
 @pytest.mark.parametrize("check_data", [True, False])
 def test_files_that_are_not_archives_say_what_they_are(archive: Path, tmp_path: Path, kind: str,
                                                        check_data: bool) -> None:
@@ -161,7 +170,7 @@ def test_files_that_are_not_archives_say_what_they_are(archive: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("command", ["info", "ls", "verify", "find", "mount"])
-@pytest.mark.parametrize("kind", ["tar", "zip", "empty", "truncated", "missing", "directory"])
+@pytest.mark.parametrize("kind", ["tar", "zip", "empty", "truncated", "text", "random", "missing", "directory"])
 def test_the_cli_says_it_in_one_line_and_exits_1(archive: Path, tmp_path: Path, command: str, kind: str) -> None:
     files = _foreign_files(tmp_path, archive)
     files["missing"] = (tmp_path / "missing.ffr", "no such file, expected an archive")
