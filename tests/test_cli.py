@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from packfs import PackedFolder
+from packfs import PackedFolder, pack_folder
 from packfs.cli import main
 from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, cli_runner, damaged_copy
 
@@ -153,6 +153,32 @@ def test_usage_errors_exit_2(run, tmp_path: Path) -> None:
     assert run("ls", tmp_path / "missing.ffr").exit_code == 1
     assert run("pack").exit_code == 2
     assert run("frobnicate").exit_code == 2
+
+
+def test_an_unquoted_glob_is_a_usage_error_that_says_to_quote_it(tmp_path: Path) -> None:
+    from tests.conftest import packfs_cli
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        src = tmp_path / f"src{i}"
+        src.mkdir()
+        (src / f"part{i}.txt").write_text(f"part {i}\n")
+        pack_folder(src, shards / f"part-{i}.ffr")
+    expanded = sorted(str(path) for path in shards.glob("*.ffr"))  # what `packfs ls shards/*.ffr` runs
+    quoted = f"'{shards}/*.ffr'"
+    for args, example in ((["ls", *expanded], f"packfs ls {quoted}"),
+                          (["mount", *expanded, tmp_path / "mnt"], f"packfs mount {quoted} {tmp_path / 'mnt'}")):
+        result = packfs_cli(*args)
+        assert result.returncode == 2 and "Usage: packfs" in result.stderr, result.stderr
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith("Error: Got unexpected extra argument"), error
+        assert "Did the shell expand a glob into these 3 files?  Quote it" in error and error.endswith(example)
+    listed = packfs_cli("ls", f"{shards}/*.ffr")  # quoted: packfs opens the set
+    assert listed.returncode == 0 and listed.stdout.split() == ["part0.txt", "part1.txt", "part2.txt"]
+    # Extra words that are not files: click's message alone.
+    plain = packfs_cli("ls", expanded[0], "x", "y")
+    assert plain.returncode == 2 and "glob" not in plain.stderr and "unexpected extra argument (y)" in plain.stderr
 
 
 def test_debug_shows_the_traceback(run, tmp_path: Path) -> None:
