@@ -247,3 +247,32 @@ def test_a_broken_dependency_is_not_called_missing() -> None:
     assert packfs.errors.missing_dependency(error, "torch", "packfs.torch", "torch") is error
     inner = ModuleNotFoundError("No module named 'typing_extensions'", name="typing_extensions")
     assert packfs.errors.missing_dependency(inner, "torch", "packfs.torch", "torch") is inner
+
+
+def test_a_clone_named_packfs_run_from_its_parent_is_one_clear_import_error(tmp_path: Path) -> None:
+    """A script beside a clone named packfs once imported the clone's folder as an empty
+    namespace package (``packfs.PackedFolder``: AttributeError, while ``packfs.torch``
+    imported); the root's __init__.py makes it one ImportError saying what to do."""
+    from tests.conftest import REPO
+
+    clone = tmp_path / "packfs"
+    clone.symlink_to(REPO, target_is_directory=True)  # as `git clone ... packfs` beside the script
+    (tmp_path / "train.py").write_text("import packfs\nprint(packfs.PackedFolder)\n")
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    for command in (["train.py"], ["-c", "import packfs"], ["-c", "from packfs.torch import PackedImageFolder"],
+                    ["-c", "import packfs.fsspec"]):
+        result = subprocess.run([sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ImportError: 'import packfs' found {clone}, the folder of a clone of packfs's "
+                               f"repository, not the packfs package (which is {clone / 'packfs'})"), last
+        assert f"Run from another directory (from inside the clone, cd {clone}, works too), or rename the clone " \
+               f"(mv {clone} {clone}-src)" in last
+        assert "AttributeError" not in result.stderr
+    # From inside the clone, or anywhere else, packfs is the package.
+    for where in (clone, tmp_path / "elsewhere"):
+        where.mkdir(exist_ok=True)
+        result = subprocess.run([sys.executable, "-c", "import packfs; print(packfs.PackedFolder.__name__)"],
+                                cwd=where, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout == "PackedFolder\n", result.stderr
