@@ -484,6 +484,8 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
     stats = _pack_source(src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=force,
                          keep_going=keep_going, jobs=jobs, quiet=quiet, force_progress=force_progress,
                          no_xattrs=no_xattrs, codecs=codecs)
+    if not quiet:
+        _echo_pack_summary(stats, out)
     if stats.failed or stats.changed:
         click.get_current_context().exit(3)
 
@@ -505,8 +507,8 @@ def _check_source_options(src: str, follow_symlinks: bool, exclude: tuple[str, .
 def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[str, ...], force: bool,
                  keep_going: bool, jobs: int | None, quiet: bool, force_progress: bool, no_xattrs: bool,
                  codecs: dict[str, Any] | None = None) -> Any:
-    """pack's work, shared with append: SRC (a directory, a tar or a zip) into OUT, the
-    summary line printed; returns the PackStats."""
+    """pack's work, shared with append: SRC (a directory, a tar or a zip) into OUT;
+    returns the PackStats (:func:`_echo_pack_summary` prints them)."""
     _check_source_options(src, follow_symlinks, exclude, keep_going)
     from_archive = src == "-" or not os.path.isdir(src)
     progress = _TerminalProgress("packing", quiet, force_progress)
@@ -526,23 +528,26 @@ def _pack_source(src: str, out: str, *, follow_symlinks: bool, exclude: tuple[st
             for failed in error.failed:
                 click.echo(os.fsencode(f"cannot pack: {failed.path} ({failed.reason})"), err=True)
         raise
-    if not quiet:
-        seconds = max(stats.seconds, 1e-9)
-        rates = [f"{human_size(stats.file_bytes / seconds)}/s"]
-        if stats.files >= 10:  # a files/s figure of one or two large files says nothing
-            rates.insert(0, f"{stats.files / seconds:.0f} files/s")
-        click.echo(
-            f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
-            f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
-            f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
-            + _skipped_summary(stats.skipped, len(stats.failed))
-            + (f"; {_count(len(stats.changed), 'file')} changed while read, stored as read again"
-               if stats.changed else "")
-            + (f"; {_count(stats.deduplicated, 'file')} stored once with an equal file"
-               if stats.deduplicated else ""),
-            err=True,
-        )
     return stats
+
+
+def _echo_pack_summary(stats: Any, out: str) -> None:
+    """pack's summary line, for pack, and for append once the shard is in the set."""
+    seconds = max(stats.seconds, 1e-9)
+    rates = [f"{human_size(stats.file_bytes / seconds)}/s"]
+    if stats.files >= 10:  # a files/s figure of one or two large files says nothing
+        rates.insert(0, f"{stats.files / seconds:.0f} files/s")
+    click.echo(
+        f"packed {_count(stats.files, 'file')}, {_count(stats.dirs, 'dir')}, "
+        f"{_count(stats.symlinks, 'symlink')} ({human_size(stats.file_bytes)}) into {out!r} "
+        f"({human_size(stats.archive_bytes)}) in {stats.seconds:.2f} s ({', '.join(rates)})"
+        + _skipped_summary(stats.skipped, len(stats.failed))
+        + (f"; {_count(len(stats.changed), 'file')} changed while read, stored as read again"
+           if stats.changed else "")
+        + (f"; {_count(stats.deduplicated, 'file')} stored once with an equal file"
+           if stats.deduplicated else ""),
+        err=True,
+    )
 
 
 @main.command()
@@ -559,7 +564,9 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
 
     The new shard is a complete archive beside MANIFEST (STEM-NNNNN.ffr). Its paths
     may go anywhere in the tree, into existing directories too, but none may already
-    be in the set (the set is refused, naming both shards, and nothing changes).
+    be in the set: SRC's paths are checked before anything is packed, and the append
+    is refused, counting those the set holds and naming the first few; nothing
+    changes (a tar on stdin, read once, is checked once packed).
     Readers and mounts opened before keep serving the set they opened; new ones see
     the new files. Appends to one set wait for each other.
 
@@ -571,14 +578,20 @@ def append(manifest: str, src: str, follow_symlinks: bool, exclude: tuple[str, .
       packfs pack day1/ logs.ffr --shards 4    # logs.ffrset and its shards
       packfs append logs.ffrset day2/
     """
-    from .write.sets import append_shard
+    from .write.sets import append_shard, tree_paths
 
+    codecs = _codecs(compress, dictionary, dedup, sparse, verify)
+    _check_source_options(src, follow_symlinks, exclude, keep_going)
+    # What SRC holds, checked against the set before anything is packed (a stream,
+    # read once, is checked once packed); the summary only once the shard is in the set.
+    paths = tree_paths(src, manifest, follow_symlinks, exclude)
     with _exit_on_signals(repr(manifest)):
-        record, stats = append_shard(manifest, lambda out: _pack_source(
+        record, (out, stats) = append_shard(manifest, lambda out: (out, _pack_source(
             src, out, follow_symlinks=follow_symlinks, exclude=exclude, force=False, keep_going=keep_going,
-            jobs=jobs, quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs,
-            codecs=_codecs(compress, dictionary, dedup, sparse, verify)))
+            jobs=jobs, quiet=quiet, force_progress=force_progress, no_xattrs=no_xattrs, codecs=codecs)),
+            paths=paths, source=src)
     if not quiet:
+        _echo_pack_summary(stats, out)
         click.echo(f"appended {record.file!r} ({record.entries} entries) to {manifest!r}", err=True)
     if stats.failed or stats.changed:
         click.get_current_context().exit(3)

@@ -256,8 +256,8 @@ class PackedFiles(Sequence):
             self._folder: PackedFolder | None = archive
             self.archive, check_data = archive.spec, archive.check_data
         else:
-            self.archive = [os.fsdecode(a) for a in archive] if isinstance(archive, (list, tuple)) else os.fsdecode(archive)
-            self._folder = PackedFolder(self.archive, check_data=check_data, storage_options=storage_options)
+            self._folder = PackedFolder(archive, check_data=check_data, storage_options=storage_options)
+            self.archive = self._folder.spec  # what a worker re-opens: a relative path made absolute
         self._pid = os.getpid()
         self._closed = False
         self.pattern = pattern

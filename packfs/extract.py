@@ -42,6 +42,8 @@ trees of any depth unpack: paths longer than PATH_MAX included.
 
 from __future__ import annotations
 
+import contextlib
+
 import errno
 import logging
 import os
@@ -835,8 +837,12 @@ def unpack(
                 if skip_existing and 0 in entries:
                     extractor.open_up_dest()
                 extractor.remove_abandoned(dest_fd)
-            for entry in entries:
-                _unpack_entry(extractor, entry)
+            # Everything at once, in archive order: from a URL without a disk cache, fetched
+            # in large windows read ahead rather than a request per file.
+            scanning = getattr(folder.archive, "scanning", None)
+            with scanning() if scanning is not None and 0 in entries else contextlib.nullcontext():
+                for entry in entries:
+                    _unpack_entry(extractor, entry)
         except BaseException:
             if 0 in entries:
                 extractor.leave_dest()

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Seque
 from .core import CLOSED, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
 from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from .source import absolute_location
 
 __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttributes", "PathArg"]
 
@@ -104,11 +105,13 @@ class PackedFolder:
                  storage_options: Optional[Mapping[str, Any]] = None,
                  cache_dir: Union[PathArg, bool, None] = None) -> None:
         self.check_data = check_data
-        # What was given, as the folder pickles and a DataLoader worker re-opens it: a
-        # path, a URL, or a shard set's list of them.
-        self.spec: Union[str, list[str]] = ([os.fsdecode(p) for p in path] if isinstance(path, (list, tuple))
-                                            else os.fsdecode(path))
-        self.archive = open_archive(self.spec, checksums="always" if check_data else "never",
+        given = [os.fsdecode(p) for p in path] if isinstance(path, (list, tuple)) else os.fsdecode(path)
+        # What the folder pickles as and a DataLoader worker re-opens: a path, a URL, or
+        # a shard set's list of them, a relative path made absolute, so that a re-open
+        # after a change of directory finds the same files (messages keep the name given).
+        self.spec: Union[str, list[str]] = ([absolute_location(p) for p in given] if isinstance(given, list)
+                                            else absolute_location(given))
+        self.archive = open_archive(given, checksums="always" if check_data else "never",
                                     storage_options=storage_options, cache_dir=cache_dir)
         self.path = self.archive.path
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive

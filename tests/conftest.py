@@ -203,9 +203,9 @@ def require_python_as_nobody() -> None:
         pytest.skip(f"user nobody cannot run {sys.executable}: {probe.stderr.strip().splitlines()[-1:]}")
 
 
-def packfs_cli(*args: object, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
+def packfs_cli(*args: object, check: bool = False, timeout: float = 60, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "packfs", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO, timeout=timeout, check=check)
+                          text=True, cwd=cwd, timeout=timeout, check=check)
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 20) -> bool:
@@ -240,14 +240,15 @@ TEST_BINDING = os.environ.get("PACKFS_TEST_BINDING", "auto")
 
 
 @contextlib.contextmanager
-def mounted(archive: Path, mountpoint: Path, *options: str, binding: str = TEST_BINDING):
-    """Mount in the background as a user would; always unmount, and on a failure show
-    the daemon's log and the mount table."""
+def mounted(archive: Path | str, mountpoint: Path, *options: str, binding: str = TEST_BINDING, cwd: Path = REPO):
+    """Mount in the background as a user would (``packfs mount`` run in ``cwd``, the
+    mount point named relative to it); always unmount, and on a failure show the
+    daemon's log and the mount table."""
     require_fuse(binding)
     from packfs.fuse import is_mounted, state_file
 
     mountpoint.mkdir(parents=True, exist_ok=True)
-    result = packfs_cli("mount", archive, mountpoint, "--binding", binding, *options)
+    result = packfs_cli("mount", archive, os.path.relpath(mountpoint, cwd), "--binding", binding, *options, cwd=cwd)
     log = Path(state_file(str(mountpoint), ".log"))
     if result.returncode != 0 or not is_mounted(str(mountpoint)):
         table = Path("/proc/self/mounts").read_text()

@@ -24,7 +24,7 @@ from packfs.source.cache import BLOCK_BYTES, SLOT, CachedSource
 from packfs import pack_folder
 from tests.conftest import mounted, require_extra, require_fuse
 from tests.remote_servers import bytes_asked_twice
-from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
+from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (fixtures: real servers, stopped at the end)
 
 FORK = multiprocessing.get_context("fork")
 
@@ -344,6 +344,10 @@ def test_dataloader_workers_share_the_cache_and_epoch_two_fetches_nothing(nginx,
     nginx.clear_log()
     assert sorted(h for batch in loader for h in batch) == expected
     assert _data_gets(nginx) == []  # epoch 2: the workers' opens only
+    # torch's default re-creates the workers each epoch: their opens fetch the footer,
+    # not the tail again (packfs.source.tails).
+    opens = [r for r in nginx.requests() if r.range.startswith("bytes=-")]
+    assert len(opens) == 4 and {r.range for r in opens} == {"bytes=-64"}
     data.close()
 
 
@@ -419,3 +423,97 @@ def test_a_mount_with_the_cache_serves_the_archive_as_mounted_or_eio(nginx, serv
                 assert error.errno == errno.EIO
             else:
                 assert data == files[name]
+
+
+_OPEN_AND_READ = r"""
+import json, sys, zlib
+from packfs import PackedFolder
+url, cache_dir, name = sys.argv[1:4]
+with PackedFolder(url, cache_dir=cache_dir) as folder:
+    data = folder.read(name)
+    print(json.dumps({"stats": folder.archive.stats(), "crc": zlib.crc32(data)}))
+"""
+
+
+def _in_a_fresh_process(url: str, cache_dir: Path, name: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OPEN_AND_READ, url, str(cache_dir), name], capture_output=True,
+                          text=True, check=True, timeout=120)
+    return json.loads(done.stdout)
+
+
+def test_a_second_process_opening_a_cached_archive_fetches_no_tail(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """Issue 33 (6): the open of an archive the cache holds fetches its footer (64
+    bytes), compared with the kept tail's, not the tail again; the file comes from
+    the cache.  A replaced object (a new ETag) is fetched whole again, never served
+    from what was kept."""
+    import zlib
+
+    _, files = dataset
+    name = "train/0007.bin"
+    first = _in_a_fresh_process(served, tmp_path / "cache", name)
+    assert first["crc"] == zlib.crc32(files[name])
+    opened = [r for r in nginx.requests(2) if r.range.startswith("bytes=-")]
+    assert [r.range for r in opened] == ["bytes=-262144"]
+    nginx.clear_log()
+    second = _in_a_fresh_process(served, tmp_path / "cache", name)
+    assert second["crc"] == zlib.crc32(files[name])
+    logged = nginx.requests(1)
+    assert [(r.status, r.range) for r in logged] == [(206, "bytes=-64")]  # nothing else: the rest is cached
+    assert logged[0].bytes_sent < 1024 and second["stats"]["bytes_fetched"] == 64
+    assert second["stats"]["requests"] == 1
+    # Replaced (another modification second: another ETag) by an archive of other bytes.
+    rng = random.Random(12)
+    other = {"train/0007.bin": rng.randbytes(30_000), "x.bin": rng.randbytes(5_000)}
+    replacement = _make_archive(tmp_path, other, "other.ffr")
+    time.sleep(1.05 - time.time() % 1)
+    nginx.put("data.ffr", replacement.read_bytes())
+    nginx.clear_log()
+    third = _in_a_fresh_process(served, tmp_path / "cache", name)
+    assert third["crc"] == zlib.crc32(other[name])
+    assert [r.range for r in nginx.requests(2) if r.range.startswith("bytes=-")] == ["bytes=-64", "bytes=-262144"]
+
+
+def test_a_second_process_opening_a_cached_archive_in_s3_fetches_no_tail(moto, s3_env, dataset,  # noqa: F811
+                                                                        tmp_path) -> None:
+    import zlib
+
+    archive, files = dataset
+    client = moto.client()
+    client.create_bucket(Bucket="tails")
+    client.put_object(Bucket="tails", Key="data.ffr", Body=archive.read_bytes())
+    url, name = "s3://tails/data.ffr", "train/0011.bin"
+    before = len(moto.requests())
+    first = _in_a_fresh_process(url, tmp_path / "cache", name)
+    assert first["crc"] == zlib.crc32(files[name]) and first["stats"]["bytes_fetched"] >= 256 << 10
+    middle = len(moto.requests(before + first["stats"]["requests"]))
+    second = _in_a_fresh_process(url, tmp_path / "cache", name)
+    assert second["crc"] == zlib.crc32(files[name])
+    assert second["stats"]["requests"] == 1 and second["stats"]["bytes_fetched"] == 64
+    time.sleep(0.3)
+    assert [r.method for r in moto.requests()[middle:]] == ["GET"]  # the server saw one request
+    # A new object under the key (another ETag): its tail is fetched, its bytes read.
+    other = {name: random.Random(3).randbytes(20_000)}
+    client.put_object(Bucket="tails", Key="data.ffr", Body=_make_archive(tmp_path, other, "o.ffr").read_bytes())
+    third = _in_a_fresh_process(url, tmp_path / "cache", name)
+    assert third["crc"] == zlib.crc32(other[name]) and third["stats"]["bytes_fetched"] > 64
+
+
+def test_a_damaged_kept_tail_is_not_used(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
+    """A kept tail that fails its CRC (a torn write, a bad disk) is not there: the open
+    fetches the tail again and reads right."""
+    _, files = dataset
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        assert folder.read("train/0001.bin") == files["train/0001.bin"]
+    (kept,) = (tmp_path / "cache" / "tails-v1").iterdir()
+    data = bytearray(kept.read_bytes())
+    data[-1000] ^= 0x40
+    kept.write_bytes(bytes(data))
+    nginx.clear_log()
+    with PackedFolder(served, cache_dir=tmp_path / "cache") as folder:
+        assert folder.read("train/0002.bin") == files["train/0002.bin"]
+        assert folder.archive.stats()["bytes_fetched"] >= 256 << 10
+    assert [r.range for r in nginx.requests(1) if r.range.startswith("bytes=-")] == ["bytes=-262144"]

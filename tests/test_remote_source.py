@@ -625,3 +625,22 @@ def test_sigv4_agrees_with_botocore(key: str, token) -> None:
         S3SigV4Auth(Credentials("AKID", "SECRET/key+", token), "s3", "eu-west-3").add_auth(request)
     assert botocore and request.headers["X-Amz-Date"] == ours["x-amz-date"]
     assert request.headers["Authorization"] == ours["Authorization"]
+
+
+def test_a_refused_connection_is_tried_twice_then_told(nginx: Nginx) -> None:
+    """Nothing listening on the port: one more try (a server restarting), not every
+    retry (docs/remote.md); timeouts, resets and 503 keep theirs (the tests above)."""
+    from bench.proxy import Proxy
+    from tests.remote_servers import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}/blob.bin"
+    with pytest.raises(RemoteIOError, match=r"connection refused; 2 tries\): expected a server listening at "
+                                            r"http://127\.0\.0\.1:\d+$"):
+        open_source(closed, retries=5, backoff=0.005)
+    with Proxy(nginx.port) as proxy:
+        source = open_source(nginx.url("blob.bin", port=proxy.port), retries=5, backoff=0.005)
+    # The proxy is gone, its port closed: a new connection is refused.
+    source._http.clear()  # noqa: SLF001 (no kept-alive connection to the dead proxy: only refusals)
+    with pytest.raises(RemoteIOError, match=r"connection refused; 2 tries"):
+        source.read(0, 1000)
+    assert source.stats()["requests"] == 1 + 2 and source.stats()["retries"] == 1

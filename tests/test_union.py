@@ -268,10 +268,61 @@ def test_append_grows_the_set_and_old_readers_keep_their_view(files, manifest, t
     # The same files again: refused, nothing changed, the would-be shard removed.
     listed = manifest.read_bytes()
     result = packfs_cli("append", manifest, new)
-    assert result.returncode == 1 and "is in both" in result.stderr
+    assert result.returncode == 1 and "2 paths of it are in the set already" in result.stderr
     assert manifest.read_bytes() == listed
     assert not (tmp_path / "data-00005.ffr").exists()
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+@pytest.mark.parametrize("source", ["directory", "tar", "tar stream"])
+def test_a_colliding_append_is_refused_before_packing_counting_the_collisions(files, manifest, tmp_path,
+                                                                              source) -> None:
+    """Issue 33: the set's paths, checked before the shard is packed (a tar stream, read
+    once, when it is): exit 1, no summary, the collisions counted and the first named,
+    nothing written, the manifest as it was."""
+    new = tmp_path / "new"
+    for path in _ordered(files):
+        if path.startswith("train/"):
+            (new / path).parent.mkdir(parents=True, exist_ok=True)
+            (new / path).write_bytes(b"again")
+    (new / "train" / "n00" / "new.jpg").write_bytes(b"new")  # new paths go nowhere either
+    clashes = [p for p in _ordered(files) if p.startswith("train/")]
+    if source != "directory":
+        subprocess.run(["tar", "cf", str(tmp_path / "new.tar"), "-C", str(new), "--sort=name", "."], check=True)
+    listed, before = manifest.read_bytes(), sorted(os.listdir(tmp_path))
+    args = ["append", "--progress", manifest, new if source == "directory" else tmp_path / "new.tar"]
+    if source == "tar stream":
+        args[-1] = "-"
+        result = subprocess.run([sys.executable, "-m", "packfs", *map(str, args)], capture_output=True, text=True,
+                                stdin=open(tmp_path / "new.tar", "rb"), timeout=60)
+    else:
+        result = packfs_cli(*args)
+    assert result.returncode == 1
+    errors = result.stderr.splitlines()
+    assert not [line for line in errors if line.startswith(("packed", "appended"))]
+    if source != "tar stream":  # a stream is packed first: its progress lines, then the refusal
+        assert len(errors) == 1, result.stderr  # refused before packing: not one progress line
+    assert errors[-1].startswith("Error: ") and f"{len(clashes)} paths of it are in the set already" in errors[-1]
+    assert ", ".join(repr(p) for p in clashes[:5]) + f" and {len(clashes) - 5} more" in errors[-1]
+    assert manifest.read_bytes() == listed
+    assert sorted(os.listdir(tmp_path)) == before  # no shard, no temporary file
+
+
+def test_append_shard_checks_the_paths_given_before_packing(files, manifest, tmp_path) -> None:
+    """The library's half: with the new tree's paths, a collision is refused without
+    calling the packer at all."""
+    from packfs.errors import PackError
+    from packfs.write.sets import tree_paths
+
+    new = tmp_path / "new"
+    (new / "val").mkdir(parents=True)
+    (new / "val" / "000.jpg").write_bytes(b"again")
+    (new / "README").mkdir()  # a directory where the set has a file
+    (new / "README" / "inside.txt").write_bytes(b"inside")
+    packed = []
+    with pytest.raises(PackError, match=r"2 paths of it are in the set already: 'README', 'val/000.jpg' \("):
+        append_shard(str(manifest), packed.append, paths=tree_paths(str(new), str(manifest)), source=str(new))
+    assert packed == []
 
 
 def test_concurrent_appends_each_land(manifest, tmp_path) -> None:

@@ -12,8 +12,10 @@ from .container import Container
 from .files import MemoryFile, PackedFile, StreamFile
 from .paths import PathArg, archive_key, lookup_key
 from .pathtable import PathTable
+from .prefetch import prefetch
 from .union import ShardSet, open_archive
 from .verify import VerifyReport
 
 __all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED", "Container", "PackedFile", "MemoryFile",
-           "StreamFile", "PathTable", "VerifyReport", "PathArg", "archive_key", "lookup_key", "ShardSet", "open_archive"]
+           "StreamFile", "PathTable", "VerifyReport", "PathArg", "archive_key", "lookup_key", "ShardSet", "open_archive",
+           "prefetch"]

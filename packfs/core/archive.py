@@ -35,7 +35,7 @@ import operator
 import os
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -1302,6 +1302,12 @@ class Archive:
         return target
 
     # -- checking everything -------------------------------------------------------------
+
+    def scanning(self) -> ContextManager[None]:
+        """A context for reading the whole archive in archive order (unpack): from a URL
+        without a disk cache, its bytes are then fetched once, in large windows read
+        ahead, rather than a request per file (:meth:`Container.scanning`)."""
+        return self._container.scanning()
 
     def verify(self, progress: Callable[[int], None] | None = None) -> VerifyReport:
         """Check every CRC in the archive (header, tables, every record), every rule of

@@ -6,10 +6,11 @@ is :mod:`packfs.write.container`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 from ..errors import ChecksumError, ClosedArchiveError, FormatError, PackfsError
 from ..format import FOOTER_SIZE, HEADER_PREFIX, MAGIC, SNIFF_BYTES, crc32, foreign_format, header_size, unpack_footer
 from ..source import ByteSource, open_source
+from ..source.scan import SequentialScan
 from .tail import HEADER_CRCS, HEADER_OFFSETS, PageCache, PagedColumn, Tail, has_tail
 
 __all__ = ["Container", "explain_foreign"]
@@ -104,6 +106,7 @@ class Container:
         self.guarded = self.source.guarded and self.source.mapping is not None
         # A source that reads ahead of sequential readers takes the end of the file read.
         self.reads_ahead = bool(getattr(self.source, "reads_ahead", False))
+        self._scan: Optional[SequentialScan] = None  # while scanning(): reads served from its windows
         self.check_data = check_data
         self.allow_legacy_header = allow_legacy_header
         self.use_tail = use_tail
@@ -431,7 +434,7 @@ class Container:
             if self.guarded and end - start < MAP_COPY_BYTES:
                 data = self.mapping[start:end]
             else:
-                data = source.read(start, end)
+                data = (self._scan or source).read(start, end)
             if check and crc32(data) != self.crc_items[index]:
                 self.check_crc(index, data, label)  # raises, with details
         except PackfsError:
@@ -476,18 +479,40 @@ class Container:
         if not self.closed:
             self.source.check_unchanged()
 
+    @contextlib.contextmanager
+    def scanning(self) -> Iterator[None]:
+        """A whole-archive scan in archive order (unpack): from a source without a map
+        and without read-ahead of its own (an archive at a URL, no disk cache), reads
+        are served from large windows read ahead (:class:`SequentialScan`), each byte
+        fetched once rather than a request per file; anything else reads as before."""
+        if self.zero_copy or self.reads_ahead or self._scan is not None:
+            yield
+            return
+        self._scan = scan = SequentialScan(self.source, 0, self.file_size)
+        try:
+            yield
+        finally:
+            self._scan = None
+            scan.close()
+
     def pread(self, start: int, end: int, limit: Optional[int] = None) -> bytes:
         """Bytes [start, end) from the source (pread for a local file: no page joins
         this process's RSS).  ``limit``: the end of the file being read, past which a
         source that reads ahead of sequential readers does not (a mount reading one
         large file); without it a stream reads ahead across files (a scan)."""
+        scan = self._scan
+        if scan is not None:
+            return scan.read(start, end)
         if limit is not None and self.reads_ahead:
             return self.source.read(start, end, limit)  # type: ignore[call-arg]
         return self.source.read(start, end)
 
     def readinto(self, buffer: memoryview, start: int, limit: Optional[int] = None) -> None:
         """Fill ``buffer`` from ``start`` on, as :meth:`pread`."""
-        if limit is not None and self.reads_ahead:
+        scan = self._scan
+        if scan is not None:
+            scan.readinto(buffer, start)
+        elif limit is not None and self.reads_ahead:
             self.source.readinto(buffer, start, limit)  # type: ignore[call-arg]
         else:
             self.source.readinto(buffer, start)

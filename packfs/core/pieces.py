@@ -83,9 +83,11 @@ class PieceTable:
         """Piece CRC ``index`` (below ``piece_total``, as :meth:`first_piece` checked)."""
         return self._crcs[index]
 
-    def problems(self, container: Container) -> list[str]:
+    def problems(self, container: Container, computed: dict[int, list[int]] | None = None) -> list[str]:
         """Every rule of section 4b that verify checks, the piece CRCs against the bytes
-        included; [] if all hold (and for an archive without the sections)."""
+        included; [] if all hold (and for an archive without the sections).
+        ``computed``: each record over PIECE_SIZE -> its pieces' CRCs, as a scan that
+        read its bytes already computed them (not read again)."""
         found: list[str] = []
         if self.spans is None:
             return found
@@ -106,8 +108,10 @@ class PieceTable:
                 found.append(f"record {record} of {length} bytes has piece CRCs but is at most {PIECE_SIZE} bytes")
                 continue
             start, end = container.record_span(record)
+            known = computed.get(record) if computed is not None else None
             for p, at in enumerate(range(start, end, PIECE_SIZE)):
-                if container.crc_of_span(at, min(end, at + PIECE_SIZE)) != self._crcs[first + p]:
+                value = known[p] if known is not None else container.crc_of_span(at, min(end, at + PIECE_SIZE))
+                if value != self._crcs[first + p]:
                     found.append(f"record {record}: piece {p} (bytes [{at - start}, "
                                  f"{min(end, at + PIECE_SIZE) - start})) fails its piece CRC")
         # Records over PIECE_SIZE from the offsets at once (verify checked them sound).

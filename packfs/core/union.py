@@ -45,12 +45,12 @@ import glob as glob_module
 import heapq
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       PathNotFoundError)
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from ..source import ByteSource, is_url, open_source, with_cache_dir
+from ..source import ByteSource, absolute_location, is_url, open_source, with_cache_dir
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
 from .manifest import (MANIFEST_SUFFIX, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
@@ -228,7 +228,10 @@ class ShardSet:
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
         self._closed = False
-        self._shards = [_Shard(i, location, records[i] if records else None) for i, location in enumerate(locations)]
+        # Shards open when first used, perhaps after the process changed directory (a
+        # mount's daemon serves from /): where they are is settled now.
+        self._shards = [_Shard(i, absolute_location(location), records[i] if records else None)
+                        for i, location in enumerate(locations)]
         # Each shard's archive once opened (None before): the hot paths' one list index.
         self._opened: list[Optional[Archive]] = [None] * len(self._shards)
         try:
@@ -295,8 +298,16 @@ class ShardSet:
             if self._closed:
                 raise ClosedArchiveError(f"{self.path!r} is closed")
             if shard.archive is None:
-                opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
-                                 cache_dir=self._cache_dir)
+                try:
+                    opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
+                                     cache_dir=self._cache_dir)
+                except FileNotFoundError:
+                    if shard.record is None:
+                        raise  # a list's or a glob's archive, named by the user: not there
+                    # A damaged set, not a path missing from its tree: a mount answers
+                    # EIO and logs this, rather than ENOENT for a path that is listed.
+                    raise FormatError(f"{shard.location!r}: shard {index} of {self.path!r} is missing (moved or "
+                                      "removed since the manifest was written)") from None
                 try:
                     self._check_against_manifest(shard, opened)
                 except BaseException:
@@ -570,6 +581,20 @@ class ShardSet:
         total = sum(int(((self._shard(s.index).column("mode") & S_IFMT) == S_IFDIR).sum()) for s in self._shards)
         return total - seen
 
+    def held_already(self, paths: Iterable[tuple[bytes, bool]]) -> list[bytes]:
+        """The paths of a tree to be added to the set that the set holds already, as
+        anything but a directory in both (the set's one rule): ``paths`` are (stored
+        path, is a directory), the root left out.  Each is found as :meth:`find` finds
+        it, in the shards whose ranges may hold it: no shard is read whole."""
+        held = []
+        for path, is_directory in paths:
+            if not path:
+                continue
+            entry = self.find(path)
+            if entry >= 0 and not (is_directory and self.file_type(entry) == S_IFDIR):
+                held.append(path)
+        return held
+
     def manifest_records(self) -> list[ShardRecord]:
         """What a manifest of this set lists (opens every shard)."""
         records = []
@@ -707,7 +732,7 @@ class ShardSet:
         """The entry ``path`` names, symlinks followed as a shell does (:meth:`Archive.lookup`)."""
         key = lookup_key(path)
         index, local = self._first_found(key)
-        if index >= 0 and (not follow or self._shards[index].archive.file_type(local) != S_IFLNK):
+        if index >= 0 and (not follow or self._shard(index).file_type(local) != S_IFLNK):
             return self._bases[index] + local
         shown = os.fsdecode(path)
         return resolve_path(key, follow, shown, self.path, self.file_type, self.lookup_child, self.path_of,

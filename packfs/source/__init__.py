@@ -20,10 +20,10 @@ import os
 from typing import Any, Hashable, Mapping, Optional, Protocol, Union
 
 from ..errors import RemoteArchiveError
-from .local import GUARDED, LocalFile, is_url, release_pages, url_error
+from .local import GUARDED, LocalFile, absolute_location, is_url, release_pages, url_error
 
-__all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url", "open_source",
-           "with_cache_dir"]
+__all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url",
+           "absolute_location", "open_source", "with_cache_dir"]
 
 # The schemes RemoteFile reads (packfs.source.remote.REMOTE_SCHEMES, which imports
 # nothing it does not need; repeated here so that a local open imports nothing remote).
@@ -66,11 +66,14 @@ def open_source(name: Union[str, "os.PathLike[str]"], storage_options: Optional[
             except ValueError as error:  # $PACKFS_CACHE_SIZE
                 raise RemoteArchiveError(f"{name!r}: PACKFS_CACHE_SIZE={os.environ.get('PACKFS_CACHE_SIZE')!r}: "
                                          f"{error}") from None
-            remote = RemoteFile(name, storage_options=options or None, **remote_options)  # type: ignore[arg-type]
             if cache_dir is None:
                 cache_dir = default_cache_dir()
             if cache_dir is False or cache_dir is None:
-                return remote
+                return RemoteFile(name, storage_options=options or None, **remote_options)  # type: ignore[arg-type]
+            from .tails import TailStore
+
+            remote = RemoteFile(name, storage_options=options or None, tails=TailStore(os.fspath(cache_dir)),
+                                **remote_options)  # type: ignore[arg-type]
             return CachedSource(remote, os.fspath(cache_dir), size)  # type: ignore[arg-type]
         raise url_error(name) or RemoteArchiveError(f"{name!r}: not a URL packfs reads")
     storage_options = options

@@ -62,7 +62,7 @@ import threading
 import time
 import weakref
 from bisect import bisect_right
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
 
 __all__ = ["CachedSource", "default_cache_dir", "default_cache_size", "parse_size", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES",
@@ -307,6 +307,29 @@ class CachedSource:
         for start, end in spans:
             self.remote.check_span(start, end)
         return self._serve(spans)
+
+    def prefetch(self, progress: Optional[Callable[[int], None]] = None) -> int:
+        """Fetch every block of the archive the cache does not hold yet (a whole-archive
+        scan to come: ``packfs cache prefetch``), each byte once: in windows of up to a
+        quarter of ``memory_cap`` (64 MiB), each window's missing runs fetched at once
+        (a GET per ``part_bytes``, in parallel) into an anonymous map and written.  The
+        bytes the open fetched (the tail) are not: a later open finds them kept with the
+        cache (:mod:`packfs.source.tails`).  ``progress`` is called with each window's
+        bytes.  The bytes fetched; ValueError without a cache directory."""
+        if self.directory is None:
+            raise ValueError(f"{self.remote.name!r}: no disk cache to fetch into (cache_dir off, or not writable)")
+        before = self.stats()["readahead_bytes"]
+        step = max(BLOCK_BYTES, self._max_window // BLOCK_BYTES * BLOCK_BYTES)
+        end = self.remote.suffix_start
+        for first in range(0, end, step):
+            stop = min(end, first + step)
+            wanted = list(range(first // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1))
+            missing = self._read_cached(wanted, None)
+            if missing:
+                self._fetch(missing, None, set(wanted).difference(missing))
+            if progress is not None:
+                progress(stop - first)
+        return self.stats()["readahead_bytes"] - before
 
     def stats(self) -> Dict[str, int]:
         """The remote's counters and the cache's: ``cache_hits`` and ``cache_misses``

@@ -40,6 +40,14 @@ def is_url(name: str) -> bool:
     return isinstance(name, str) and bool(_URL.match(name)) and not os.path.isdir(os.path.dirname(name))
 
 
+def absolute_location(name: str) -> str:
+    """``name`` as it stays valid whatever the working directory later: a URL as it is,
+    a local path (or pattern) made absolute.  What a reader that opens or re-opens a
+    file later (a shard on first use, a DataLoader worker, a mount's daemon, which
+    serves from ``/``) keeps."""
+    return name if is_url(name) else os.path.abspath(name)
+
+
 def url_error(name: str) -> RemoteArchiveError | None:
     """The error for ``name``, a path that does not exist, when it is a URL
     (``scheme://...``) that a local open was given: a URL, not a missing file.  None

@@ -42,6 +42,7 @@ from ..errors import (ArchiveChangedError, ClosedArchiveError, FormatError, Pack
 from .multiget import MultiGet
 from .s3config import s3_settings
 from .sigv4 import canonical_query, encode_key, sign_v4
+from .tails import CHECK_BYTES, KnownTail
 
 __all__ = ["RemoteFile", "public_url", "REMOTE_SCHEMES"]
 
@@ -82,6 +83,12 @@ S3_ACCESS = {"AccessDenied": "were refused", "InvalidAccessKeyId": "name a key i
 # The conditions of every GET after the open, by name -> the header that carries each.
 CONDITION_HEADERS = {"if_match": "If-Match", "if_unmodified_since": "If-Unmodified-Since"}
 S3_RETRIED = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout")
+# A refused connection (nothing listens on the port: a wrong port, a server not
+# started or gone) is tried once more, after the first backoff, and then told: on
+# loopback or a LAN it is final at once, and 6 tries spread over 5 s only delayed the
+# error.  The one retry covers a server restarting or a load balancer's node cycling.
+# Timeouts, resets, cut-off answers, 5xx, 429 and S3's SlowDown keep every retry.
+REFUSED_RETRIES = 1
 
 
 def public_url(url: str) -> str:
@@ -95,11 +102,13 @@ def public_url(url: str) -> str:
 
 
 class _Retry(Exception):
-    """A failure worth another try: carries the error to raise when tries run out."""
+    """A failure worth another try: carries the error to raise when tries run out, and
+    at most how many retries its kind gets (None: the ``retries`` option's)."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, most: Optional[int] = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.most = most
 
 
 class _Endpoint:
@@ -210,6 +219,10 @@ class RemoteFile:
         :meth:`read_ranges` closer than ``coalesce_gap`` share one GET; at most
         ``in_flight`` requests at once; the first retry waits up to ``backoff`` s,
         doubling each time (to 20 s at most).
+    tails
+        A :class:`~packfs.source.tails.TailStore` (the disk cache's): an object whose
+        last bytes it kept is opened by fetching its footer only (64 bytes), the rest
+        taken from it when the object is the same; None: the last bytes are fetched.
 
     Raises
     ------
@@ -223,7 +236,8 @@ class RemoteFile:
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None, suffix_bytes: int = 256 << 10,
                  memory_cap: int = 256 << 20, timeout: float = 30.0, retries: int = 5, part_bytes: int = 8 << 20,
-                 coalesce_gap: int = 64 << 10, in_flight: int = IN_FLIGHT, backoff: float = 0.1) -> None:
+                 coalesce_gap: int = 64 << 10, in_flight: int = IN_FLIGHT, backoff: float = 0.1,
+                 tails=None) -> None:
         self.name = public_url(url)
         self.memory_cap = memory_cap
         self.part_bytes = max(1, part_bytes)
@@ -243,7 +257,7 @@ class RemoteFile:
         # forked child makes its own before its first request (_own).
         self._pid = -1
         self._own()
-        data, headers, first, size = self._fetch(0, 0, suffix=max(1, suffix_bytes))
+        data, headers, first, size = self._open(max(1, suffix_bytes), tails)
         self.size = size
         self.suffix = data
         self.suffix_start = first
@@ -270,6 +284,28 @@ class RemoteFile:
         self.owner = (os.getuid(), os.getgid(), int(modified.timestamp()) * 10**9 if modified else 0)
         # The batches' fast path (packfs.source.multiget): what it does not take, _get does.
         self._multi = MultiGet(self._endpoint.url, self._request_head, self._accepts, self.in_flight, self._timeout)
+
+    def _open(self, suffix_bytes: int, tails) -> Tuple[bytes, dict, int, int]:
+        """The opening request's answer: (the last bytes, the headers, where they start,
+        the object's size).  With ``tails`` (a :class:`~packfs.source.tails.TailStore`)
+        that kept this URL's last bytes, only the last CHECK_BYTES are fetched, and the
+        kept ones taken when the answer is the same object (ETag, version id,
+        Last-Modified, size and those bytes alike); the last bytes fetched are kept."""
+        location = self._endpoint.url
+        known = tails.load(location) if tails is not None else None
+        if known is not None and len(known.suffix) >= min(suffix_bytes, known.size) > CHECK_BYTES:
+            data, headers, first, size = self._fetch(0, 0, suffix=CHECK_BYTES)
+            version = headers.get("x-amz-version-id") or None
+            if (size, headers.get("etag") or None, None if version == "null" else version,
+                    headers.get("last-modified") or "") == (known.size, known.etag, known.version, known.modified) \
+                    and first == size - len(data) and known.suffix.endswith(data):
+                return known.suffix, headers, known.suffix_start, size
+        data, headers, first, size = self._fetch(0, 0, suffix=suffix_bytes)
+        if tails is not None and size > CHECK_BYTES:
+            version = headers.get("x-amz-version-id") or None
+            tails.save(location, KnownTail(headers.get("etag") or None, None if version == "null" else version,
+                                           headers.get("last-modified") or "", size, first, bytes(data)))
+        return data, headers, first, size
 
     def _own(self) -> None:
         """Connections, a lock and (on first use) threads of this process's own.  In a
@@ -465,7 +501,7 @@ class RemoteFile:
             try:
                 return self._fetch_once(start, end, suffix)
             except _Retry as failure:
-                if attempt == self._retries:
+                if attempt >= (self._retries if failure.most is None else min(self._retries, failure.most)):
                     raise failure.error from None
                 with self._locked():
                     self._stats["retries"] += 1
@@ -632,8 +668,14 @@ class RemoteFile:
         if isinstance(error, exceptions.SSLError) and "CERTIFICATE_VERIFY_FAILED" in text:
             return RemoteArchiveError(f"{self.name!r}: the server's TLS certificate was not accepted: expected one "
                                       f"this machine trusts")
-        if isinstance(error, exceptions.NewConnectionError) or "Connection refused" in text:
-            cause = "connection refused"
+        if isinstance(error, ConnectionRefusedError) or "Connection refused" in text:
+            tries = min(self._retries, REFUSED_RETRIES) + 1
+            return _Retry(RemoteIOError(f"{self.name!r}: the connection failed (connection refused; {tries} "
+                                        f"{'try' if tries == 1 else 'tries'}): expected a server listening at "
+                                        f"{self._endpoint.origin}"), REFUSED_RETRIES)
+        if isinstance(error, exceptions.NewConnectionError):
+            cause = "could not connect: the host name did not resolve" if "resolution" in text or "not known" in text \
+                else "could not connect"
         elif isinstance(error, (exceptions.TimeoutError, TimeoutError)) or "timed out" in text:
             return _Retry(self._timed_out())
         else:

@@ -14,19 +14,26 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from ..core import Archive, ShardSet
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, manifest_bytes, parse_manifest, shard_record
+from ..core.paths import archive_key
 from ..errors import PackError, PathNotFoundError
+from ..format import S_IFDIR
 from . import temporaries
+from .archives import archive_entries
 from .container import TEMP_MARKER
+from .exclude import ExcludePatterns
+from .scan import scan_tree
+from .skips import SkipList, SkippedPath
 from .temporaries import abandoned
 
 __all__ = ["write_manifest", "make_set", "append_shard", "set_stem", "appended_shard_name", "temporary_name",
-           "remove_abandoned_temporaries"]
+           "remove_abandoned_temporaries", "tree_paths"]
 
 T = TypeVar("T")
+SHOWN_COLLISIONS = 5  # paths an append refused for collisions names; the rest are counted
 
 
 def set_stem(manifest: str) -> str:
@@ -138,12 +145,86 @@ def appended_shard_name(manifest: str, records: Sequence[ShardRecord]) -> str:
     return os.path.join(directory, f"{stem}-{number:05d}.ffr")
 
 
-def append_shard(manifest: str, pack_into: Callable[[str], T]) -> tuple[ShardRecord, T]:
+class _Unreported(SkipList):
+    """The paths a scan leaves out, noted and not logged: the pack that follows the
+    scan reports them."""
+
+    def add(self, path: str, reason: str, failed: bool = False) -> None:
+        self.paths.append(SkippedPath(path, reason, failed))
+
+
+def tree_paths(src: str, manifest: str, follow_symlinks: bool = False,
+               exclude: Sequence[str] = ()) -> list[tuple[bytes, bool]] | None:
+    """(stored path, is a directory) of what packing ``src`` (a directory, a tar or a
+    zip file, read as pack reads it) stores, each directory above a path included,
+    found without reading any file's contents: what an append checks against the set
+    before it packs.  None for a stream (``"-"``, a pipe), which is read only once.
+    ``manifest``: the set's, whose writers' temporary files a scan leaves out."""
+    if src == "-" or not os.path.exists(src) or not (os.path.isdir(src) or os.path.isfile(src)):
+        return None  # a stream; or nothing: pack says what is wrong
+    found: list[tuple[bytes, bool]] = []
+    if os.path.isdir(src):
+        root = os.fsencode(src).rstrip(b"/") or b"/"
+        try:
+            directory = os.stat(os.path.dirname(os.path.abspath(manifest)))
+            temp_files = ((directory.st_dev, directory.st_ino),
+                          os.fsencode(f".{os.path.basename(set_stem(manifest))}{TEMP_MARKER}"))
+            items = scan_tree(root, follow_symlinks, ExcludePatterns(exclude, root), set(), temp_files,
+                              _Unreported(True), xattrs=False)
+        except OSError:
+            return None  # the pack that follows says what is wrong, in its words
+        found = [(item.key, item.kind == "dir") for item in items]
+    else:
+        with archive_entries(src, _Unreported(True), xattrs=False) as (entries, _):
+            found = [(archive_key(entry.path), entry.kind == "dir") for entry in entries]
+    # A tar or zip need not list the directories above its members (a scan lists them
+    # all): each path's are added, up to the first one already known.
+    known = {path for path, _ in found}
+    above = []
+    for path, _ in list(found):
+        cut = path.rfind(b"/")
+        while cut > 0 and path[:cut] not in known:
+            known.add(path[:cut])
+            above.append((path[:cut], True))
+            cut = path.rfind(b"/", 0, cut)
+    return found + above
+
+
+def _archive_paths(archive: Archive) -> Iterable[tuple[bytes, bool]]:
+    """(stored path, is a directory) of every entry of ``archive`` but the root."""
+    for entry in range(1, archive.entry_count):
+        yield archive.path_of(entry), archive.file_type(entry) == S_IFDIR
+
+
+def _refuse_held(manifest: str, records: Sequence[ShardRecord], paths: Iterable[tuple[bytes, bool]],
+                 source: str) -> None:
+    """PackError, counting them and naming the first few, if the set ``records`` holds
+    any of ``paths`` already (the set's rule: :meth:`ShardSet.held_already`)."""
+    base = os.path.dirname(os.path.abspath(manifest))
+    with ShardSet([os.path.join(base, r.file) for r in records], records, manifest) as existing:
+        held = existing.held_already(paths)
+    if not held:
+        return
+    shown = ", ".join(repr(os.fsdecode(path)) for path in held[:SHOWN_COLLISIONS])
+    more = f" and {len(held) - SHOWN_COLLISIONS} more" if len(held) > SHOWN_COLLISIONS else ""
+    count = "1 path of it is" if len(held) == 1 else f"{len(held)} paths of it are"
+    raise PackError(f"cannot append {source!r} to {manifest!r}: {count} in the set already: {shown}{more} (a set "
+                    "holds each path once, but directories); nothing appended")
+
+
+def append_shard(manifest: str, pack_into: Callable[[str], T], paths: Iterable[tuple[bytes, bool]] | None = None,
+                 source: str = "the new shard") -> tuple[ShardRecord, T]:
     """Add a shard to the set ``manifest`` lists: ``pack_into(path)`` writes it as a
     complete archive at ``path`` (beside the manifest), the set with it is checked (no
     path in two shards), and a new manifest is renamed into place.  If anything fails
     the new shard is removed and the manifest is unchanged.  Returns the shard's record
-    and what ``pack_into`` returned."""
+    and what ``pack_into`` returned.
+
+    ``paths``: what the shard will hold, as :func:`tree_paths` gives them, checked
+    against the set before anything is packed; without them (a stream) the shard's own
+    paths are checked once it is packed.  Either way a refusal is a PackError that
+    counts the paths the set holds already and names the first few (``source`` names
+    what was to be appended)."""
     while True:
         try:
             descriptor = os.open(manifest, os.O_RDONLY)
@@ -155,18 +236,22 @@ def append_shard(manifest: str, pack_into: Callable[[str], T]) -> tuple[ShardRec
                 continue  # another append replaced it while this one waited: read the new one
             with os.fdopen(os.dup(descriptor), "rb") as current:
                 records = parse_manifest(current.read(), repr(manifest))
-            return _append_locked(manifest, records, pack_into)
+            if paths is not None:
+                _refuse_held(manifest, records, paths, source)  # before anything is written
+            return _append_locked(manifest, records, pack_into, source, checked=paths is not None)
         finally:
             os.close(descriptor)
 
 
-def _append_locked(manifest: str, records: list[ShardRecord],
-                   pack_into: Callable[[str], T]) -> tuple[ShardRecord, T]:
+def _append_locked(manifest: str, records: list[ShardRecord], pack_into: Callable[[str], T],
+                   source: str, checked: bool) -> tuple[ShardRecord, T]:
     path = appended_shard_name(manifest, records)
     result = pack_into(path)
     temporaries.register(path)  # until the manifest lists it: a signal removes it
     try:
         with Archive(path) as opened:
+            if not checked:
+                _refuse_held(manifest, records, _archive_paths(opened), source)
             record = shard_record(opened, os.path.basename(path))
         grown = [*records, record]
         base = os.path.dirname(os.path.abspath(manifest))
