@@ -65,8 +65,46 @@ def human_size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+class _Command(click.Command):
+    """A command taking an ARCHIVE says, when it gets extra arguments that are files,
+    that they look like a glob the shell expanded, and how to quote it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        words = [arg for arg in args if not arg.startswith("-")]  # the parser consumes args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            if "unexpected extra argument" in error.message and any(p.name == "archive" for p in self.params):
+                hint = _glob_hint(ctx.command_path, words)
+                if hint:
+                    error.message += hint
+            raise
+
+
+def _glob_hint(command: str, words: list[str]) -> str:
+    """For words of which several are existing files: quote the glob, so packfs opens
+    the files as one set (the shell gave them as arguments of their own)."""
+    import shlex
+
+    files = [word for word in words if os.path.isfile(word)]
+    if len(files) < 2:
+        return ""
+    directories = {os.path.dirname(file) for file in files}
+    suffixes = {os.path.splitext(file)[1] for file in files}
+    if len(directories) == 1 and len(suffixes) == 1:
+        pattern = os.path.join(directories.pop(), "*" + suffixes.pop())
+    else:
+        pattern = "shards/*.ffr"
+    others = " ".join(shlex.quote(word) for word in words if word not in files)  # a mount point
+    example = " ".join(part for part in (command, shlex.quote(pattern), others) if part)
+    return (f".  Did the shell expand a glob into these {len(files)} files?  Quote it, and packfs opens "
+            f"the archives it matches as one set: {example}")
+
+
 class _Group(click.Group):
     """Turns PackfsError into one ``Error: ...`` line and exit 1 (a traceback with --debug)."""
+
+    command_class = _Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # `mount -t fuse.packfs ARCHIVE DIR` and fstab lines of that type, without the
@@ -877,7 +915,7 @@ def _ls_json(archive: str, path: str, recursive: bool) -> None:
 _FIND_TYPES = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR, "l": stat_module.S_IFLNK}
 
 
-class _FindCommand(click.Command):
+class _FindCommand(_Command):
     """Names a find(1) predicate it does not have as a whole word (click alone says
     ``No such option '-m'`` for ``-maxdepth``), with the ones it has."""
 
