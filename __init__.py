@@ -14,7 +14,7 @@ under another name (``__init__``, or the clone's), and then it is an empty modul
 import os as _os
 
 _clone = _os.path.dirname(_os.path.abspath(__file__))
-if __name__ == "packfs":  # pytest imports it as the folder's package (a Package's setup): nothing to say
+if __name__ == "packfs":  # under any other name (pytest imports the root folder as `__init__` or by the folder's name): nothing to say
     raise ImportError(
         f"'import {__name__}' found {_clone}, the folder of a clone of packfs's repository, not the packfs "
         f"package (which is {_os.path.join(_clone, 'packfs')}): Python looks in the directory this runs in "
