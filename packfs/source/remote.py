@@ -63,8 +63,8 @@ REMOTE_SCHEMES = ("s3", "http", "https")
 IN_FLIGHT = 64
 # Parts of one large span in flight at once: 8 x 8 MiB parts bound what is held.
 PARTS_IN_FLIGHT = 8
-# A body is read in pieces of this size, the time left checked before each: what
-# bounds a whole request when a server trickles its answer.
+# A body is read a receive at a time (at most this much), the time left checked
+# before each: what bounds a whole request when a server trickles its answer.
 READ_PIECE = 1 << 20
 # What is read of an error's body (S3's XML names the error in <Code>).
 ERROR_BODY_LIMIT = 64 << 10
@@ -586,6 +586,9 @@ class RemoteFile:
                                              f"asked for"))
         pieces = []
         got = 0
+        # One receive at a time (read1), the time left checked before each: read(n)
+        # waits for n bytes, so a server sending a byte a second held it for n seconds.
+        read1 = _receiver(response)
         while got < length:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -593,7 +596,7 @@ class RemoteFile:
             sock = getattr(response.connection, "sock", None)
             if sock is not None:
                 sock.settimeout(min(self._timeout, left))
-            piece = response.read(min(READ_PIECE, length - got), decode_content=False)
+            piece = read1(min(READ_PIECE, length - got))
             if not piece:
                 break
             pieces.append(piece)
@@ -751,6 +754,13 @@ def _finish(response, reusable: bool) -> None:
     if not reusable:
         response.close()
     response.release_conn()
+
+
+def _receiver(response):
+    """``response``'s read1 (at most what one receive gives), without decoding."""
+    if hasattr(response, "read1"):
+        return lambda amount: response.read1(amount, decode_content=False)
+    return response._fp.read1  # urllib3 before 2.3: its http.client answer's
 
 
 def _cause(text: str) -> str:
