@@ -166,3 +166,55 @@ def test_a_trickling_server_times_out(trickling: LoopbackServer, read: str) -> N
     said = run_client(READ_AND_TELL.format(url=trickling.url("/blob.bin"), read=read), guard=60)
     assert said.startswith("RemoteTimeoutError"), said
     assert "no complete answer within 3 s (2 tries)" in said
+
+
+# -- redirects -------------------------------------------------------------------------------
+
+
+def redirect_to(target: str) -> Callable[[str, socket.socket], None]:
+    def answer(head: str, sock: socket.socket) -> None:
+        path = head.split(" ")[1]
+        sock.sendall(f"HTTP/1.1 302 Found\r\nLocation: {target}{path}\r\nContent-Length: 0\r\n\r\n".encode())
+    return answer
+
+
+def whole_ranges(head: str, sock: socket.socket) -> None:
+    first, end = ranged_answer(head)
+    send_head(sock, first, end)
+    sock.sendall(BLOB[first:end])
+
+
+@pytest.fixture
+def redirecting():
+    require_extra("urllib3", "remote")
+    servers = []
+    try:
+        elsewhere = LoopbackServer(whole_ranges)
+        servers.append(elsewhere)
+        here = LoopbackServer(redirect_to(f"http://127.0.0.1:{elsewhere.port}"))
+        servers.append(here)
+        yield here, elsewhere
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_a_redirect_to_another_port_is_not_followed(redirecting) -> None:
+    """A URL someone hands over must not make its reader send requests elsewhere (a
+    blind SSRF: a cloud's metadata address, a service on loopback): a redirect to
+    another host or port is an error that names it, and nothing is sent there."""
+    from packfs.source import open_source
+
+    here, elsewhere = redirecting
+    with pytest.raises(RemoteArchiveError) as raised:
+        open_source(here.url("/blob.bin"), timeout=5, retries=0)
+    assert f"127.0.0.1:{elsewhere.port}" in str(raised.value) and "redirects to another server" in str(raised.value)
+    assert len(here.requests) == 1 and elsewhere.requests == []
+
+
+def test_a_redirect_on_its_own_server_is_followed(nginx) -> None:
+    from packfs.source import open_source
+
+    nginx.clear_log()
+    source = open_source(nginx.url("blob.bin", "moved"), suffix_bytes=1024, timeout=5)
+    assert source.read(10, 20) == NGINX_BLOB[10:20]

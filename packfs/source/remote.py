@@ -547,7 +547,14 @@ class RemoteFile:
                     or hop == MAX_REDIRECTS:
                 return response
             _finish(response, False)
-            url = urljoin(url, location)
+            target = urljoin(url, location)
+            if not _same_server(url, target):
+                raise RemoteArchiveError(
+                    f"{self.name!r}: the server redirects to another server ({public_url(target)!r}), which packfs "
+                    f"does not follow: a URL may only lead to its own host and port (or from http to https on "
+                    f"the same host); expected the archive's own URL (open the URL redirected to, if it is to "
+                    f"be trusted)")
+            url = target
         raise AssertionError("unreachable")
 
     def _take(self, response, start: int, end: int, suffix: int, deadline: float) -> Tuple[bytes, dict, int, int]:
@@ -754,6 +761,24 @@ def _finish(response, reusable: bool) -> None:
     if not reusable:
         response.close()
     response.release_conn()
+
+
+def _same_server(url: str, target: str) -> bool:
+    """Whether a redirect from ``url`` to ``target`` stays on the server the URL
+    named: the same scheme, host and port, or from http to https on the same host's
+    port 443.  Anything else is not followed: a URL someone hands over must not make
+    its reader send requests to other hosts or ports (a cloud's metadata address, a
+    service on loopback)."""
+    here, there = urlsplit(url), urlsplit(target)
+    try:
+        ours = (here.scheme.lower(), (here.hostname or "").lower(), here.port or _PORTS.get(here.scheme.lower()))
+        theirs = (there.scheme.lower(), (there.hostname or "").lower(), there.port or _PORTS.get(there.scheme.lower()))
+    except ValueError:  # a port that is no number
+        return False
+    return theirs == ours or (ours[0] == "http" and theirs == ("https", ours[1], 443))
+
+
+_PORTS = {"http": 80, "https": 443}
 
 
 def _receiver(response):
