@@ -218,3 +218,107 @@ def test_a_redirect_on_its_own_server_is_followed(nginx) -> None:
     nginx.clear_log()
     source = open_source(nginx.url("blob.bin", "moved"), suffix_bytes=1024, timeout=5)
     assert source.read(10, 20) == NGINX_BLOB[10:20]
+
+
+# -- S3 keys -----------------------------------------------------------------------------------
+
+# Keys a URL parser would cut (#, ?), decode (%2F, %41), drop (a leading /) or remove
+# (dot segments), or that need encoding (space, unicode, +); each beside the object a
+# wrong reading would name.
+S3_KEYS = ["dir/a#frag", "dir/a", "q?x=1", "q", "p%2Fq", "p/q", "%41", "A", "/lead", "lead", "two//slashes",
+           "two/slashes", "sp ace+plus", "ünï/cödé", "x#y?z%20w", "up/../down", "down", "./dot", "dot", ".."]
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    require_extra("urllib3", "remote")
+    from tests.remote_servers import MotoServer
+
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    try:
+        server.__enter__()
+    except (FileNotFoundError, RuntimeError) as error:
+        pytest.skip(f"moto_server cannot be started here: {error}")
+    try:
+        yield server
+    finally:
+        server.__exit__()
+
+
+@pytest.fixture
+def s3_env(moto, monkeypatch, tmp_path):
+    from tests.remote_servers import S3_KEY, S3_REGION, S3_SECRET
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PACKFS_CACHE_DIR", "off")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    monkeypatch.setenv("AWS_REGION", S3_REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    return moto
+
+
+def test_s3_keys_are_literal_each_reads_its_own_object(s3_env) -> None:
+    """s3://BUCKET/KEY takes KEY literally, as `aws s3` does: each of these keys reads
+    its own object, never its neighbour's."""
+    from packfs.source import open_source
+
+    client = s3_env.client()
+    client.create_bucket(Bucket="keys")
+    for k, key in enumerate(S3_KEYS):
+        client.put_object(Bucket="keys", Key=key, Body=f"object {k}: {key}".encode())
+    for k, key in enumerate(S3_KEYS):
+        source = open_source(f"s3://keys/{key}")
+        assert source.read(0, source.size) == f"object {k}: {key}".encode(), key
+        assert source.name == f"s3://keys/{key}"
+        source.close()
+
+
+def test_an_s3_endpoint_with_a_password_is_refused(s3_env) -> None:
+    """A user and password in endpoint_url would be sent in Host: (and signed): refused,
+    saying where credentials go, without the password."""
+    from packfs.source import open_source
+
+    endpoint = s3_env.endpoint.replace("http://", "http://user:hunter2secret@")
+    with pytest.raises(RemoteArchiveError) as raised:
+        open_source("s3://keys/A", storage_options={"endpoint_url": endpoint})
+    assert "user or password" in str(raised.value) and "hunter2secret" not in str(raised.value)
+
+
+# -- the disk cache: one object per endpoint ----------------------------------------------------
+
+
+def test_the_same_bucket_and_key_on_another_endpoint_is_not_served_from_the_cache(s3_env, tmp_path) -> None:
+    """Another S3 endpoint (a test server, MinIO, a hostile one) with the same bucket,
+    key, ETag, size and last bytes, but other bytes in the middle: what one endpoint's
+    reads put in the node's cache is never served for the other's."""
+    from packfs.source import open_source
+
+    client = s3_env.client()
+    client.create_bucket(Bucket="same")
+    client.put_object(Bucket="same", Key="blob.bin", Body=BLOB)
+    etag = client.head_object(Bucket="same", Key="blob.bin")["ETag"]
+    other = bytearray(BLOB)
+    other[1000:2000] = b"X" * 1000  # the same last bytes, size and ETag: only the middle differs
+
+    def lookalike(head: str, sock: socket.socket) -> None:
+        first, end = ranged_answer(head)
+        sock.sendall((f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{end - 1}/{len(other)}\r\n"
+                      f"Content-Length: {end - first}\r\nETag: {etag}\r\n"
+                      f"Last-Modified: Sat, 28 Nov 2026 12:00:00 GMT\r\n\r\n").encode() + bytes(other[first:end]))
+
+    server = LoopbackServer(lookalike)
+    try:
+        cache = {"cache_dir": str(tmp_path / "cache")}
+        hostile = open_source("s3://same/blob.bin", storage_options={**cache, "endpoint_url": server.url("")})
+        assert hostile.read(0, 4096)[1000:2000] == b"X" * 1000
+        hostile.close()
+        real = open_source("s3://same/blob.bin", storage_options=cache)
+        assert real.read(0, 4096) == BLOB[:4096]
+        real.close()
+    finally:
+        server.close()

@@ -91,8 +91,23 @@ S3_RETRIED = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout
 REFUSED_RETRIES = 1
 
 
+def split_s3_url(url: str) -> Tuple[str, str]:
+    """(bucket, key) of ``s3://BUCKET/KEY``, the key taken literally, as ``aws s3``
+    takes it: everything after the bucket's ``/``, ``#``, ``?``, ``%XX``, a leading or
+    doubled ``/`` and spaces included (an S3 key may hold any of them; a URL parser
+    would cut at ``#`` and ``?``, decode ``%2F`` and drop a leading ``/``)."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    bucket, _, key = rest.partition("/")
+    return bucket, key
+
+
 def public_url(url: str) -> str:
-    """``url`` without what may be secret: user and password, query string, fragment."""
+    """``url`` without what may be secret: user and password, query string, fragment.
+    An ``s3://`` URL holds no secret (credentials come from elsewhere) and its key is
+    literal: it is kept whole, but for a user and password before the bucket."""
+    if url.split(":", 1)[0].lower() == "s3":
+        bucket, key = split_s3_url(url)
+        return f"s3://{bucket.rpartition('@')[2]}/{key}"
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -122,11 +137,12 @@ class _Endpoint:
         self.headers: Dict[str, str] = {}
         self.settings: Optional[dict] = None  # the S3 settings when signing
         self.is_s3 = scheme == "s3"
+        self.server = ""  # for s3://, the endpoint the bucket is on (a bucket's name is its own there)
         self.follows_redirects = not self.is_s3  # a signature is for one host and path
         self.query: Dict[str, str] = {}
         if scheme == "s3":
-            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
-            if not bucket or not key:
+            bucket, key = split_s3_url(url)
+            if not bucket or not key or "@" in bucket:
                 raise RemoteArchiveError(f"{name!r}: expected s3://BUCKET/KEY")
             settings = s3_settings(storage_options, url=name)
             self.region = str(settings["region"])
@@ -134,9 +150,19 @@ class _Endpoint:
             if endpoint:
                 # Path-style, as S3-compatible servers (MinIO, moto, Ceph) take it.
                 where = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+                if where.username is not None or where.password is not None:
+                    # It would be sent in Host: (and signed); S3 takes no password there.
+                    raise RemoteArchiveError(
+                        f"{name!r}: the S3 endpoint {public_url(where.geturl())!r} has a user or password in it: "
+                        f"expected http(s)://HOST[:PORT] (credentials go in AWS_ACCESS_KEY_ID and "
+                        f"AWS_SECRET_ACCESS_KEY, a profile, or storage_options key and secret)")
+                if where.scheme not in ("http", "https") or not where.hostname:
+                    raise RemoteArchiveError(f"{name!r}: the S3 endpoint {public_url(where.geturl())!r} is not "
+                                             f"an http(s) URL: expected http(s)://HOST[:PORT]")
                 self.origin = f"{where.scheme}://{where.netloc}"
                 self.path = f"{where.path.rstrip('/')}/{encode_key(bucket)}/{encode_key(key)}"
                 self.host = where.netloc
+                self.server = self.origin + where.path.rstrip("/")
             elif "." in bucket:
                 # A dotted bucket's virtual host would not match AWS's wildcard certificate.
                 self.host = f"s3.{self.region}.amazonaws.com"
@@ -144,6 +170,8 @@ class _Endpoint:
             else:
                 self.host = f"{bucket}.s3.{self.region}.amazonaws.com"
                 self.origin, self.path = f"https://{self.host}", f"/{encode_key(key)}"
+            if not endpoint:
+                self.server = f"https://s3.{self.region}.amazonaws.com"
             if not settings.get("anon"):
                 self.settings = settings
             return
@@ -280,6 +308,11 @@ class RemoteFile:
         if self._version:
             self._endpoint.pin_version(self._version)
         tag = self._version or self._etag or f"last-modified {modified.isoformat()}"  # type: ignore[union-attr]
+        if self._endpoint.server:
+            # s3://BUCKET/KEY names an object on one endpoint: the same bucket and key on
+            # another (MinIO, a test server, a hostile one) is another object, whose
+            # ETag may be the same; its cached blocks must never be served for this one.
+            tag = f"{tag} at {self._endpoint.server}"
         self.identity: Tuple[str, str, int] = (self.name, tag, self.size)
         self.owner = (os.getuid(), os.getgid(), int(modified.timestamp()) * 10**9 if modified else 0)
         # The batches' fast path (packfs.source.multiget): what it does not take, _get does.
@@ -540,8 +573,13 @@ class RemoteFile:
         (an S3 signature holds for one host and path: S3's redirects are errors)."""
         url = self._endpoint.url
         for hop in range(MAX_REDIRECTS + 1):
-            response = http.urlopen("GET", url, headers={**headers, **self._endpoint.signed(url)},
-                                    preload_content=False, decode_content=False, redirect=False, retries=False)
+            # Through the host's pool with the path as it is: PoolManager.urlopen(url)
+            # would remove the path's dot segments, and S3's key a/../b is not b.
+            parts = urlsplit(url)
+            pool = http.connection_from_host(parts.hostname, parts.port, scheme=parts.scheme)
+            response = pool.urlopen("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                                    headers={**headers, **self._endpoint.signed(url)}, preload_content=False,
+                                    decode_content=False, redirect=False, retries=False, assert_same_host=False)
             location = response.headers.get("location")
             if response.status not in REDIRECTS or not location or not self._endpoint.follows_redirects \
                     or hop == MAX_REDIRECTS:
