@@ -322,3 +322,91 @@ def test_the_same_bucket_and_key_on_another_endpoint_is_not_served_from_the_cach
         real.close()
     finally:
         server.close()
+
+
+# -- a password in a shard set's URL ------------------------------------------------------------
+
+SECRET = "s3cr3tPassw0rd"
+
+
+def pack(directory: Path, files: dict, name: str) -> Path:
+    import packfs
+
+    source = directory / f"{name}.src"
+    for path, contents in files.items():
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_bytes(contents)
+    packfs.pack_folder(source, directory / name)
+    return directory / name
+
+
+@pytest.fixture
+def set_url(nginx, tmp_path):  # noqa: F811
+    """A shard set of two archives on nginx, at a URL with a user and password (nginx
+    asks for none and ignores them)."""
+    for shard in range(2):
+        path = pack(tmp_path, {f"s{shard}/{k}.txt": f"shard {shard} file {k}".encode() for k in range(3)},
+                    f"pw-{shard}.ffr")
+        nginx.put(path.name, path.read_bytes())
+    done = packfs_cli("set", tmp_path / "pw.ffrset", tmp_path / "pw-0.ffr", tmp_path / "pw-1.ffr")
+    assert done.returncode == 0, done.stderr
+    nginx.put("pw.ffrset", (tmp_path / "pw.ffrset").read_bytes())
+    return nginx.url("pw.ffrset").replace("http://", f"http://reader:{SECRET}@")
+
+
+def test_a_shard_sets_password_is_never_shown(set_url: str, nginx, tmp_path) -> None:  # noqa: F811
+    """The set's path and repr, its shards' errors and `packfs info` show the URL
+    without its user and password, as a single archive's do; it still reads."""
+    import packfs
+    from packfs.core import ShardSet, open_archive
+
+    opened = open_archive(set_url)
+    assert isinstance(opened, ShardSet)
+    for shown in (opened.path, repr(opened)):
+        assert SECRET not in shown and "reader" not in shown and "127.0.0.1" in shown
+    with packfs.PackedFolder(set_url) as folder:
+        assert folder.read("s1/2.txt") == b"shard 1 file 2"
+        assert SECRET not in repr(folder) and SECRET not in str(folder.info())
+    opened.close()
+    from packfs.dataset import PackedFiles
+
+    files = PackedFiles(set_url, "*/*.txt")
+    assert len(files) == 6 and SECRET not in repr(files)
+    files.close()
+    with pytest.raises(packfs.PackfsError) as raised:
+        PackedFiles(set_url, "nothing/*")
+    assert SECRET not in str(raised.value)
+    info = packfs_cli("info", set_url, "--json")
+    assert info.returncode == 0 and SECRET not in info.stdout + info.stderr, info.stderr
+    # A shard gone: the error names it, without the password.
+    os.unlink(nginx.data / "pw-1.ffr")
+    failed = packfs_cli("cat", set_url, "s1/2.txt")
+    assert failed.returncode == 1 and failed.stderr.startswith("Error: ") and "pw-1.ffr" in failed.stderr
+    assert SECRET not in failed.stderr, failed.stderr
+    missing = packfs_cli("info", set_url.replace("pw.ffrset", "none.ffrset"))
+    assert missing.returncode == 1 and SECRET not in missing.stderr, missing.stderr
+
+
+@pytest.mark.parametrize("binding", ["auto", "mfusepy"])
+def test_a_mounted_sets_password_is_not_in_the_mount_table_nor_the_daemons_command_line(
+        set_url: str, tmp_path, binding: str) -> None:
+    """/proc/mounts (fsname), the `mounted ...` line and the daemon's command line
+    (/proc/PID/cmdline, what ps shows every user) never hold the password."""
+    from packfs.fuse import state_file
+
+    mountpoint = tmp_path / "mnt"
+    with mounted(set_url, mountpoint, binding=binding):
+        assert (mountpoint / "s0" / "1.txt").read_bytes() == b"shard 0 file 1"
+        table = Path("/proc/mounts").read_text()
+        assert str(mountpoint) in table and SECRET not in table
+        command_line = Path(f"/proc/{daemon_pid(mountpoint)}/cmdline").read_bytes()
+        assert b"pw.ffrset" in command_line and SECRET.encode() not in command_line, command_line
+        log = Path(state_file(str(mountpoint), ".log"))
+        assert not log.exists() or SECRET not in log.read_text()
+    mountpoint.mkdir(exist_ok=True)
+    said = packfs_cli("mount", set_url, mountpoint, "--binding", binding)
+    try:
+        assert said.returncode == 0 and "mounted 'http://127.0.0.1:" in said.stderr and SECRET not in said.stderr, \
+            said.stderr
+    finally:
+        packfs_cli("unmount", mountpoint)
