@@ -633,19 +633,39 @@ class RemoteFile:
         got = 0
         # One receive at a time (read1), the time left checked before each: read(n)
         # waits for n bytes, so a server sending a byte a second held it for n seconds.
-        read1 = _receiver(response)
-        while got < length:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Retry(self._timed_out())
+        # urllib3 before 2.3 has no read1: there a timer shuts the socket down at the
+        # deadline, which ends the read(n) waiting on it.
+        watchdog = None
+        receive_once = hasattr(response, "read1")
+        if not receive_once:
             sock = getattr(response.connection, "sock", None)
             if sock is not None:
-                sock.settimeout(min(self._timeout, left))
-            piece = read1(min(READ_PIECE, length - got))
-            if not piece:
-                break
-            pieces.append(piece)
-            got += len(piece)
+                watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, (sock,))
+                watchdog.daemon = True
+                watchdog.start()
+        try:
+            while got < length:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Retry(self._timed_out())
+                sock = getattr(response.connection, "sock", None)
+                if sock is not None:
+                    sock.settimeout(min(self._timeout, left))
+                piece = response.read1(min(READ_PIECE, length - got), decode_content=False) if receive_once \
+                    else response.read(min(READ_PIECE, length - got), decode_content=False)
+                if not piece:
+                    break
+                pieces.append(piece)
+                got += len(piece)
+        except (self._urllib3.exceptions.HTTPError, OSError):
+            if time.monotonic() >= deadline:
+                raise _Retry(self._timed_out()) from None
+            raise
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+        if got < length and time.monotonic() >= deadline:
+            raise _Retry(self._timed_out())
         if got < length:
             raise _Retry(RemoteIOError(f"{self.name!r}: the connection failed (the answer was cut off after {got} of "
                                        f"{length} bytes; {self._retries + 1} tries)"))
@@ -819,11 +839,12 @@ def _same_server(url: str, target: str) -> bool:
 _PORTS = {"http": 80, "https": 443}
 
 
-def _receiver(response):
-    """``response``'s read1 (at most what one receive gives), without decoding."""
-    if hasattr(response, "read1"):
-        return lambda amount: response.read1(amount, decode_content=False)
-    return response._fp.read1  # urllib3 before 2.3: its http.client answer's
+def _shut_down(sock) -> None:
+    """End every wait on ``sock`` (a request past its deadline, on urllib3 before 2.3)."""
+    try:
+        sock.shutdown(2)  # socket.SHUT_RDWR
+    except OSError:
+        pass  # closed meanwhile
 
 
 def _cause(text: str) -> str:
