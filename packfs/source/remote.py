@@ -239,7 +239,8 @@ class RemoteFile:
         The bound for the core's own cache of this archive's bytes.
     timeout
         Seconds for connecting, for each wait for the server's bytes, and for a
-        whole answer (checked between pieces of 1 MiB), per try.
+        whole answer (checked before each receive of its body: a server that
+        trickles times out), per try; a batch's GETs each have it from when sent.
     retries
         Tries after the first, for failures worth another.
     part_bytes, coalesce_gap, in_flight, backoff
