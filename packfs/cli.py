@@ -19,6 +19,7 @@ from . import __version__
 from .errors import PackfsError, PackSourceError, RecordFileError
 from .extract import unpack as unpack_archive
 from .folder import PackedFolder
+from .source import shown_location
 from .write import SkippedPath, pack_folder, remove_unfinished
 
 # Checked by the library, which says in one line what is wrong (missing, a directory,
@@ -1156,7 +1157,7 @@ def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> No
     if as_json:
         _echo_report(archive, kind, report)
         if not report.ok:
-            raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)}")
+            raise click.ClickException(f"{shown_location(archive)!r} is damaged: {_damage_summary(report)}")
         return
     if report.ok:
         symlinks = f", {_count(report.symlinks_checked, 'symlink')}" if report.symlinks_checked else ""
@@ -1167,7 +1168,7 @@ def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> No
         _echo_path_line(f"damaged: {path}")
     for problem in report.problems:
         click.echo(f"damaged: {problem}")
-    raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)} (listed above)")
+    raise click.ClickException(f"{shown_location(archive)!r} is damaged: {_damage_summary(report)} (listed above)")
 
 
 def _show_fetched(progress: _TerminalProgress, folder: PackedFolder) -> None:
@@ -1369,6 +1370,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     fuse_mount.check_fuse(binding)
     fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     opened = fuse_mount.open_for_mount(archive, check_data)
+    fuse_mount.hide_command_line_secrets()  # a URL's password, shown by ps while the mount serves
     binding, notice = fuse_mount.choose_binding(binding, opened)
     if notice:
         click.echo(f"note: {notice}", err=True)
@@ -1385,7 +1387,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
         return
     log_path = log_file or fuse_mount.state_file(mountpoint, ".log")
     pid = fuse_mount.mount_in_background(opened, mountpoint, log_path, foreground=True, **settings)
-    click.echo(f"mounted {archive!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
+    click.echo(f"mounted {shown_location(archive)!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
 
 
 @main.command()
@@ -1522,7 +1524,7 @@ def cache_prefetch(url: str, quiet: bool, force_progress: bool) -> None:
         stats = prefetch(url, progress.add_bytes, opened=opened)
         progress.fetched = lambda: stats  # the archive is closed: its last line says what the run fetched
     if not quiet:
-        click.echo(f"prefetched {url}: fetched {human_size(stats.get('bytes_fetched', 0))} in "
+        click.echo(f"prefetched {shown_location(url)}: fetched {human_size(stats.get('bytes_fetched', 0))} in "
                    f"{_count(stats.get('requests', 0), 'request')}, {time.monotonic() - started:.1f} s")
 
 

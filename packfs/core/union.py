@@ -50,7 +50,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       PathNotFoundError)
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from ..source import ByteSource, absolute_location, is_url, open_source, settled_cache_dir, with_cache_dir
+from ..source import (ByteSource, absolute_location, is_url, open_source, settled_cache_dir, shown_location,
+                      with_cache_dir)
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
 from .manifest import (MANIFEST_SUFFIX, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
@@ -76,11 +77,12 @@ class SetFooter(NamedTuple):
 class _Shard:
     """One shard: where it is, what the manifest says of it, its archive once opened."""
 
-    __slots__ = ("location", "record", "archive", "first", "last", "first_key", "last_key", "index")
+    __slots__ = ("location", "name", "record", "archive", "first", "last", "first_key", "last_key", "index")
 
     def __init__(self, index: int, location: str, record: Optional[ShardRecord]) -> None:
         self.index = index
-        self.location = location
+        self.location = location  # what opens it: a URL's user and password too
+        self.name = shown_location(location)  # what messages show
         self.record = record
         self.archive: Optional[Archive] = None
         self.first = self.last = b""
@@ -189,7 +191,7 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
         # Never from the disk cache: a manifest is replaced in place when a set grows.
         source = open_source(name, storage_options=with_cache_dir(storage_options, False))
     except FileNotFoundError:
-        raise PathNotFoundError(f"{name!r}: no such shard-set manifest") from None
+        raise PathNotFoundError(f"{shown_location(name)!r}: no such shard-set manifest") from None
     try:
         return source.read(0, source.size)
     finally:
@@ -269,16 +271,17 @@ class ShardSet:
     def from_manifest(cls, manifest: PathArg, **options: Any) -> ShardSet:
         """The set a manifest file (or URL) lists; no shard is opened yet."""
         name = os.fsdecode(manifest)
-        records = parse_manifest(_read_manifest(name, options.get("storage_options")), repr(name))
-        return cls([_beside(name, record.file) for record in records], records, name, **options)
+        records = parse_manifest(_read_manifest(name, options.get("storage_options")), repr(shown_location(name)))
+        return cls([_beside(name, record.file) for record in records], records, shown_location(name), **options)
 
     @classmethod
     def from_list(cls, archives: Sequence[PathArg], **options: Any) -> ShardSet:
         """The set of ``archives``, numbered in the order given; each is opened."""
         names = [os.fsdecode(archive) for archive in archives]
+        shown = [shown_location(name) for name in names]
         if len(set(names)) != len(names):
-            raise FormatError(f"a shard set lists one archive twice: {names!r}")
-        return cls(names, None, " + ".join(names) if len(names) <= 3 else f"{names[0]} + {len(names) - 1} more",
+            raise FormatError(f"a shard set lists one archive twice: {shown!r}")
+        return cls(names, None, " + ".join(shown) if len(shown) <= 3 else f"{shown[0]} + {len(shown) - 1} more",
                    **options)
 
     @classmethod
@@ -310,7 +313,7 @@ class ShardSet:
                         raise  # a list's or a glob's archive, named by the user: not there
                     # A damaged set, not a path missing from its tree: a mount answers
                     # EIO and logs this, rather than ENOENT for a path that is listed.
-                    raise FormatError(f"{shard.location!r}: shard {index} of {self.path!r} is missing (moved or "
+                    raise FormatError(f"{shard.name!r}: shard {index} of {self.path!r} is missing (moved or "
                                       "removed since the manifest was written)") from None
                 try:
                     self._check_against_manifest(shard, opened)
@@ -326,7 +329,7 @@ class ShardSet:
             return
         if archive.size != record.size or archive.entry_count != record.entries or footer_crc(archive) != record.footer_crc:
             raise FormatError(
-                f"{shard.location!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
+                f"{shard.name!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
                 f"{archive.entry_count} entries, the manifest says {record.size} and {record.entries}, or its footer "
                 "differs): replaced or rewritten since the manifest was written"
             )
@@ -393,8 +396,8 @@ class ShardSet:
                     entry = archive.find(path)
                     if entry >= 0 and archive.file_type(entry) != S_IFDIR:
                         raise FormatError(
-                            f"{os.fsdecode(path)!r} is in both {other.location!r} (not as a directory) and "
-                            f"{shard.location!r} (a directory): the archives of a set must not hold the same path "
+                            f"{os.fsdecode(path)!r} is in both {other.name!r} (not as a directory) and "
+                            f"{shard.name!r} (a directory): the archives of a set must not hold the same path "
                             "(but directories)"
                         )
 
@@ -413,7 +416,7 @@ class ShardSet:
                 continue
             if int(modes[entry]) & S_IFMT != S_IFDIR or large_archive.file_type(other) != S_IFDIR:
                 raise FormatError(
-                    f"{os.fsdecode(path)!r} is in both {small.location!r} and {large.location!r}: the archives of a "
+                    f"{os.fsdecode(path)!r} is in both {small.name!r} and {large.name!r}: the archives of a "
                     "set must not hold the same path (but directories)"
                 )
 
@@ -426,7 +429,8 @@ class ShardSet:
 
     @property
     def shard_locations(self) -> list[str]:
-        """The shards' paths or URLs, in numbering order."""
+        """The shards' paths or URLs, in numbering order, as they open (a URL's user and
+        password included: show :func:`~packfs.source.shown_location` of one)."""
         return [shard.location for shard in self._shards]
 
     def shard_of(self, entry: int) -> tuple[Archive, int]:
@@ -1091,7 +1095,7 @@ class ShardSet:
             symlinks += report.symlinks_checked
             bad_paths += list(report.bad_paths)
             bad_records += [record_base + r for r in report.bad_records]
-            problems += [f"{shard.location}: {problem}" for problem in report.problems]
+            problems += [f"{shard.name}: {problem}" for problem in report.problems]
             record_base += archive.record_count
         try:
             for a_position, a in enumerate(self._shards):
