@@ -1798,10 +1798,10 @@ static int read_sparse(Tree *t, uint64_t entry, uint64_t record, uint64_t start,
         return 0;
     uint64_t length = end - start, until = offset + want;
     uint64_t step = sparse_step(count), kept_bytes = (count + step - 1) / step * sizeof(uint64_t);
-    /* The first extent ending after ``offset``: the list was found ascending and not
-     * overlapping (sparse_index), so the ends ascend too.  A value that is not (the
-     * archive changed under the map) only sends the search elsewhere: the walk below
-     * checks every extent it uses. */
+    /* The first extent ending after ``offset``, by the ends, which ascend in a list
+     * that keeps the rules: sparse_index holds it to them whole before anything is
+     * answered (a list that does not only sent the search elsewhere), and the walk
+     * below checks every extent it uses again. */
     uint64_t low = 0, high = count;
     while (low < high) {
         uint64_t middle = low + (high - low) / 2, o, l;
@@ -1815,9 +1815,9 @@ static int read_sparse(Tree *t, uint64_t entry, uint64_t record, uint64_t start,
         else
             low = middle + 1;
     }
-    if (low == count)
-        return 0;  /* past the last extent: a hole */
-    uint64_t j = low - low % step, stored;
+    /* The list is held to the rules whole before anything is answered (sparse_index,
+     * once while its positions are kept), a hole past the last extent too. */
+    uint64_t j = low == count ? 0 : low - low % step, stored;
     if (!decoded_copy(t, record, SPARSE_INDEX, kept_bytes, (j / step) * sizeof(uint64_t), sizeof stored,
                       (uint8_t *) &stored)) {
         uint64_t *index = NULL;
@@ -1832,6 +1832,8 @@ static int read_sparse(Tree *t, uint64_t entry, uint64_t record, uint64_t start,
             keep_decoded(t, record, SPARSE_INDEX, (uint8_t *) index, kept_bytes);
         }
     }
+    if (low == count)
+        return 0;  /* past the last extent: a hole */
     uint64_t previous_end = 0;
     if (j > 0) {
         uint64_t o, l;
