@@ -2173,6 +2173,8 @@ typedef struct Forest {
     int xattrs;                    /* some tree has extended attributes */
     pthread_mutex_t prepare_lock;  /* held while a shared directory's parts are read */
     struct fuse_session *session;  /* between mount() and the end of run() */
+    char *mount_path;              /* the mount point, resolved before mounting (mountinfo's spelling) */
+    char mount_device[32];         /* our mount's "major:minor" there, "" where it was not found */
     Tree *one_tree;                /* a forest of one: its storage */
     uint64_t one_bases[2];
 } Forest;
@@ -3281,18 +3283,78 @@ static int tree_init(Tree *t, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
-/* Unmount, give the signals back, free: the end of every session mount() started. */
-static void end_session(struct fuse_session *session)
+/* /proc/self/mountinfo's octal escapes (space, tab, newline, backslash), in place. */
+static void unescape_mount_field(char *field)
 {
-    fuse_session_unmount(session);
+    char *to = field;
+    for (const char *from = field; *from; to++) {
+        if (from[0] == '\\' && from[1] >= '0' && from[1] <= '3' && from[2] >= '0' && from[2] <= '7' && from[3] >= '0'
+            && from[3] <= '7') {
+            *to = (char) (((from[1] - '0') << 6) | ((from[2] - '0') << 3) | (from[3] - '0'));
+            from += 4;
+        } else {
+            *to = *from++;
+        }
+    }
+    *to = '\0';
+}
+
+/* The device ("major:minor") of the topmost mount at ``path`` (/proc/self/mountinfo,
+ * whose later lines are mounts made later): 1 with it in ``device``, or 0. */
+static int mount_device_at(const char *path, char *device, size_t size)
+{
+    FILE *info = path != NULL ? fopen("/proc/self/mountinfo", "re") : NULL;
+    if (info == NULL)
+        return 0;
+    char *line = NULL;
+    size_t room = 0;
+    int found = 0;
+    while (getline(&line, &room, info) > 0) {
+        /* mount id, parent id, major:minor, root, mount point, then more */
+        char *fields[5], *cursor = line;
+        int count = 0;
+        while (count < 5 && cursor != NULL) {
+            fields[count++] = cursor;
+            if ((cursor = strchr(cursor, ' ')) != NULL)
+                *cursor++ = '\0';
+        }
+        if (count < 5 || cursor == NULL)
+            continue;
+        unescape_mount_field(fields[4]);
+        if (strcmp(fields[4], path) == 0 && strlen(fields[2]) < size) {
+            strcpy(device, fields[2]);
+            found = 1;
+        }
+    }
+    free(line);
+    fclose(info);
+    return found;
+}
+
+/* Unmount, give the signals back, free: the end of every session mount() started.
+ * Only our own mount is unmounted: libfuse, run by root, detaches whatever is mounted
+ * at the mount point, and a daemon stopped by a signal after its mount was detached
+ * (packfs unmount --lazy while a file was open) took down the next mount made there,
+ * another daemon's (issue 34).  So the topmost mount there must still be the one
+ * this session made (its device), else nothing is unmounted; a mount that was not
+ * found when it was made is unmounted as libfuse would. */
+static void end_session(Forest *f, struct fuse_session *session)
+{
+    char now[sizeof f->mount_device];
+    if (f->mount_device[0] == '\0'
+        || (mount_device_at(f->mount_path, now, sizeof now) && strcmp(now, f->mount_device) == 0))
+        fuse_session_unmount(session);
     fuse_remove_signal_handlers(session);
     fuse_session_destroy(session);
+    free(f->mount_path);
+    f->mount_path = NULL;
+    f->mount_device[0] = '\0';
 }
 
 static void tree_dealloc(Tree *t)
 {
     if (t->alone != NULL && t->alone->session != NULL)  /* mounted, never run */
-        end_session(t->alone->session);
+        end_session(t->alone, t->alone->session);
     free(t->alone);
     if (t->have_map)
         PyBuffer_Release(&t->map);
@@ -3698,15 +3760,20 @@ static PyObject *py_mount(PyObject *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     int mounted;
+    char *resolved = realpath(mountpoint, NULL);  /* before mounting: after, it would ask this daemon */
     Py_BEGIN_ALLOW_THREADS
     mounted = fuse_session_mount(session, mountpoint);
     Py_END_ALLOW_THREADS
     if (mounted != 0) {
+        free(resolved);
         fuse_remove_signal_handlers(session);
         fuse_session_destroy(session);
         PyErr_SetString(PyExc_RuntimeError, "libfuse could not mount");
         return NULL;
     }
+    f->mount_path = resolved;
+    if (!mount_device_at(resolved, f->mount_device, sizeof f->mount_device))
+        f->mount_device[0] = '\0';
     f->session = session;
     Py_RETURN_NONE;
 }
@@ -3766,7 +3833,7 @@ static PyObject *py_run(PyObject *self, PyObject *args, PyObject *kwargs)
             pthread_cond_wait(&t->check_ended, &t->checks_lock);
         pthread_mutex_unlock(&t->checks_lock);
     }
-    end_session(session);
+    end_session(f, session);
     Py_END_ALLOW_THREADS
     f->session = NULL;
     return PyLong_FromLong(status);
@@ -4065,7 +4132,7 @@ static void forest_dealloc(ForestObject *o)
 {
     Forest *f = &o->forest;
     if (f->session != NULL)  /* mounted, never run */
-        end_session(f->session);
+        end_session(f, f->session);
     for (uint64_t i = 0; i < f->part_count; i++) {
         if (f->parts[i].owns_name)
             free((void *) f->parts[i].first_name);

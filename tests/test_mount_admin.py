@@ -503,3 +503,36 @@ def test_stale_mount_is_reported_after_root_was_looked_at(archive: Path, tmp_pat
 def test_mount_help_says_when_the_checksum_is_checked() -> None:
     text = " ".join(packfs_cli("mount", "--help").stdout.split())
     assert "at its first read" in text and "first open" not in text
+
+
+# -- a daemon unmounts only its own mount ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("binding", ["lowlevel", "mfusepy"])
+def test_a_daemon_stopped_after_a_lazy_unmount_leaves_the_next_mount_there_alone(
+        archive: Path, tmp_path: Path, binding: str) -> None:
+    """Issue 34: libfuse, run by root, ends a stopped daemon by detaching whatever is
+    mounted at its mount point.  A daemon lazily unmounted while a file was open (so
+    still serving it) and then stopped took down the next mount made there, another
+    daemon's, in use by other readers; now it unmounts only its own."""
+    require_fuse(binding)
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    with cleared(mountpoint):
+        assert packfs_cli("mount", "--binding", binding, archive, mountpoint).returncode == 0
+        first = daemon_pid(mountpoint)
+        held = open(mountpoint / "hello.txt", "rb")
+        try:
+            assert packfs_cli("unmount", "--lazy", mountpoint).returncode == 0
+            result = packfs_cli("mount", "--binding", binding, archive, mountpoint)
+            assert result.returncode == 0, result.stderr
+            second = daemon_pid(mountpoint)
+            assert second != first and not _gone(first)
+            os.kill(first, signal.SIGTERM)
+            assert wait_until(lambda: _gone(first))
+        finally:
+            held.close()
+        assert is_mounted(str(mountpoint)), "the second daemon's mount was taken down by the first daemon"
+        assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
+        assert not _gone(second)
+        assert packfs_cli("unmount", mountpoint).returncode == 0
