@@ -39,12 +39,14 @@ _PAGED = list(range(21)) + [22, 23]  # the sections the tail's page CRCs cover (
 class Codec:
     """How one file's record is stored: ``kind`` "stored", "zstd", "frames" or
     "sparse"; ``dictionary`` names a dictionary of :func:`codec_archive` (zstd);
-    ``frame_log2`` the frame size (frames); ``level`` zstd's."""
+    ``frame_log2`` the frame size (frames); ``level`` zstd's; ``block`` the size of
+    the blocks whose runs make a sparse file's extents."""
 
     kind: str = "zstd"
     dictionary: Optional[str] = None
     frame_log2: int = 16
     level: int = 3
+    block: int = 4096  # sparse: the extents are the runs of blocks of this size that are not all zero
     # frames: frame k's bytes to compress in place of the file's (a frame that decodes
     # to more or fewer bytes than its place in the file)
     frame_override: Dict[int, bytes] = field(default_factory=dict)
@@ -160,7 +162,7 @@ def codec_archive(out: Path, entries: list[packfs.Entry], codecs: dict[str, Code
             codec_data += frame_table
             record_codec[at : at + CODEC_ROW.size] = _row(CODEC_FRAMES, codec.frame_log2, 0, aux_of[path])
         elif codec.kind == "sparse":
-            extents = sparse_extents(contents)
+            extents = sparse_extents(contents, codec.block)
             data[record] = b"".join(contents[o : o + n] for o, n in extents)
             codec_data += bytes(-len(codec_data) % 8)
             aux_of[path] = len(codec_data)

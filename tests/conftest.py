@@ -137,9 +137,24 @@ def folder(archive: Path):
 import contextlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+from typing import Iterator  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Every wall-clock limit in these tests guards against a hang; none measures speed.  Each
+# is a generous base times PACKFS_TEST_TIME_SCALE (default 1): on a machine loaded past
+# what the bases allow, set it (4, 10) rather than see a test that passes on a quiet one
+# fail there.  docs/reliability.md, "The test suite".
+TIME_SCALE = float(os.environ.get("PACKFS_TEST_TIME_SCALE") or 1)
+if not TIME_SCALE > 0:
+    raise ValueError(f"PACKFS_TEST_TIME_SCALE must be a number above 0, got {TIME_SCALE!r}")
+
+
+def time_limit(base: float) -> float:
+    """A test's wall-clock limit: ``base`` seconds times PACKFS_TEST_TIME_SCALE."""
+    return base * TIME_SCALE
 
 
 def fuse_unavailable_reason(binding: str = "mfusepy") -> str | None:
@@ -197,25 +212,50 @@ def require_python_as_nobody() -> None:
     that Debian's own libraries stand in for (3.11 here) run as another user.  The pass
     on the lowest Python (make test-lowest) meets this; the main pass runs these tests."""
     probe = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                            "-c", "import packfs"], capture_output=True, text=True, cwd="/", timeout=60,
+                            "-c", "import packfs"], capture_output=True, text=True, cwd="/", timeout=time_limit(60),
                            env={**os.environ, "PYTHONPATH": str(REPO)})
     if probe.returncode != 0:
         pytest.skip(f"user nobody cannot run {sys.executable}: {probe.stderr.strip().splitlines()[-1:]}")
 
 
-def packfs_cli(*args: object, check: bool = False, timeout: float = 60, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def packfs_cli(*args: object, check: bool = False, timeout: float = 600, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess; ``timeout``: a hang guard, scaled (time_limit)."""
     return subprocess.run([sys.executable, "-m", "packfs", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, check=check)
+                          text=True, cwd=cwd, timeout=time_limit(timeout), check=check)
 
 
-def wait_until(condition: Callable[[], bool], seconds: float = 20) -> bool:
-    """Poll ``condition`` until it holds or ``seconds`` pass; whether it held."""
-    deadline = time.monotonic() + seconds
+def wait_until(condition: Callable[[], bool], seconds: float = 60) -> bool:
+    """Poll ``condition`` until it holds or ``seconds`` (scaled: time_limit) pass; whether it held."""
+    deadline = time.monotonic() + time_limit(seconds)
     while time.monotonic() < deadline:
         if condition():
             return True
         time.sleep(0.05)
     return False
+
+
+def _is_tmpfs(path: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as mounts:
+            return any(line.split()[1:3] == [path, "tmpfs"] for line in mounts)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def deep_scratch(prefix: str) -> Iterator[Path]:
+    """A directory for trees 10,000 levels deep, removed at the end: under /dev/shm where
+    it is a tmpfs, where removing such a tree costs what making it does (on this disk,
+    ext4 with online discard, each of 10,000 rmdirs is a journalled, discarded block:
+    pytest's teardown of such trees took 50-60 s on a loaded machine), else the
+    system's temporary directory.  rm -rf stays on its file system: it never deletes
+    through a mount a failing test left behind."""
+    parent = "/dev/shm" if _is_tmpfs("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
 
 
 def daemon_pid(mountpoint: Path) -> int:
@@ -261,9 +301,92 @@ def mounted(archive: Path | str, mountpoint: Path, *options: str, binding: str =
         done = packfs_cli("unmount", mountpoint)
         if done.returncode != 0:
             force_unmount(mountpoint)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + time_limit(30)
             while is_mounted(str(mountpoint)) and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+
+# -- a mount outside the suite's folders ---------------------------------------------------
+
+# The suite once took down packfs mounts of other people's while it ran (issue 34).  A
+# test may unmount only what it mounted (docs/reliability.md, "The test suite"): this
+# mount, made as a user makes one outside the suite's folders before the first test,
+# must still be there, serving, after every test and after the last.
+SENTINEL_CONTENTS = b"a mount no test made\n"
+_sentinel: dict[str, object] = {}
+
+
+def _sentinel_alive(mountpoint: Path) -> str | None:
+    """Why the sentinel mount is not mounted and serving, or None."""
+    from packfs.fuse import is_mounted
+
+    if not is_mounted(str(mountpoint)):
+        return f"{mountpoint} is no longer mounted"
+    try:
+        if (mountpoint / "sentinel.txt").read_bytes() != SENTINEL_CONTENTS:
+            return f"{mountpoint}/sentinel.txt reads other bytes"
+    except OSError as error:
+        return f"{mountpoint}/sentinel.txt cannot be read: {error}"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_mount_outside_the_suite() -> Iterator[None]:
+    """``packfs mount`` in the background of a small archive at a mount point under
+    $TMPDIR (packfs-sentinel-*), outside every folder the tests use, for the whole
+    session; at its end still mounted and serving (else an error), then unmounted.  No
+    such mount where FUSE is absent (under CI that is a failure, as for every mount
+    test)."""
+    reason = fuse_unavailable_reason(TEST_BINDING if TEST_BINDING != "auto" else "mfusepy")
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"FUSE must work under CI: {reason}")
+        yield
+        return
+    base = Path(tempfile.mkdtemp(prefix="packfs-sentinel-"))
+    mountpoint = base / "mnt"
+    try:
+        (base / "src").mkdir()
+        (base / "src" / "sentinel.txt").write_bytes(SENTINEL_CONTENTS)
+        packfs.pack_folder(base / "src", base / "sentinel.ffr")
+        mountpoint.mkdir()
+        result = packfs_cli("mount", "--binding", TEST_BINDING, base / "sentinel.ffr", mountpoint, cwd=base)
+        problem = (f"packfs mount failed: {result.stderr.strip()}" if result.returncode != 0
+                   else _sentinel_alive(mountpoint))
+        _sentinel.update(mountpoint=mountpoint, gone=None if problem is None else "before the first test")
+        yield
+        problem = problem or _sentinel_alive(mountpoint)
+        if problem is not None:
+            raise AssertionError(f"the mount outside the suite's folders was taken down while it ran "
+                                 f"(first seen after {_sentinel['gone']}): {problem}")
+    finally:
+        _sentinel.clear()
+        if is_mounted_path(mountpoint):
+            if packfs_cli("unmount", mountpoint).returncode != 0:
+                force_unmount(mountpoint)
+        if not is_mounted_path(mountpoint):
+            subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
+def is_mounted_path(path: Path) -> bool:
+    """Whether ``path`` is a mount point (the mount table's word)."""
+    from packfs.fuse import is_mounted
+
+    return is_mounted(str(path))
+
+
+@pytest.fixture(autouse=True)
+def _the_mount_outside_is_still_there(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, the session's outside mount still mounted: the first test after
+    which it is not fails, named (a test that unmounted what it did not mount)."""
+    yield
+    mountpoint = _sentinel.get("mountpoint")
+    if mountpoint is None or _sentinel.get("gone") is not None:
+        return
+    if not is_mounted_path(mountpoint):  # type: ignore[arg-type]
+        _sentinel["gone"] = request.node.nodeid
+        pytest.fail(f"{mountpoint}, a packfs mount outside the suite's folders that no test made, was "
+                    f"unmounted during this test: a test may unmount only the mounts it made")
 
 
 def damaged_copy(archive: Path, out: Path, path: bytes, at: int = 0, mask: int = 0xFF) -> Path:

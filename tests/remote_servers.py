@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional
 
+from tests.conftest import time_limit
+
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 MOTO_SERVER = shutil.which("moto_server") or (
     os.path.join(os.path.dirname(sys.executable), "moto_server")
@@ -40,7 +42,7 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, process: subprocess.Popen, log: Path, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + time_limit(seconds)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}: {log.read_text(errors='replace')[-2000:]}")
@@ -54,14 +56,14 @@ def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(5)
+            process.wait(time_limit(5))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 
 
 def wait_for_log(read, at_least: int, seconds: float = 10) -> list:
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + time_limit(seconds)
     found = read()
     while len(found) < at_least and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -228,7 +230,7 @@ class MotoServer:
 
     def reset(self) -> None:
         """Forget every bucket and object."""
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10)
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=time_limit(10))
 
     def requests(self, at_least: int = 0) -> List[LoggedRequest]:
         """The requests logged so far (moto's own, /moto-api, left out); waiting (up
@@ -288,7 +290,7 @@ def servers(root: Path) -> Iterator[tuple]:
 def http_get(url: str, headers: Optional[dict] = None) -> tuple:
     """(status, headers, body) of a plain GET, errors included (for checking servers)."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=time_limit(10)) as response:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()

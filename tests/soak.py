@@ -92,7 +92,11 @@ def _killed_client(root: str, path: str) -> None:
             time.sleep(0.001)
 
 
-def soak(seconds: float, work: Path) -> dict[str, object]:
+def soak(seconds: float, work: Path, every_action: bool = False, longest: float = 600) -> dict[str, object]:
+    """The load for ``seconds``; with ``every_action``, longer if need be (at most
+    ``longest`` s), until the chaos thread has killed a client, run a storm and been
+    refused an unmount at least once: a loaded machine may not get to each in a short
+    run (tests/test_soak.py had none of its kills in 8 s beside other suites)."""
     archive = work / "soak.ffr"
     expected = build_archive(archive)
     paths = sorted(expected)
@@ -114,12 +118,13 @@ def soak(seconds: float, work: Path) -> dict[str, object]:
         counters = {"reads": 0, "errors": 0, "wrong": 0, "kills": 0, "storms": 0, "busy_unmounts": 0}
         lock = threading.Lock()
         deadline = time.monotonic() + seconds
+        stop = threading.Event()  # set when the chaos thread ends: the readers stop with it
         failures: list[str] = []
 
         def reader(seed: int) -> None:
             rng = random.Random(seed)
             reads = errors = wrong = 0
-            while time.monotonic() < deadline:
+            while not stop.is_set():
                 path = rng.choice(paths)
                 try:
                     with open(os.path.join(root, path), "rb") as f:
@@ -140,9 +145,22 @@ def soak(seconds: float, work: Path) -> dict[str, object]:
                 counters["errors"] += errors
                 counters["wrong"] += wrong
 
+        def more_chaos() -> bool:
+            now = time.monotonic()
+            if now < deadline:
+                return True
+            seen = counters["kills"] and counters["storms"] and counters["busy_unmounts"]
+            return every_action and not seen and now < deadline + longest
+
         def chaos() -> None:
+            try:
+                chaos_until_done()
+            finally:
+                stop.set()
+
+        def chaos_until_done() -> None:
             rng = random.Random(99)
-            while time.monotonic() < deadline:
+            while more_chaos():
                 action = rng.choice(["hold", "kill", "storm", "unmount"])
                 if action == "hold" and len(held_open) < 200:
                     held_open.append(open(os.path.join(root, rng.choice(paths)), "rb"))
@@ -190,7 +208,7 @@ def soak(seconds: float, work: Path) -> dict[str, object]:
         for thread in threads:
             thread.join()
         for _ in processes:
-            reads, errors, wrong = queue.get(timeout=seconds + 120)
+            reads, errors, wrong = queue.get(timeout=seconds + longest + 120)
             counters["reads"] += reads
             counters["errors"] += errors
             counters["wrong"] += wrong

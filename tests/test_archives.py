@@ -17,7 +17,7 @@ import pytest
 
 import packfs
 from packfs import PackedFolder
-from tests.conftest import REPO
+from tests.conftest import REPO, time_limit
 
 
 @pytest.fixture
@@ -229,7 +229,7 @@ def _pack_measuring_peak_rss(source: str, out: Path, feed: bool) -> tuple[int, s
     if feeder is not None:
         feeder.start()
     try:
-        process.wait(timeout=600)  # a hang guard, not a speed check
+        process.wait(timeout=time_limit(600))  # a hang guard, not a speed check
     finally:
         process.kill()
         process.wait()

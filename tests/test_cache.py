@@ -22,7 +22,7 @@ from packfs.source import cache as cache_module
 from packfs.source import open_source
 from packfs.source.cache import BLOCK_BYTES, SLOT, CachedSource
 from packfs import pack_folder
-from tests.conftest import mounted, require_extra, require_fuse
+from tests.conftest import mounted, require_extra, require_fuse, time_limit
 from tests.remote_servers import bytes_asked_twice
 from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (fixtures: real servers, stopped at the end)
 
@@ -129,7 +129,7 @@ def _read_all(url: str, cache_dir: str, names: list, seed: int, start, results) 
         order = list(names)
         random.Random(seed).shuffle(order)
         with PackedFolder(url, cache_dir=cache_dir) as folder:
-            start.wait(30)
+            start.wait(time_limit(30))
             digests = {name: hash(folder.read(name)) for name in order}
             results.put((seed, digests, folder.archive.stats()))
     except BaseException as error:  # reported to the test, which fails on it
@@ -149,10 +149,10 @@ def test_processes_missing_the_same_blocks_send_one_get(nginx, served, dataset, 
         for worker in workers:
             worker.start()
         try:
-            outcomes = [results.get(timeout=120) for _ in workers]
+            outcomes = [results.get(timeout=time_limit(120)) for _ in workers]
         finally:
             for worker in workers:
-                worker.join(10)
+                worker.join(time_limit(10))
                 if worker.is_alive():
                     worker.kill()
     expected = {name: hash(files[name]) for name in names}
@@ -228,13 +228,13 @@ def test_a_process_killed_mid_write_leaves_no_wrong_bytes(nginx, served, dataset
                 victim.start()
                 time.sleep(0.3 + 0.1 * round_)
                 os.kill(victim.pid, signal.SIGKILL)
-                victim.join(10)
+                victim.join(time_limit(10))
             time.sleep(0.5)
             assert all(reader.is_alive() for reader in readers)  # no reader died, none is stuck (below)
         finally:
             for reader in readers:
                 reader.kill()
-                reader.join(10)
+                reader.join(time_limit(10))
     assert wrong.empty()
     with PackedFolder(url.replace(f":{proxy.port}/", f":{nginx.port}/"), cache_dir=cache_dir) as folder:
         for name, contents in files.items():
@@ -441,7 +441,7 @@ def _in_a_fresh_process(url: str, cache_dir: Path, name: str) -> dict:
     import sys
 
     done = subprocess.run([sys.executable, "-c", _OPEN_AND_READ, url, str(cache_dir), name], capture_output=True,
-                          text=True, check=True, timeout=120)
+                          text=True, check=True, timeout=time_limit(120))
     return json.loads(done.stdout)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from packfs import PackedFolder, pack_folder
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, cli_runner, damaged_copy
+from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, cli_runner, damaged_copy, time_limit
 
 
 @pytest.fixture
@@ -522,7 +522,7 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
             shown += chunk
     finally:
         os.close(master)
-        process.wait(timeout=60)
+        process.wait(timeout=time_limit(60))
     assert process.returncode == 0, shown
     text = shown.decode().replace("\r\n", "\n")  # the terminal's own line ends
     bar, _, summary = text.rpartition("\r")

@@ -14,7 +14,7 @@ import pytest
 
 from packfs.errors import PackError
 from packfs.write.shards import pack_shards
-from tests.conftest import require_extra
+from tests.conftest import require_extra, time_limit
 
 distributed = require_extra("distributed", "dask")
 
@@ -50,13 +50,13 @@ def cluster2() -> Iterator[object]:
 def patch_every_worker(client: Any, function: Callable[..., None], *args: str) -> None:
     """Run ``function`` in both worker processes (both registered: a restart's
     workers come back one by one)."""
-    client.wait_for_workers(2, timeout=60)
+    client.wait_for_workers(2, timeout=time_limit(60))
     assert len(client.run(function, *args)) == 2
 
 
 def restart(client: Any) -> None:
-    client.restart(timeout=60)
-    client.wait_for_workers(2, timeout=60)
+    client.restart(timeout=time_limit(60))
+    client.wait_for_workers(2, timeout=time_limit(60))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 import packfs
 from packfs import PackedFolder
-from tests.conftest import mounted, packfs_cli
+from tests.conftest import deep_scratch, mounted, packfs_cli
 
 DEPTH = 10_000
 
@@ -59,17 +59,14 @@ def _read_beneath(root: Path, relative: bytes) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, bytes, Path]]:
-    base = tmp_path_factory.mktemp("deep")
-    try:
+def deep() -> Iterator[tuple[Path, bytes, Path]]:
+    # Not under pytest's tmp_path: removing a tree this deep there cost 50-60 s (and
+    # shutil.rmtree, pytest's, recursed per level before Python 3.12).
+    with deep_scratch("packfs-deep-") as base:
         bottom = _make_deep_tree(base / "src", DEPTH)
         archive = base / "deep.ffr"
         packfs.pack_folder(base / "src", archive)
         yield archive, bottom, base
-    finally:
-        # pytest's own clean-up of old temporary roots (shutil.rmtree) recurses per
-        # level and would fail on these trees in a later run: rm -rf does not.
-        subprocess.run(["rm", "-rf", str(base)], check=True)
 
 
 def test_a_deep_tree_packs_lists_reads_and_verifies(deep: tuple[Path, bytes, Path]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import packfs
-from tests.conftest import require_extra
+from tests.conftest import require_extra, time_limit
 from tests.test_remote_source import nginx  # noqa: F401 (fixture: a real server)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def _run_ranks(url: str, world: int, epochs: int, out: Path, *extra_per_rank, ca
             [sys.executable, "-m", "tests.distributed_rank", url, str(rank), str(world), str(SEED), str(epochs),
              str(out / f"rank{rank}.json"), *extra], cwd=REPO, stderr=subprocess.PIPE, text=True, env=env))
     for process in processes:
-        _, errors = process.communicate(timeout=120)
+        _, errors = process.communicate(timeout=time_limit(120))
         assert process.returncode == 0, errors[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -12,7 +13,7 @@ import packfs
 from packfs import (ChecksumError, PackedFolder, PathNotFoundError, UnpackDamagedError, UnpackError, pack_entries,
                     pack_folder, unpack)
 from packfs.cli import main
-from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, assert_same_tree, cli_runner
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, assert_same_tree, cli_runner, deep_scratch
 
 
 def test_unpack_restores_the_tree(tree: Path, archive: Path, tmp_path: Path) -> None:
@@ -388,40 +389,11 @@ def _open_beneath(root: Path, parts: list[bytes]) -> int:
     return fd
 
 
-def _remove_deep(root: Path) -> None:
-    """rm -r without recursion (shutil.rmtree recurses per level before Python 3.12, so
-    pytest's own clean-up of old temporary directories would fail on these trees)."""
-    if not root.exists():
-        return
-    names: list[str] = []
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    while True:
-        os.fchmod(fd, 0o700)
-        entries = list(os.scandir(fd))
-        below = next((e.name for e in entries if e.is_dir(follow_symlinks=False)), None)
-        if below is not None:
-            names.append(below)
-            next_fd = os.open(below, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-            continue
-        for entry in entries:
-            os.unlink(entry.name, dir_fd=fd)
-        if not names:
-            os.close(fd)
-            os.rmdir(root)
-            return
-        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        os.rmdir(names.pop(), dir_fd=parent)
-        fd = parent
-
-
 @pytest.fixture
-def deep_dir(tmp_path: Path):
-    yield tmp_path
-    for name in ("out", "alone"):
-        _remove_deep(tmp_path / name)
+def deep_dir() -> Iterator[Path]:
+    """Where the deep trees go: not pytest's tmp_path, where removing them cost 50-60 s."""
+    with deep_scratch("packfs-deep-unpack-") as path:
+        yield path
 
 
 def test_a_tree_10000_levels_deep_unpacks_with_few_descriptors(deep_dir: Path) -> None:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import require_extra
+from tests.conftest import require_extra, time_limit
 
 torch = require_extra("torch", "torch")
 
@@ -46,7 +46,7 @@ def switched_script(directory: Path) -> Path:
 
 
 def run(script: Path, work: Path, *arguments: str) -> list[dict]:
-    subprocess.run([sys.executable, str(script), str(work), *arguments], cwd=script.parent, check=True, timeout=300)
+    subprocess.run([sys.executable, str(script), str(work), *arguments], cwd=script.parent, check=True, timeout=time_limit(300))
     return [json.loads(line) for line in (work / "output" / "log.jsonl").read_text().splitlines()]
 
 

@@ -26,7 +26,7 @@ from packfs import FormatError, PackedFolder, PackError, PathNotFoundError
 from packfs.format import MAX_SYMLINK_TARGET, SECTION_ALIGNMENT, SECTIONS, header_size
 from packfs.write import pack_archive
 from packfs.fuse import PackfsOperations
-from tests.conftest import HARDLINK, column_changed, mounted, read_records, rewrite_section, write_records
+from tests.conftest import HARDLINK, column_changed, mounted, read_records, rewrite_section, write_records, time_limit
 
 _CLOSED_MESSAGE = "I/O operation on a closed archive"
 
@@ -282,7 +282,7 @@ def test_closing_under_concurrent_reads_gives_one_clear_error(many_files) -> Non
             time.sleep(random.Random(round_).uniform(0, 0.004))
             folder.close()
             for thread in threads:
-                thread.join(timeout=60)
+                thread.join(timeout=time_limit(60))
             assert not any(thread.is_alive() for thread in threads)
             assert not wrong, f"round {round_}: wrong bytes for {wrong[:5]}"
             kinds = {(type(error), str(error)) for error in errors}

@@ -20,7 +20,7 @@ import packfs
 from packfs.core import Archive
 from packfs.format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from tests.conftest import (BLUEPRINT, HARDLINK, SYMLINKS, bytes_read_by_this_thread, column_changed, damaged_copy,
-                            damaged_unpieced_archive, wait_until)
+                            damaged_unpieced_archive, wait_until, time_limit)
 
 
 def _compiled():
@@ -433,7 +433,7 @@ def test_a_tree_whose_construction_failed_refuses_every_call(archive: Path) -> N
 
     _compiled()
     result = subprocess.run([sys.executable, "-c", _FAILED_TREE, str(archive)], capture_output=True, text=True,
-                            cwd=REPO, timeout=60)
+                            cwd=REPO, timeout=time_limit(60))
     assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
     lines = result.stdout.splitlines()
     assert lines[0] == "init: expected 15 sections" and lines[-1] == "again: a Tree is initialised once"
@@ -652,7 +652,7 @@ def test_reads_waiting_for_a_check_are_parked_holding_no_worker_thread(tmp_path:
             assert wait_until(lambda: tree.checking()[1] >= 6), tree.checking()
             rest = threading.Thread(target=use_the_rest, daemon=True)
             rest.start()
-            rest.join(60)  # only a deadlock lasts that long: the test fails, it does not hang
+            rest.join(time_limit(60))  # only a deadlock lasts that long: the test fails, it does not hang
             assert served == {"read": b"small file 1\n", "listing": ["big.bin", "s000", "s001", "s002"],
                               "size": 13}
             assert answers == []
@@ -714,9 +714,9 @@ def test_the_session_ends_only_after_the_reads_parked_on_another_threads_check(t
             assert server.is_alive(), "the session ended with a READ still parked on it"
         finally:
             tree.hold_checks(False)
-            checker.join(30)
-            reader.join(30)
-            server.join(30)
+            checker.join(time_limit(30))
+            reader.join(time_limit(30))
+            server.join(time_limit(30))
             subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
         assert not server.is_alive() and tree.checking() == (0, 0)
         # The FUSE READ got its answer, not a reply into a freed session: EIO, or, the

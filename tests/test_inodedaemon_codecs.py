@@ -138,6 +138,40 @@ def test_sparse_holes_read_as_zeros_at_their_edges(codecs_archive: Path, tmp_pat
             os.close(fd)
 
 
+def _many_extents(count: int, data: int = 8, hole: int = 8) -> bytes:
+    """A file of ``count`` extents of ``data`` bytes (none zero), each followed by a hole."""
+    return b"".join(bytes([1 + k % 251]) * data + bytes(hole) for k in range(count))
+
+
+def test_the_last_extents_of_a_file_of_many_read_right(tmp_path: Path) -> None:
+    """Issue 34: a READ finds its extents by a binary search and the record positions
+    kept at the first READ (it walked the list from the first before): the last
+    extents, the first, extents beside each kept position (every 64th), a hole at the
+    end, and a read across many, through a mount and through the Tree."""
+    count = 200_000
+    contents = _many_extents(count) + bytes(1000)
+    archive = codec_archive(tmp_path / "many.ffr", [packfs.Entry("many.bin", contents), packfs.Entry("few.bin", b"x")],
+                            {"many.bin": Codec("sparse", block=8)})
+    end = len(contents)
+    reads = [(end - 16 * 64, 16 * 64), (end - 1200, 1200), (end - 1000, 1000), (end - 17, 5), (0, 100),
+             (16 * 64 - 3, 6), (16 * 64 * 1000 + 7, 16 * 64 * 3), (16 * 63, 40), (end // 2, 1 << 20), (0, end)]
+    with mounted(archive, tmp_path / "m", "-o", "direct_io", binding="lowlevel") as mountpoint:
+        fd = os.open(mountpoint / "many.bin", os.O_RDONLY)
+        try:
+            for at, size in reads:
+                assert os.pread(fd, size, at) == contents[at : at + size], (at, size)
+        finally:
+            os.close(fd)
+        assert (mountpoint / "many.bin").read_bytes() == contents
+    opened, tree = _lowlevel_tree(archive)
+    try:
+        inode = opened.inode(opened.find(b"many.bin"))
+        for at, size in reversed(reads[:-1]):  # a Tree's read is at most a READ's 1 MiB
+            assert tree.read(inode, at, size) == contents[at : at + size], (at, size)
+    finally:
+        opened.close()
+
+
 def test_shared_records_keep_their_own_inodes_and_modes(codecs_archive: Path, tmp_path: Path) -> None:
     with mounted(codecs_archive, tmp_path / "m", binding="lowlevel") as mountpoint:
         stats = {name: os.stat(mountpoint / "copies" / name) for name in ("one.txt", "two.txt", "three.txt")}

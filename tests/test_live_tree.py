@@ -20,7 +20,7 @@ import pytest
 
 from packfs import PackError, PackedFolder, PackSourceError, SkippedPath, pack_folder
 from packfs.core import Archive
-from tests.conftest import require_python_as_nobody
+from tests.conftest import require_python_as_nobody, time_limit
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -207,7 +207,7 @@ def test_a_file_rewritten_by_another_process_is_reported(tmp_path: Path) -> None
         for _ in range(5):
             out = tmp_path / "x.ffr"
             result = subprocess.run([sys.executable, "-m", "packfs", "pack", "-f", str(src), str(out)],
-                                    capture_output=True, text=True, cwd=REPO, timeout=300,
+                                    capture_output=True, text=True, cwd=REPO, timeout=time_limit(300),
                                     preexec_fn=(lambda: os.nice(10)) if favoured else None)
             if result.returncode == 1:
                 assert result.stderr.startswith(f"Error: {str(live)!r}: kept changing while it was read (3 reads"), \
@@ -319,7 +319,7 @@ def _as_unprivileged(*command: str) -> subprocess.CompletedProcess:
             pytest.skip("setpriv (util-linux) is not installed")
         require_python_as_nobody()
         command = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command)
-    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=time_limit(120))
 
 
 # Packs argv[1] into argv[2] as the library does, and prints what came back as JSON.

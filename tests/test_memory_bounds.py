@@ -19,7 +19,7 @@ import pytest
 import packfs
 from packfs import PackedFolder
 from packfs.fuse import PackfsOperations
-from tests.conftest import REPO, daemon_pid, mounted
+from tests.conftest import REPO, daemon_pid, mounted, time_limit
 from tests.deep_tables import chain_archive
 
 # 800 levels of 1,000-byte names: the old cache held every directory's path, 320 MB of
@@ -137,7 +137,7 @@ def test_missing_names_in_a_large_directory_leave_the_daemons_rss_flat(wide: Pat
             pytest.fail(f"the compiled daemon must be built under CI: {reason}")
         pytest.skip(reason)
     result = subprocess.run([sys.executable, "-c", _MISSING_LOOKUPS, str(wide)], capture_output=True, text=True,
-                            cwd=REPO, timeout=300)
+                            cwd=REPO, timeout=time_limit(300))
     assert result.returncode == 0, result.stderr
     before, after = map(int, result.stdout.split())
     # Through the map this grew by the names' 21 MB (name_end and names, whole).

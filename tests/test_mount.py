@@ -22,7 +22,7 @@ import pytest
 import packfs
 from packfs.fuse import is_mounted, is_stale, state_file
 from tests.conftest import (BLUEPRINT, HARDLINK, column_changed, daemon_pid, damaged_copy, force_unmount, mounted,
-                            packfs_cli, require_fuse, wait_until)
+                            packfs_cli, require_fuse, wait_until, time_limit)
 
 pytestmark = pytest.mark.fuse
 
@@ -143,8 +143,8 @@ def test_concurrent_threads_and_processes(archive: Path, tmp_path: Path) -> None
         for thread in threads:
             thread.join()
         for process in processes:
-            results.append(queue.get(timeout=60))
-            process.join(60)
+            results.append(queue.get(timeout=time_limit(60)))
+            process.join(time_limit(60))
             assert process.exitcode == 0
     assert errors == []
     assert sum(bad for _, bad in results) == 0

@@ -19,7 +19,7 @@ import pytest
 
 from packfs.fuse import MOUNT_HELPER, helper_script, is_mounted, is_stale, remove_old_logs, state_file
 from tests.conftest import (REPO, daemon_pid, damaged_copy, force_unmount, mounted, packfs_cli, require_fuse,
-                            require_python_as_nobody, wait_until)
+                            require_python_as_nobody, wait_until, time_limit)
 
 pytestmark = pytest.mark.fuse
 
@@ -98,7 +98,7 @@ def test_foreground_mount_stops_cleanly_on_signal(archive: Path, tmp_path: Path,
             assert wait_until(lambda: is_mounted(str(mountpoint)) or process.poll() is not None)
             assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
             process.send_signal(sig)
-            _, stderr = process.communicate(timeout=60)
+            _, stderr = process.communicate(timeout=time_limit(60))
         finally:
             if process.poll() is None:
                 process.kill()
@@ -254,7 +254,7 @@ def _threads_under_load(root: Path, stop: Path, enough) -> list[int]:
     finally:
         stop.touch()
         for loader in loaders:
-            loader.wait(60)
+            loader.wait(time_limit(60))
     return counts
 
 
@@ -315,14 +315,14 @@ def test_mount_t_fuse_packfs_and_umount(archive: Path, tmp_path: Path, mount_hel
     mountpoint.mkdir()
     with cleared(mountpoint):
         result = subprocess.run(["mount", "-t", "fuse.packfs", "-o", "ro,noatime,threads=3", str(archive),
-                                 str(mountpoint)], capture_output=True, text=True, timeout=60)
+                                 str(mountpoint)], capture_output=True, text=True, timeout=time_limit(60))
         assert result.returncode == 0, result.stderr
         assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
         source, point, fstype = next(line.split()[:3] for line in Path("/proc/self/mounts").read_text().splitlines()
                                      if line.split()[1] == str(mountpoint))
         assert (source, fstype) == (f"packfs:{archive}", "fuse.packfs")
         pid = daemon_pid(mountpoint)
-        result = subprocess.run(["umount", str(mountpoint)], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(["umount", str(mountpoint)], capture_output=True, text=True, timeout=time_limit(60))
         assert result.returncode == 0, result.stderr
         assert not is_mounted(str(mountpoint))
         assert wait_until(lambda: _gone(pid))  # the daemon exits once the kernel drops the mount
@@ -338,7 +338,7 @@ def test_fstab_line_mounts(archive: Path, tmp_path: Path, mount_helper_installed
                      f"defaults,ro,allow_other,nofail,_netdev,x-systemd.automount,noatime  0  0\n")
     with cleared(mountpoint):
         result = subprocess.run(["mount", "-T", str(fstab), str(mountpoint)], capture_output=True, text=True,
-                                timeout=60)
+                                timeout=time_limit(60))
         assert result.returncode == 0, result.stderr
         assert (mountpoint / "a/b/c/deep.bin").stat().st_size == 768
         pid = daemon_pid(mountpoint)
@@ -346,7 +346,7 @@ def test_fstab_line_mounts(archive: Path, tmp_path: Path, mount_helper_installed
         assert wait_until(lambda: _gone(pid))
         # Also unmountable the packfs way, mounted with --fstab.
         result = subprocess.run(["mount", "--fstab", str(fstab), str(mountpoint)], capture_output=True,
-                                text=True, timeout=60)
+                                text=True, timeout=time_limit(60))
         assert result.returncode == 0, result.stderr
         assert packfs_cli("unmount", mountpoint).returncode == 0
 
@@ -372,7 +372,7 @@ def test_mount_t_fuse_packfs_through_fuse3s_mount_helper(archive: Path, tmp_path
     try:
         with cleared(mountpoint):
             result = subprocess.run(["mount", "-t", "fuse.packfs", "-o", "ro,noatime", str(archive), str(mountpoint)],
-                                    capture_output=True, text=True, timeout=60)
+                                    capture_output=True, text=True, timeout=time_limit(60))
             assert result.returncode == 0, result.stderr
             assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
             # mount.fuse3 adds dev and suid to what it runs; the mount stays nosuid, nodev.
@@ -392,7 +392,7 @@ def test_mount_t_fuse_packfs_through_fuse3s_mount_helper(archive: Path, tmp_path
 def test_mount_helper_fake_mount_mounts_nothing(archive: Path, tmp_path: Path, mount_helper_installed) -> None:
     (tmp_path / "m").mkdir()
     result = subprocess.run(["mount", "-f", "-t", "fuse.packfs", str(archive), str(tmp_path / "m")],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=time_limit(60))
     assert result.returncode == 0, result.stderr
     assert not is_mounted(str(tmp_path / "m"))
 
@@ -402,7 +402,7 @@ def test_mount_helper_fake_mount_mounts_nothing(archive: Path, tmp_path: Path, m
 
 def _as_nobody(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *command],
-                          capture_output=True, text=True, cwd="/", timeout=60)
+                          capture_output=True, text=True, cwd="/", timeout=time_limit(60))
 
 
 def test_allow_other_without_user_allow_other(archive: Path, tmp_path: Path) -> None:
@@ -503,3 +503,36 @@ def test_stale_mount_is_reported_after_root_was_looked_at(archive: Path, tmp_pat
 def test_mount_help_says_when_the_checksum_is_checked() -> None:
     text = " ".join(packfs_cli("mount", "--help").stdout.split())
     assert "at its first read" in text and "first open" not in text
+
+
+# -- a daemon unmounts only its own mount ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("binding", ["lowlevel", "mfusepy"])
+def test_a_daemon_stopped_after_a_lazy_unmount_leaves_the_next_mount_there_alone(
+        archive: Path, tmp_path: Path, binding: str) -> None:
+    """Issue 34: libfuse, run by root, ends a stopped daemon by detaching whatever is
+    mounted at its mount point.  A daemon lazily unmounted while a file was open (so
+    still serving it) and then stopped took down the next mount made there, another
+    daemon's, in use by other readers; now it unmounts only its own."""
+    require_fuse(binding)
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    with cleared(mountpoint):
+        assert packfs_cli("mount", "--binding", binding, archive, mountpoint).returncode == 0
+        first = daemon_pid(mountpoint)
+        held = open(mountpoint / "hello.txt", "rb")
+        try:
+            assert packfs_cli("unmount", "--lazy", mountpoint).returncode == 0
+            result = packfs_cli("mount", "--binding", binding, archive, mountpoint)
+            assert result.returncode == 0, result.stderr
+            second = daemon_pid(mountpoint)
+            assert second != first and not _gone(first)
+            os.kill(first, signal.SIGTERM)
+            assert wait_until(lambda: _gone(first))
+        finally:
+            held.close()
+        assert is_mounted(str(mountpoint)), "the second daemon's mount was taken down by the first daemon"
+        assert (mountpoint / "hello.txt").read_bytes() == b"hello world\n"
+        assert not _gone(second)
+        assert packfs_cli("unmount", mountpoint).returncode == 0

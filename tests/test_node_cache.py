@@ -21,10 +21,12 @@ from tests.remote_servers import bytes_asked_twice
 from tests.test_cache import _data_gets, _make_archive, dataset, served  # noqa: F401 (fixtures)
 from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real server, stopped at the end)
 
+from tests.conftest import time_limit
+
 FORK = multiprocessing.get_context("fork")
 
 def _packfs(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "packfs", *args], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "packfs", *args], capture_output=True, text=True, timeout=time_limit(300))
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -42,7 +44,7 @@ def _read_in_a_process(url: str, cache_dir: Path, names: list, seed: int = 0) ->
         "    print(json.dumps(folder.stats()))\n"
     )
     result = subprocess.run([sys.executable, "-c", script, url, str(cache_dir), str(seed)], input=json.dumps(names),
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=time_limit(300))
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -103,9 +105,9 @@ def test_forked_workers_counts_are_added_once(nginx, served, dataset, tmp_path) 
                    for part in (names[::2], names[1::2])]
         for worker in workers:
             worker.start()
-        counted = [results.get(timeout=120) for _ in workers]
+        counted = [results.get(timeout=time_limit(120)) for _ in workers]
         for worker in workers:
-            worker.join(30)
+            worker.join(time_limit(30))
     [archive] = _listing(tmp_path / "cache")["archives"]
     assert archive["requests"] == _gets(nginx)
     assert archive["cache_misses"] == sum(c["cache_misses"] for c in counted) > 0

@@ -242,7 +242,7 @@ def test_overwrite_in_place_under_readers(tmp_path: Path, mode: str) -> None:
     require_guard()
     prepare(tmp_path, mode)
     result = subprocess.run([sys.executable, "-m", "tests.test_overwrite", mode, str(tmp_path), str(ROUNDS)],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+                            cwd=REPO, capture_output=True, text=True, timeout=time_limit(600))
     assert result.returncode == 0, (
         f"the reading process died (exit {result.returncode}; -7 is SIGBUS): {result.stderr[-3000:]}")
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -327,6 +327,8 @@ def test_changed_is_sticky_and_a_format_error(tmp_path: Path) -> None:
 FOREIGN_FAULT = """
 import faulthandler, mmap, os, sys
 import packfs
+
+from tests.conftest import time_limit
 folder = packfs.PackedFolder(sys.argv[1])      # registers the guard's handler
 if sys.argv[2] == "faulthandler":
     faulthandler.enable()                      # installed after ours: chained to, not lost
@@ -350,7 +352,7 @@ def test_other_maps_still_get_sigbus(tmp_path: Path, previous: str) -> None:
     require_guard()
     prepare(tmp_path, "folder")
     result = subprocess.run([sys.executable, "-c", FOREIGN_FAULT, str(tmp_path / "original.ffr"), previous],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=time_limit(60))
     assert "touching" in result.stdout and "survived" not in result.stdout, result
     assert result.returncode == -7, result  # SIGBUS
     if previous == "faulthandler":

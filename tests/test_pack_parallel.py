@@ -18,7 +18,7 @@ import pytest
 from packfs import PackError, PackSourceError, PackedFolder, pack_folder
 from packfs.core import Archive
 from packfs.write.temporaries import process_alive
-from tests.conftest import MTIME_NS, make_tree, packfs_cli, wait_until
+from tests.conftest import MTIME_NS, make_tree, packfs_cli, wait_until, time_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -276,7 +276,7 @@ def test_an_interrupted_parallel_pack_leaves_no_output_and_no_worker(tmp_path: P
     pids_file = tmp_path / "workers"
     result = subprocess.run([sys.executable, "-c", _SIGNAL_MID_PARALLEL_PACK.format(sig=int(sig)), "pack",
                              "-j", "2", str(src), str(out_dir / "x.ffr"), str(pids_file)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+                            capture_output=True, text=True, cwd=ROOT, timeout=time_limit(120))
     workers = [int(pid) for pid in pids_file.read_text().split()]
     assert len(workers) == 2
     assert wait_until(lambda: not any(process_alive(pid) for pid in workers), 10), "a worker outlived the packer"

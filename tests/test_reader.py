@@ -22,7 +22,7 @@ from packfs import (
     NotADirectoryPathError, NotAFileError, NotASymlinkError, PackedFolder, PathNotFoundError,
     pack_entries, pack_folder,
 )
-from tests.conftest import BLUEPRINT, VECTORS
+from tests.conftest import BLUEPRINT, VECTORS, time_limit
 
 
 def test_list_matches_ffrecords_semantics(tmp_path: Path) -> None:
@@ -212,8 +212,8 @@ def test_pickles_small_and_reopens_in_workers(folder: PackedFolder, method: str)
     queue = context.Queue()
     process = context.Process(target=_read_in_child, args=(folder, "big/large.bin", queue))
     process.start()
-    assert queue.get(timeout=60) == zlib.crc32(BLUEPRINT["big/large.bin"])
-    process.join(60)
+    assert queue.get(timeout=time_limit(60)) == zlib.crc32(BLUEPRINT["big/large.bin"])
+    process.join(time_limit(60))
     assert process.exitcode == 0
 
 

@@ -15,7 +15,7 @@ import pytest
 import packfs
 from packfs import ArchiveChangedError, PackedFolder
 from tests.conftest import (BLUEPRINT, HARDLINK, as_version_1_1, assert_same_tree, mounted, packfs_cli,
-                            require_extra, require_fuse, wait_until)
+                            require_extra, require_fuse, wait_until, time_limit)
 from tests.remote_servers import S3_KEY, S3_REGION, S3_SECRET
 from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (fixtures: real servers, stopped at the end)
 
@@ -88,7 +88,7 @@ def test_info_prints_the_disk_caches_counters_when_there_is_one(served: str) -> 
     lines = cached.stdout.splitlines()
     assert all(any(line.startswith(counter) for line in lines) for counter in counters), cached.stdout
     uncached = subprocess.run([sys.executable, "-m", "packfs", "info", served], capture_output=True, text=True,
-                              env={**os.environ, "PACKFS_CACHE_DIR": "off"}, timeout=60)
+                              env={**os.environ, "PACKFS_CACHE_DIR": "off"}, timeout=time_limit(60))
     assert uncached.returncode == 0 and "fetched bytes" in uncached.stdout
     assert not any(counter in uncached.stdout for counter in counters), uncached.stdout
 
@@ -234,7 +234,7 @@ def test_cli_errors_name_what_is_wrong(nginx, moto, s3_env) -> None:  # noqa: F8
     env.update(AWS_ENDPOINT_URL=moto.endpoint, AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
                AWS_CONFIG_FILE="/nonexistent", AWS_REGION=S3_REGION)
     no_credentials = subprocess.run([sys.executable, "-m", "packfs", "ls", "s3://bucket/tree.ffr"],
-                                    capture_output=True, text=True, env=env, timeout=60)
+                                    capture_output=True, text=True, env=env, timeout=time_limit(60))
     assert no_credentials.returncode == 1 and no_credentials.stderr.startswith("Error: ")
     assert "credentials" in no_credentials.stderr.lower() and "Traceback" not in no_credentials.stderr
 

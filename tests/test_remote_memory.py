@@ -16,7 +16,7 @@ import pytest
 
 import packfs
 from packfs.source.remote import RemoteFile
-from tests.conftest import require_extra
+from tests.conftest import require_extra, time_limit
 from tests.test_remote_source import nginx  # noqa: F401 (fixture: a real server)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def large_url(nginx, tmp_path_factory) -> tuple[str, int]:  # noqa: F811
 
 def _measure(*args: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "tests.remote_memory", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=time_limit(300))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 

@@ -20,7 +20,7 @@ from packfs.errors import (ArchiveChangedError, ChecksumError, ClosedArchiveErro
                            RemoteProtocolError, RemoteTimeoutError)
 from packfs.source import LocalFile, is_url, open_source
 from packfs.source.s3config import s3_settings
-from tests.conftest import require_extra
+from tests.conftest import require_extra, time_limit
 from tests.remote_servers import S3_KEY, S3_REGION, S3_SECRET, MotoServer, Nginx
 
 REPO = Path(__file__).resolve().parent.parent
@@ -325,7 +325,7 @@ def test_local_use_imports_no_client_library(archive: Path) -> None:
             f"open_source({str(archive)!r}).read(0, 8)\n"
             "loaded = [m for m in sys.modules if m.split('.')[0] == 'urllib3' or m == 'packfs.source.remote']\n"
             "assert not loaded, loaded\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=time_limit(60))
 
 
 # -- failures through the proxy --------------------------------------------------------------
@@ -494,7 +494,7 @@ def in_forked_child(work, seconds: float = 20) -> str:
         os.write(write_end, said.encode())
         os._exit(0)
     os.close(write_end)
-    deadline = time.monotonic() + seconds + 5
+    deadline = time.monotonic() + time_limit(seconds + 5)
     done, status = os.waitpid(pid, os.WNOHANG)
     while not done and time.monotonic() < deadline:
         time.sleep(0.02)

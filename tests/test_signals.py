@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import packfs
-from tests.conftest import BLUEPRINT, assert_same_tree, packfs_cli, require_python_as_nobody, tree_snapshot
+from tests.conftest import BLUEPRINT, assert_same_tree, packfs_cli, require_python_as_nobody, tree_snapshot, time_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -271,7 +271,7 @@ def test_an_unpack_interrupted_and_resumed_equals_one_never_interrupted(
                                dest, stderr=subprocess.PIPE, text=True)
     try:
         process.send_signal(sig)
-        stderr = process.communicate(timeout=60)[1]
+        stderr = process.communicate(timeout=time_limit(60))[1]
     finally:
         process.kill()
         process.wait()
@@ -290,7 +290,7 @@ def test_a_hangup_mid_unpack_too(interruptible: tuple[Path, Path], tmp_path: Pat
                                dest, stderr=subprocess.PIPE, text=True)
     try:
         process.send_signal(signal.SIGHUP)
-        stderr = process.communicate(timeout=60)[1]
+        stderr = process.communicate(timeout=time_limit(60))[1]
     finally:
         process.kill()
         process.wait()
@@ -407,7 +407,7 @@ def test_a_resume_into_a_read_only_dest_left_by_an_interrupted_unpack(tmp_path: 
                                    stderr=subprocess.PIPE, text=True)
         try:
             process.send_signal(signal.SIGINT)
-            stderr = process.communicate(timeout=60)[1]
+            stderr = process.communicate(timeout=time_limit(60))[1]
         finally:
             process.kill()
             process.wait()

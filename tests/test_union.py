@@ -24,7 +24,7 @@ from packfs.core.manifest import (ShardRecord, depth_first_key, leaf_range, mani
 from packfs.errors import FormatError
 from packfs.write import Entry, pack_entries
 from packfs.write.sets import append_shard, make_set
-from tests.conftest import mounted, packfs_cli
+from tests.conftest import mounted, packfs_cli, time_limit
 from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (fixtures: real servers, stopped at the end)
 
 MTIME = 1_700_000_000_000_000_000
@@ -294,7 +294,7 @@ def test_a_colliding_append_is_refused_before_packing_counting_the_collisions(fi
     if source == "tar stream":
         args[-1] = "-"
         result = subprocess.run([sys.executable, "-m", "packfs", *map(str, args)], capture_output=True, text=True,
-                                stdin=open(tmp_path / "new.tar", "rb"), timeout=60)
+                                stdin=open(tmp_path / "new.tar", "rb"), timeout=time_limit(60))
     else:
         result = packfs_cli(*args)
     assert result.returncode == 1

@@ -17,7 +17,7 @@ import pytest
 
 import packfs
 from packfs import Entry, PackError, PackedFolder, pack_entries, pack_folder
-from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, NON_UTF8, SYMLINKS, make_tree
+from tests.conftest import BLUEPRINT, HARDLINK, MTIME_NS, NON_UTF8, SYMLINKS, make_tree, time_limit
 
 
 def test_round_trip_every_file_and_attribute(tree: Path, archive: Path) -> None:
@@ -477,11 +477,11 @@ def test_sigint_during_pack_leaves_the_old_output(tmp_path: Path) -> None:
     out.write_bytes(b"old")
     process = subprocess.Popen([sys.executable, "-m", "packfs", "pack", "--force", str(src), str(out)],
                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + time_limit(30)
     while not [n for n in os.listdir(tmp_path) if ".packfs-tmp-" in n] and time.monotonic() < deadline:
         time.sleep(0.005)  # wait until it is writing
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=time_limit(60))
     assert process.returncode == 128 + signal.SIGINT, stderr  # 130, as Unix tools exit
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == f"Interrupted by SIGINT: {str(out)!r} not written", stderr
     assert out.read_bytes() == b"old"

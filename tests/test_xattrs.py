@@ -23,7 +23,7 @@ from packfs.core import Archive
 from packfs.errors import FormatError
 from packfs.format import FOOTER, PIECE_SECTIONS, SECTION_COUNT, XATTR, XATTR_SECTIONS
 from packfs.write.pack import Entry, pack_entries, pack_folder
-from tests.conftest import mounted, packfs_cli, read_records, require_python_as_nobody, write_records
+from tests.conftest import mounted, packfs_cli, read_records, require_python_as_nobody, write_records, time_limit
 
 
 def _set(path: Path, name: str, value: bytes, follow: bool = True) -> None:
@@ -357,7 +357,7 @@ def test_unpack_as_a_user_restores_what_it_may_and_says_what_it_could_not(labell
         dest = shared / "out"
         result = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                                  sys.executable, "-m", "packfs", "unpack", str(archive), str(dest)],
-                                capture_output=True, text=True, timeout=60, cwd="/",
+                                capture_output=True, text=True, timeout=time_limit(60), cwd="/",
                                 env={**os.environ, "PYTHONPATH": str(Path(packfs.__file__).parents[1])})
         assert result.returncode == 0, result.stderr
         # security.capability, trusted.secret, trusted.link: refused, one warning for the reason.
@@ -402,7 +402,7 @@ def test_stored_acls_are_enforced_through_the_compiled_daemon(tmp_path: Path) ->
 
         def cat_as(user: str, group: str) -> subprocess.CompletedProcess:
             return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups", "cat",
-                                   str(shared / "mnt" / "secret")], capture_output=True, timeout=30)
+                                   str(shared / "mnt" / "secret")], capture_output=True, timeout=time_limit(30))
 
         with mounted(archive, shared / "mnt", "--allow-other") as mnt:
             assert os.getxattr(mnt / "secret", "system.posix_acl_access") == acl

@@ -25,6 +25,7 @@ cost over the decompression itself.
 from __future__ import annotations
 
 import functools
+import io
 import os
 import struct
 import threading
@@ -91,6 +92,26 @@ Where = Union[int, str, bytes]
 _frame_content_size = zstandard.frame_content_size
 _ZstdError = zstandard.ZstdError
 _U64 = struct.Struct("<Q")
+
+
+class _OneBuffer:
+    """A whole file's decoded bytes written in place into one zeroed ``bytes`` object,
+    handed back by ``getvalue`` without a copy: a whole read of a frames or sparse file
+    peaks at its size (plus one decoded frame), where joining parts peaked at twice it.
+
+    CPython's BytesIO shares a ``bytes`` it is given while it holds the only reference,
+    writes into it through ``getbuffer`` without copying, and returns it from
+    ``getvalue`` once no view is left (elsewhere: one copy, as before)."""
+
+    def __init__(self, size: int) -> None:
+        self.out = io.BytesIO(bytes(size))  # zeroed pages, taken from the OS as they are written
+
+    def __enter__(self) -> tuple[io.BytesIO, memoryview]:
+        self.view = self.out.getbuffer()
+        return self.out, self.view
+
+    def __exit__(self, *exc: object) -> None:
+        self.view.release()
 
 
 class SparseLayout:
@@ -406,11 +427,21 @@ class CodecTable:
             return stored if type(stored) is bytes else bytes(stored)
         check_in_memory(size, self.path, self._label(where))
         if codec == CODEC_FRAMES:
-            parts = [self.frame_from(row, stored, size, k, where, False)
-                     for k in range(-(-size >> row.frame_log2))]
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            count = -(-size >> row.frame_log2)
+            if count == 1:
+                return self.frame_from(row, stored, size, 0, where, False)
+            frame_size = 1 << row.frame_log2
+            with _OneBuffer(size) as (out, view):
+                for k in range(count):
+                    view[k * frame_size : k * frame_size + min(frame_size, size - k * frame_size)] = (
+                        self.frame_from(row, stored, size, k, where, False))
+            return out.getvalue()
         layout = self.sparse_layout(row, record, size, len(stored), where)
-        return b"".join(self._sparse_parts(layout, stored, 0, 0, size))
+        source = memoryview(stored)
+        with _OneBuffer(size) as (out, view):  # the holes: the buffer's zeros
+            for offset, extent_length, at in zip(layout.offsets, layout.lengths, layout.stored):
+                view[offset : offset + extent_length] = source[at : at + extent_length]
+        return out.getvalue()
 
     def _checksum(self, where: Where, what: str) -> NoReturn:
         self._container.changed_instead()

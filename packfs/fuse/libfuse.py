@@ -136,6 +136,28 @@ def _loop_outcome(run: LoopRun, result: int) -> int:
     return 0
 
 
+def mount_device(path: bytes | str) -> str | None:
+    """The device ("major:minor") of the topmost mount at ``path`` (/proc/self/mountinfo,
+    whose later lines are later mounts), or None: how a daemon tells its own mount from
+    one made over it, or at its mount point after its own was detached."""
+    target = os.fsencode(path)
+    found = None
+    try:
+        with open("/proc/self/mountinfo", "rb") as lines:
+            for line in lines:
+                fields = line.split(b" ", 5)
+                if len(fields) > 5 and _unescape_mount_field(fields[4]) == target:
+                    found = fields[2].decode()
+    except OSError:
+        return None
+    return found
+
+
+def _unescape_mount_field(field: bytes) -> bytes:
+    # mountinfo writes space, tab, newline and backslash as octal escapes.
+    return re.sub(rb"\\([0-3][0-7][0-7])", lambda m: bytes([int(m.group(1), 8)]), field)
+
+
 def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations: Any, size: int) -> int:
     """fuse_main_real of libfuse 3.14 (lib/helper.c), step by step, with the loop's
     thread limit set and each failure's reason kept."""
@@ -168,12 +190,14 @@ def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations
             run.error = options_error(said)
             return 3
         said.replay()
+        resolved = os.path.realpath(mountpoint)  # before mounting: after, it would ask this daemon
         with CapturedStderr() as said:
             failed = lib.fuse_mount(fuse, mountpoint)
         if failed:
             run.error = said.reason() or "libfuse could not mount (no reason given)"
             return 4
         said.replay()
+        device = mount_device(resolved)
         try:
             if lib.fuse_daemonize(int(foreground)):
                 run.error = "libfuse could not daemonize"
@@ -203,7 +227,10 @@ def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations
                 lib.fuse_remove_signal_handlers(session)
             return _loop_outcome(run, result)
         finally:
-            lib.fuse_unmount(fuse)
+            # Only our own mount: libfuse, run by root, detaches whatever is mounted there
+            # (the compiled daemon's end_session says when that took another's down).
+            if device is None or mount_device(resolved) == device:
+                lib.fuse_unmount(fuse)
     finally:
         if fuse:
             lib.fuse_destroy(fuse)
