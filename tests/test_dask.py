@@ -202,7 +202,8 @@ def test_an_interrupted_client_stops_the_run_and_leaves_nothing(files: tuple[Pat
     out.mkdir()
 
     def interrupted(futures: list[Any]) -> None:
-        distributed.wait(futures[:1])
+        # Bounded: a cluster left without workers by an earlier failure would wait forever.
+        distributed.wait(futures[:1], timeout=time_limit(120))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cluster2, "gather", interrupted)
