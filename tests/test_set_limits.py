@@ -158,6 +158,28 @@ def test_a_huge_manifest_url_is_refused_before_it_is_read(nginx, claim) -> None:
     path.unlink()
 
 
+def test_a_manifest_url_naming_a_shard_up_through_escapes_is_refused(nginx, tmp_path) -> None:  # noqa: F811
+    """"%2e%2e/x" passes as a name, but a server decodes it to "../x" before it resolves
+    the path: a manifest at a URL would name files outside its directory."""
+    files = _tree()
+    shards = _shards(files, tmp_path, 2)
+    records = [shard_record_of(path, name) for path, name in zip(shards, ["%2e%2e/outside.ffr", shards[1].name])]
+    (nginx.data / "sub").mkdir(exist_ok=True)
+    nginx.put("outside.ffr", shards[0].read_bytes())
+    nginx.put(shards[1].name, shards[1].read_bytes())
+    (nginx.data / "sub" / "escapes.ffrset").write_bytes(manifest_bytes(records))
+    with pytest.raises(FormatError, match="%-decoded"):
+        open_archive(nginx.url("sub/escapes.ffrset"), cache_dir=False)
+
+
+def shard_record_of(path: Path, name: str):
+    from packfs.core import Archive
+    from packfs.core.manifest import shard_record
+
+    with Archive(path) as archive:
+        return shard_record(archive, name)
+
+
 # -- a pickled folder over a URL -------------------------------------------------------------
 
 def _read_in_worker(pickled: bytes) -> tuple[bytes, list[str]]:

@@ -16,8 +16,12 @@ is held by at most the shard whose range contains it, plus, when it is a directo
 shards whose first leaf lies under it, which follow that one: two binary searches over
 the layer's ranges (O(log shards)), then one lookup in each shard found (O(log n)).
 Opening reads the manifest and no shard (a shard is opened, and checked against the
-manifest's size and footer CRC, when first used); a list or a glob opens each shard to
-learn its range, O(depth) reads each.  Neither reads a table.
+manifest's size, footer CRC and range, its first and last leaf, when first used); a
+list or a glob opens each shard to learn its range, O(depth) reads each.  Neither
+reads a table.  At most :func:`open_shard_limit` shards are open at once (a set may
+have more shards than the process may open files): past it the least recently used is
+dropped, and opened (and checked) again when next used.  A manifest's local shard that
+resolves outside the manifest's directory (a symlink) is refused.
 
 Numbering.  Shard ``s``'s entry ``e`` is the set's entry ``base[s] + e`` (``base`` is
 the running sum of the shards' entry counts, in the order given), and its inode
@@ -47,6 +51,7 @@ import glob as glob_module
 import heapq
 import os
 import threading
+from urllib.parse import unquote
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
@@ -57,7 +62,7 @@ from ..source import ByteSource, absolute_location, is_url, open_source, settled
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
 from .manifest import (MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
-                       parse_manifest, shard_record)
+                       parse_manifest, shard_file_problem, shard_record)
 from .paths import PathArg, lookup_key, resolve_path
 from .verify import VerifyReport
 
@@ -225,6 +230,10 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
 def _beside(manifest: str, file: str) -> str:
     """Where a manifest's ``file`` is: in the manifest's directory (or URL prefix)."""
     if is_url(manifest):
+        # A server decodes %-escapes before it resolves '..': "%2e%2e/x" is "../x" there.
+        problem = shard_file_problem(unquote(file))
+        if problem:
+            raise FormatError(f"{manifest!r}: shard file {file!r} is, %-decoded as a server reads it, {problem}")
         return manifest.rsplit("/", 1)[0] + "/" + file
     return os.path.join(os.path.dirname(manifest), file)
 
