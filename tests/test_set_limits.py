@@ -278,6 +278,33 @@ def test_a_manifest_whose_ranges_lie_is_refused_naming_the_shard(four, lie) -> N
     assert listed.returncode == 1 and "Traceback" not in listed.stderr and "manifest is wrong" in listed.stderr
 
 
+
+@pytest.mark.parametrize("lie", ["overlap", "shrunk"])
+def test_a_mount_of_a_manifest_whose_ranges_lie_serves_nothing_wrong(four, tmp_path, lie) -> None:
+    """The compiled daemon (a set of one layer) refuses it in one line; the Python
+    daemon (several layers, or asked for) answers EIO and logs the shard."""
+    require_fuse(TEST_BINDING)
+    manifest, shards, files = four
+
+    def change(records):
+        records[1] = records[1]._replace(last=records[2].last if lie == "overlap" else records[1].first)
+        return records
+
+    _rewrite(manifest, change)
+    mountpoint = tmp_path / "mnt"
+    result = _mount(manifest, mountpoint, TEST_BINDING, None)
+    try:
+        assert "Traceback" not in result.stderr
+        if result.returncode != 0:
+            assert result.stderr.startswith("Error: ") and "manifest is wrong" in result.stderr
+        else:
+            with pytest.raises(OSError) as raised:
+                os.listdir(mountpoint)
+            assert raised.value.errno == 5  # EIO
+    finally:
+        packfs_cli("unmount", mountpoint)
+
+
 def test_a_shard_replaced_by_a_symlink_outside_the_set_is_refused(four, tmp_path) -> None:
     manifest, shards, files = four
     outside = tmp_path / "outside.ffr"
@@ -318,3 +345,43 @@ def test_a_manifest_naming_a_shard_through_a_directory_link_outside_is_refused(f
     # The same archives named by the user (a list) are theirs to name.
     with open_archive([str(s) for s in shards[:3]] + [str(elsewhere / shards[3].name)]) as opened:
         assert opened.shard_count == 4
+
+
+def test_a_dropped_shard_keeps_serving_the_files_and_views_taken_from_it(four) -> None:
+    """A shard dropped to stay within the bound is not closed under its readers: a file
+    object, a view, and reads in other threads keep working."""
+    import random
+    import threading
+
+    manifest, shards, files = four
+    with packfs.PackedFolder(manifest) as folder:
+        shard_set = folder.archive
+        shard_set._open_limit = 1  # the bound open_shard_limit() gives, made tiny
+        paths = sorted(files)
+        first, last = paths[0], paths[-1]
+        view = folder.read_view(first)
+        handle = folder.open(first)
+        assert folder.read(last) == files[last]  # another shard: the first is dropped
+        assert shard_set.open_shards == 1
+        assert bytes(view) == files[first] and handle.read() == files[first]
+        handle.close()
+        view.release()
+        problems = []
+
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for path in rng.choices(paths, k=300):
+                    assert folder.read(path) == files[path]
+                    with folder.open(path) as opened:
+                        assert opened.read() == files[path]
+            except BaseException as error:  # noqa: BLE001 (reported below)
+                problems.append(repr(error))
+
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert problems == []
+        assert shard_set.open_shards <= 1
