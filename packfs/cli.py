@@ -19,6 +19,7 @@ from . import __version__
 from .errors import PackfsError, PackSourceError, RecordFileError
 from .extract import unpack as unpack_archive
 from .folder import PackedFolder
+from .source import shown_location
 from .write import SkippedPath, pack_folder, remove_unfinished
 
 # Checked by the library, which says in one line what is wrong (missing, a directory,
@@ -49,10 +50,11 @@ def _cache_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     command = click.option("--cache-size", metavar="SIZE", expose_value=False,
                            callback=_cache_setting("PACKFS_CACHE_SIZE", parse_size),
-                           help="For a URL: bound the disk cache (as 20G; default: $PACKFS_CACHE_SIZE, else 32G).")(command)
+                           help="The bound of the disk cache of archives at URLs (as 20G; default: $PACKFS_CACHE_SIZE, "
+                                "else 32G).")(command)
     return click.option("--cache-dir", metavar="DIR", expose_value=False, callback=_cache_setting("PACKFS_CACHE_DIR"),
-                        help="For a URL: the disk cache shared by every process on the node ('off': none; default: "
-                             "$PACKFS_CACHE_DIR, else ~/.cache/packfs).")(command)
+                        help="The disk cache of archives at URLs, shared by every process on the node ('off': none; "
+                             "default: $PACKFS_CACHE_DIR, else $XDG_CACHE_HOME/packfs, else ~/.cache/packfs).")(command)
 
 
 def human_size(n: float) -> str:
@@ -64,8 +66,46 @@ def human_size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+class _Command(click.Command):
+    """A command taking an ARCHIVE says, when it gets extra arguments that are files,
+    that they look like a glob the shell expanded, and how to quote it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        words = [arg for arg in args if not arg.startswith("-")]  # the parser consumes args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            if "unexpected extra argument" in error.message and any(p.name == "archive" for p in self.params):
+                hint = _glob_hint(ctx.command_path, words)
+                if hint:
+                    error.message += hint
+            raise
+
+
+def _glob_hint(command: str, words: list[str]) -> str:
+    """For words of which several are existing files: quote the glob, so packfs opens
+    the files as one set (the shell gave them as arguments of their own)."""
+    import shlex
+
+    files = [word for word in words if os.path.isfile(word)]
+    if len(files) < 2:
+        return ""
+    directories = {os.path.dirname(file) for file in files}
+    suffixes = {os.path.splitext(file)[1] for file in files}
+    if len(directories) == 1 and len(suffixes) == 1:
+        pattern = os.path.join(directories.pop(), "*" + suffixes.pop())
+    else:
+        pattern = "shards/*.ffr"
+    others = " ".join(shlex.quote(word) for word in words if word not in files)  # a mount point
+    example = " ".join(part for part in (command, shlex.quote(pattern), others) if part)
+    return (f".  Did the shell expand a glob into these {len(files)} files?  Quote it, and packfs opens "
+            f"the archives it matches as one set: {example}")
+
+
 class _Group(click.Group):
     """Turns PackfsError into one ``Error: ...`` line and exit 1 (a traceback with --debug)."""
+
+    command_class = _Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # `mount -t fuse.packfs ARCHIVE DIR` and fstab lines of that type, without the
@@ -876,7 +916,7 @@ def _ls_json(archive: str, path: str, recursive: bool) -> None:
 _FIND_TYPES = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR, "l": stat_module.S_IFLNK}
 
 
-class _FindCommand(click.Command):
+class _FindCommand(_Command):
     """Names a find(1) predicate it does not have as a whole word (click alone says
     ``No such option '-m'`` for ``-maxdepth``), with the ones it has."""
 
@@ -1117,7 +1157,7 @@ def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> No
     if as_json:
         _echo_report(archive, kind, report)
         if not report.ok:
-            raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)}")
+            raise click.ClickException(f"{shown_location(archive)!r} is damaged: {_damage_summary(report)}")
         return
     if report.ok:
         symlinks = f", {_count(report.symlinks_checked, 'symlink')}" if report.symlinks_checked else ""
@@ -1128,7 +1168,7 @@ def verify(archive: str, quiet: bool, force_progress: bool, as_json: bool) -> No
         _echo_path_line(f"damaged: {path}")
     for problem in report.problems:
         click.echo(f"damaged: {problem}")
-    raise click.ClickException(f"{archive!r} is damaged: {_damage_summary(report)} (listed above)")
+    raise click.ClickException(f"{shown_location(archive)!r} is damaged: {_damage_summary(report)} (listed above)")
 
 
 def _show_fetched(progress: _TerminalProgress, folder: PackedFolder) -> None:
@@ -1330,6 +1370,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     fuse_mount.check_fuse(binding)
     fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
     opened = fuse_mount.open_for_mount(archive, check_data)
+    fuse_mount.hide_command_line_secrets()  # a URL's password, shown by ps while the mount serves
     binding, notice = fuse_mount.choose_binding(binding, opened)
     if notice:
         click.echo(f"note: {notice}", err=True)
@@ -1346,7 +1387,7 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
         return
     log_path = log_file or fuse_mount.state_file(mountpoint, ".log")
     pid = fuse_mount.mount_in_background(opened, mountpoint, log_path, foreground=True, **settings)
-    click.echo(f"mounted {archive!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
+    click.echo(f"mounted {shown_location(archive)!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
 
 
 @main.command()
@@ -1483,7 +1524,7 @@ def cache_prefetch(url: str, quiet: bool, force_progress: bool) -> None:
         stats = prefetch(url, progress.add_bytes, opened=opened)
         progress.fetched = lambda: stats  # the archive is closed: its last line says what the run fetched
     if not quiet:
-        click.echo(f"prefetched {url}: fetched {human_size(stats.get('bytes_fetched', 0))} in "
+        click.echo(f"prefetched {shown_location(url)}: fetched {human_size(stats.get('bytes_fetched', 0))} in "
                    f"{_count(stats.get('requests', 0), 'request')}, {time.monotonic() - started:.1f} s")
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from .errors import ClosedArchiveError, FormatError, NotADirectoryPathError, PathNotFoundError
 from .folder import PackedFolder, PathArg
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from .source import with_cache_dir
+from .source import shown_location, with_cache_dir
 
 __all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory"]
 
@@ -269,7 +269,7 @@ class PackedFiles(Sequence):
         if entries is None:
             entries, links = select_files(self._folder, pattern)
             if not len(entries):
-                raise PathNotFoundError(f"{self.archive!r}: no file matches {pattern!r}")
+                raise PathNotFoundError(f"{shown_archive(self.archive)!r}: no file matches {pattern!r}")
         self._links = links or {}  # position -> its path, for a file reached through a symlink
         self.entries = np.ascontiguousarray(entries, dtype=np.int64)
         self.entries.setflags(write=False)
@@ -278,7 +278,7 @@ class PackedFiles(Sequence):
     def folder(self) -> PackedFolder:
         """The open archive, re-opened in a process that did not open it (a worker)."""
         if self._closed:
-            raise ClosedArchiveError(f"I/O operation on a closed dataset ({self.archive!r})")
+            raise ClosedArchiveError(f"I/O operation on a closed dataset ({shown_archive(self.archive)!r})")
         if self._folder is None or self._pid != os.getpid():
             # A forked worker drops its copy of the parent's folder rather than sharing
             # its file offset.
@@ -287,7 +287,7 @@ class PackedFiles(Sequence):
             if identity != self._identity:
                 folder.close()
                 raise FormatError(
-                    f"{self.archive!r} changed since these files were selected from it "
+                    f"{shown_archive(self.archive)!r} changed since these files were selected from it "
                     f"(device, inode, size and mtime {identity}, expected {self._identity}): "
                     f"select them again"
                 )
@@ -362,7 +362,17 @@ class PackedFiles(Sequence):
         self._closed = True
 
     def __repr__(self) -> str:
-        return f"PackedFiles({self.archive!r}, {self.pattern!r}: {len(self)} files)"
+        return f"PackedFiles({shown_archive(self.archive)!r}, {self.pattern!r}: {len(self)} files)"
+
+
+def shown_archive(spec: object) -> object:
+    """A dataset's archive (a path, URL or list of them) as messages and ``repr`` show
+    it: a URL without its user and password (what workers re-open keeps them)."""
+    if isinstance(spec, str):
+        return shown_location(spec)
+    if isinstance(spec, (list, tuple)):
+        return [shown_location(item) if isinstance(item, str) else item for item in spec]
+    return spec
 
 
 def _identity(folder: PackedFolder) -> object:

@@ -443,6 +443,7 @@ met, and ``verify`` finds all of it.
 
 from __future__ import annotations
 
+import codecs
 import re
 import stat as stat_module
 import struct
@@ -862,4 +863,16 @@ def foreign_format(head: bytes) -> str | None:
     for offset, magic, description in _FOREIGN_MAGIC:
         if head[offset : offset + len(magic)] == magic:
             return description
+    if _is_text(head):
+        return "a text file"
     return None
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether ``head`` is UTF-8 text (no control characters but whitespace).  A
+    container header never is: its record count's high bytes are NUL."""
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)  # a character cut at the end is fine
+    except UnicodeDecodeError:
+        return False
+    return bool(text) and not any(ord(c) < 32 and c not in "\t\n\r\f\v" or c == "\x7f" for c in text)

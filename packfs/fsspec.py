@@ -8,15 +8,29 @@ reads files inside an archive by URL.  The archive is named in one of three ways
   path that is an existing local file; there is at most one, since nothing on a local
   file system lies below a file.  The file system's paths then start with the
   archive's (``fs.ls("data.ffr/train")``);
-- chained, as fsspec chains file systems: ``packfs://train/cat/1.jpg::data.ffr``;
+- chained, as fsspec chains file systems: ``packfs://train/cat/1.jpg::data.ffr``, and
+  from S3 or HTTP(S): ``packfs://train/cat/1.jpg::s3://bucket/data.ffr`` (the ``s3``
+  part's options as fsspec passes a chain's: ``s3={"endpoint_url": ...}``);
 - as ``fo``: ``fsspec.open("packfs://train/cat/1.jpg", fo="data.ffr")``,
-  ``storage_options={"fo": "data.ffr"}``; paths are then inside the archive.
+  ``storage_options={"fo": "data.ffr"}``; paths are then inside the archive.  A remote
+  ``fo`` (``"s3://bucket/data.ffr"``, or ``"bucket/data.ffr"`` with
+  ``target_protocol="s3"``) takes its credentials and endpoint as ``target_options``
+  (fsspec's name, as ``zip`` and ``tar`` take it) or ``storage_options``.
+
+packfs reads a remote archive itself (:mod:`packfs.source.remote`): neither s3fs nor
+aiohttp is needed.  fsspec looks up the class of every protocol in a chain, even one
+it will not use; where s3fs (or aiohttp, for http(s)) is not installed, importing this
+module registers a stand-in for ``s3``, ``http`` and ``https`` that serves only that
+look-up (used on its own it raises fsspec's ImportError).  So without s3fs, a chained
+URL works once ``packfs.fsspec`` is imported (``import packfs.fsspec``; any earlier
+``packfs://`` URL in the process also imports it).
 
 ::
 
     fsspec.open("packfs://data.ffr/train/cat/1.jpg")
     pandas.read_csv("packfs://data.ffr/labels.csv")
     fs = fsspec.filesystem("packfs", fo="data.ffr"); fs.ls("train"); fs.glob("**/*.jpg")
+    fs = fsspec.filesystem("packfs", fo="s3://bucket/data.ffr", target_options={"anon": True})
 
 Read-only: anything that would write raises ``PermissionError``.  Files open as
 ``PackedFolder.open`` opens them (seekable, CRC checked once at open when
@@ -25,6 +39,7 @@ Read-only: anything that would write raises ``PermissionError``.  Files open as
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -63,8 +78,10 @@ class PackfsFileSystem(AbstractFileSystem):
     """A read-only fsspec file system over one archive, named by ``fo=ARCHIVE``
     (``storage_options={"fo": "data.ffr"}``), by the URL's path
     (``packfs://data.ffr/labels.csv``) or by a chained URL
-    (``packfs://labels.csv::data.ffr``); ls, info, cat, glob and seekable ``open``
-    work, every write is refused.
+    (``packfs://labels.csv::data.ffr``, ``packfs://labels.csv::s3://bucket/data.ffr``);
+    a remote archive's options (credentials, endpoint) are ``target_options``, or
+    ``storage_options``, ``target_protocol`` its scheme when ``fo`` has none; ls, info,
+    cat, glob and seekable ``open`` work, every write is refused.
 
     Raises
     ------
@@ -72,20 +89,22 @@ class PackfsFileSystem(AbstractFileSystem):
         No archive is named (the message lists the URL forms).
     RemoteArchiveError
         The archive is chained from a remote file system packfs does not read (it reads
-        ``::s3://...`` and ``::http(s)://...``, with ``target_options`` as their
-        ``storage_options``).
+        ``::s3://...`` and ``::http(s)://...``), or options are given for a local one.
     """
     protocol = "packfs"
     root_marker = ""
 
     def __init__(self, fo: str | os.PathLike[str] = "", check_data: bool = True,
                  archive_in_url: str | None = None, target_protocol: str | None = None, **kwargs: Any) -> None:
-        # A chained remote target's options (credentials, endpoint) are the archive's.
-        target_options = kwargs.pop("target_options", None)
+        # A remote archive's options (credentials, endpoint): fsspec's target_options
+        # (what a chain's s3={...} becomes), or storage_options, as PackedFolder names them.
+        target_options = {**(kwargs.pop("storage_options", None) or {}), **(kwargs.pop("target_options", None) or {})}
         super().__init__(**kwargs)
-        if target_protocol not in (None, "file", "local"):
-            # Chained from another file system (packfs://x::s3://bucket/a.ffr): its URL,
-            # which the source layer reports as remote.
+        if target_protocol not in (None, "file", "local") and "://" not in os.fspath(fo):
+            # Chained from another file system (packfs://x::s3://bucket/a.ffr, given as
+            # fo="bucket/a.ffr", target_protocol="s3"): its URL, which the source layer
+            # reads (or reports as a scheme it does not read).  fsspec's http gives the
+            # whole URL already, as the stand-ins below do.
             fo = f"{target_protocol}://{os.fspath(fo)}"
         if fo and archive_in_url and not _same_file(fo, archive_in_url):
             archive_in_url = None  # a path inside fo that happens to name a local file
@@ -170,3 +189,52 @@ def _same_file(first: str | os.PathLike[str], second: str) -> bool:
         return os.path.samefile(first, second)
     except OSError:
         return False
+
+
+class _ChainStandIn(AbstractFileSystem):
+    """Stands in for a remote file system that is not installed (s3fs; fsspec's http
+    without aiohttp) when fsspec parses ``packfs://PATH::s3://...``: fsspec looks up the
+    class of each protocol in a chain, and packfs reads the archive at that URL itself.
+    Used on its own, it raises the ImportError fsspec would have."""
+
+    missing = ""  # fsspec's message: what to install
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise ImportError(f"{self.missing} (packfs reads archives at {self.protocol}:// URLs without it: "
+                          f"packfs://PATH::{self.protocol}://...)")
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return path  # the whole URL, for packfs's own remote source
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        return {}
+
+
+# protocol -> the module its fsspec implementation cannot be imported without.
+_CHAIN_TARGETS = {"s3": "s3fs", "http": "aiohttp", "https": "aiohttp"}
+
+
+def _register_chain_stand_ins() -> None:
+    """A stand-in for each protocol of _CHAIN_TARGETS whose implementation is not
+    installed (nothing is replaced: a protocol already registered is left alone)."""
+    from fsspec.registry import known_implementations, register_implementation, registry
+
+    for protocol, module in _CHAIN_TARGETS.items():
+        if protocol in registry or _importable(module):
+            continue
+        missing = known_implementations.get(protocol, {}).get("err") or f"Install {module} to access {protocol}://"
+        stand_in = type(f"PackfsChainStandIn_{protocol}", (_ChainStandIn,), {"protocol": protocol, "missing": missing})
+        register_implementation(protocol, stand_in)
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` is installed (found, not imported: s3fs imports a lot)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_register_chain_stand_ins()

@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Union
 
 from .core import ShardSet, open_archive
+from .core.union import is_shard_set_spec
 from .errors import RemoteArchiveError
 from .source import is_url
 from .source.cache import LAYOUT, default_cache_dir, default_cache_size
@@ -62,12 +63,27 @@ def cache_stats(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str
 
 
 def cache_clear(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str] = None) -> tuple[int, int]:
-    """Remove every archive from the node's disk cache, or every version of ``url``:
-    (archives removed, bytes freed).  Safe while other processes read: they fetch again
-    what they need."""
-    if url is not None:
-        _check_url(url)
-    return clear_cached(os.path.join(cache_location(cache_dir), LAYOUT), None if url is None else _as_named(url))
+    """Remove every archive from the node's disk cache, or every version of ``url`` (a
+    shard set's manifest: of each of its shards): (archives removed, bytes freed).  Safe
+    while other processes read: they fetch again what they need."""
+    root = os.path.join(cache_location(cache_dir), LAYOUT)
+    if url is None:
+        return clear_cached(root, None)
+    _check_url(url)
+    removed = freed = 0
+    for each in _archive_urls(url):
+        counts = clear_cached(root, _as_named(each))
+        removed, freed = removed + counts[0], freed + counts[1]
+    return removed, freed
+
+
+def _archive_urls(url: str) -> List[str]:
+    """The archives ``url`` names: itself, or a manifest's shards (the manifest read,
+    no shard opened: a set's shards are cached under their own URLs)."""
+    if not is_shard_set_spec(url):
+        return [url]
+    with open_archive(url, cache_dir=False) as opened:
+        return list(opened.shard_locations) if isinstance(opened, ShardSet) else [url]
 
 
 def cache_prefetch(url: str, progress: Optional[Callable[[int], None]] = None,

@@ -33,7 +33,7 @@ try:
 except ImportError as error:
     raise missing_dependency(error, "torch", "packfs.torch", "torch", "PyTorch") from None
 
-from .dataset import PackedFiles, files_by_directory
+from .dataset import PackedFiles, files_by_directory, shown_archive
 from .folder import PackedFolder, PathArg
 from .source import with_cache_dir
 
@@ -124,7 +124,7 @@ class PackedDataset(Dataset):
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.archive!r}, {self.files.pattern!r}: {len(self)} files)"
+        return f"{type(self).__name__}({shown_archive(self.archive)!r}, {self.files.pattern!r}: {len(self)} files)"
 
 
 class ResumableDistributedSampler(DistributedSampler):
@@ -342,7 +342,7 @@ class PackedImageFolder(PackedDataset):
             image = self.loader(data)
         except Exception as error:
             if hasattr(error, "add_note"):  # Python 3.11+
-                error.add_note(f"while decoding {self.path(index)!r} in {self.archive!r}")
+                error.add_note(f"while decoding {self.path(index)!r} in {shown_archive(self.archive)!r}")
             raise
         target: Any = int(self._targets[index])
         if self.transform is not None:

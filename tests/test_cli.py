@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from packfs import PackedFolder
+from packfs import PackedFolder, pack_folder
 from packfs.cli import main
 from tests.conftest import BLUEPRINT, NON_UTF8, VECTORS, cli_runner, damaged_copy
 
@@ -143,7 +143,7 @@ def test_cat_errors(run, archive: Path) -> None:
 def test_bad_archives_give_one_line(run, tmp_path: Path) -> None:
     junk = tmp_path / "junk.ffr"
     junk.write_bytes(b"not an archive at all")
-    _one_line_error(run("ls", junk), repr(str(junk)), "header claims")
+    _one_line_error(run("ls", junk), f"{str(junk)!r} is a text file, not a packfs archive")
     _one_line_error(run("ls", VECTORS / "records.ffr"), "not a packfs archive")
     _one_line_error(run("verify", VECTORS / "corrupt_header.ffr"), "header checksum mismatch")
 
@@ -153,6 +153,32 @@ def test_usage_errors_exit_2(run, tmp_path: Path) -> None:
     assert run("ls", tmp_path / "missing.ffr").exit_code == 1
     assert run("pack").exit_code == 2
     assert run("frobnicate").exit_code == 2
+
+
+def test_an_unquoted_glob_is_a_usage_error_that_says_to_quote_it(tmp_path: Path) -> None:
+    from tests.conftest import packfs_cli
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        src = tmp_path / f"src{i}"
+        src.mkdir()
+        (src / f"part{i}.txt").write_text(f"part {i}\n")
+        pack_folder(src, shards / f"part-{i}.ffr")
+    expanded = sorted(str(path) for path in shards.glob("*.ffr"))  # what `packfs ls shards/*.ffr` runs
+    quoted = f"'{shards}/*.ffr'"
+    for args, example in ((["ls", *expanded], f"packfs ls {quoted}"),
+                          (["mount", *expanded, tmp_path / "mnt"], f"packfs mount {quoted} {tmp_path / 'mnt'}")):
+        result = packfs_cli(*args)
+        assert result.returncode == 2 and "Usage: packfs" in result.stderr, result.stderr
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith("Error: Got unexpected extra argument"), error
+        assert "Did the shell expand a glob into these 3 files?  Quote it" in error and error.endswith(example)
+    listed = packfs_cli("ls", f"{shards}/*.ffr")  # quoted: packfs opens the set
+    assert listed.returncode == 0 and listed.stdout.split() == ["part0.txt", "part1.txt", "part2.txt"]
+    # Extra words that are not files: click's message alone.
+    plain = packfs_cli("ls", expanded[0], "x", "y")
+    assert plain.returncode == 2 and "glob" not in plain.stderr and "unexpected extra argument (y)" in plain.stderr
 
 
 def test_debug_shows_the_traceback(run, tmp_path: Path) -> None:
@@ -436,6 +462,26 @@ def test_progress_option_in_a_pipe_and_quiet(run, archive: Path, tmp_path: Path)
         assert "\r" not in forced.stderr and "fetched" not in forced.stderr  # a local archive fetches nothing
     quiet = run("unpack", "-q", "--progress", archive, tmp_path / "out3")
     assert quiet.stderr.startswith("unpacking ") and "unpacked" not in quiet.stderr  # progress, no summary
+
+
+def test_verify_progress_ends_at_100_percent_of_the_archive(run, tmp_path: Path) -> None:
+    # Many small files: the header is a tenth of the archive.  verify once counted only
+    # the records, so its last line said 89.4% (99.9% on a large archive).
+    src = tmp_path / "small"
+    src.mkdir()
+    for i in range(50):
+        (src / f"f{i}.txt").write_text(f"file {i}\n")
+    archive = tmp_path / "small.ffr"
+    assert run("pack", "-q", src, archive).exit_code == 0
+    size = archive.stat().st_size
+    record_file = VECTORS / "records.ffr"
+    for path in (archive, record_file):
+        result = run("verify", "--progress", path)
+        assert result.exit_code == 0, result.output
+        last = [line for line in result.stderr.splitlines() if line.startswith("verifying")][-1]
+        assert last.startswith("verifying 100.0%  "), result.stderr
+    report = json.loads(run("verify", "--json", archive).stdout)
+    assert report["bytes_checked"] == size  # the header counts as checked, as the progress does
 
 
 def test_info_prints_the_fetch_and_cache_counters_a_source_keeps() -> None:

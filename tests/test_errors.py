@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -138,7 +139,15 @@ def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]
     data = archive.read_bytes()
     truncated = tmp_path / "truncated.ffr"
     truncated.write_bytes(data[: len(data) // 2])
+    text = tmp_path / "passwd"  # as /etc/passwd: `packfs mount /etc/passwd` once spoke of its "records"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
+    binary = tmp_path / "random.bin"  # its first 8 bytes as a record count: negative
+    binary.write_bytes(bytes(random.Random(33).getrandbits(8) for _ in range(4096))[:11] + b"\xf3"
+                       + bytes(random.Random(34).getrandbits(8) for _ in range(4096)))
     return {
+        "text": (text, f"{str(text)!r} is a text file, not a packfs archive"),
+        "random": (binary, f"{str(binary)!r}: not a packfs archive (no FFRecord header: its first 12 bytes give "
+                           f"a record count that no file could hold)"),
         "tar": (tar, "is a tar archive, not a packfs archive; to make one from it: packfs pack"),
         "zip": (zipped, "is a zip archive, not a packfs archive"),
         "gzip": (gz, "is gzip-compressed data, not a packfs archive"),
@@ -149,7 +158,7 @@ def _foreign_files(tmp_path: Path, archive: Path) -> dict[str, tuple[Path, str]]
     }
 
 
-@pytest.mark.parametrize("kind", ["tar", "zip", "gzip", "empty", "truncated"])
+@pytest.mark.parametrize("kind", ["tar", "zip", "gzip", "empty", "truncated", "text", "random"])
 @pytest.mark.parametrize("check_data", [True, False])
 def test_files_that_are_not_archives_say_what_they_are(archive: Path, tmp_path: Path, kind: str,
                                                        check_data: bool) -> None:
@@ -161,7 +170,7 @@ def test_files_that_are_not_archives_say_what_they_are(archive: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("command", ["info", "ls", "verify", "find", "mount"])
-@pytest.mark.parametrize("kind", ["tar", "zip", "empty", "truncated", "missing", "directory"])
+@pytest.mark.parametrize("kind", ["tar", "zip", "empty", "truncated", "text", "random", "missing", "directory"])
 def test_the_cli_says_it_in_one_line_and_exits_1(archive: Path, tmp_path: Path, command: str, kind: str) -> None:
     files = _foreign_files(tmp_path, archive)
     files["missing"] = (tmp_path / "missing.ffr", "no such file, expected an archive")
@@ -238,3 +247,32 @@ def test_a_broken_dependency_is_not_called_missing() -> None:
     assert packfs.errors.missing_dependency(error, "torch", "packfs.torch", "torch") is error
     inner = ModuleNotFoundError("No module named 'typing_extensions'", name="typing_extensions")
     assert packfs.errors.missing_dependency(inner, "torch", "packfs.torch", "torch") is inner
+
+
+def test_a_clone_named_packfs_run_from_its_parent_is_one_clear_import_error(tmp_path: Path) -> None:
+    """A script beside a clone named packfs once imported the clone's folder as an empty
+    namespace package (``packfs.PackedFolder``: AttributeError, while ``packfs.torch``
+    imported); the root's __init__.py makes it one ImportError saying what to do."""
+    from tests.conftest import REPO
+
+    clone = tmp_path / "packfs"
+    clone.symlink_to(REPO, target_is_directory=True)  # as `git clone ... packfs` beside the script
+    (tmp_path / "train.py").write_text("import packfs\nprint(packfs.PackedFolder)\n")
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    for command in (["train.py"], ["-c", "import packfs"], ["-c", "from packfs.torch import PackedImageFolder"],
+                    ["-c", "import packfs.fsspec"]):
+        result = subprocess.run([sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ImportError: 'import packfs' found {clone}, the folder of a clone of packfs's "
+                               f"repository, not the packfs package (which is {clone / 'packfs'})"), last
+        assert f"Run from another directory (from inside the clone, cd {clone}, works too), or rename the clone " \
+               f"(mv {clone} {clone}-src)" in last
+        assert "AttributeError" not in result.stderr
+    # From inside the clone, or anywhere else, packfs is the package.
+    for where in (clone, tmp_path / "elsewhere"):
+        where.mkdir(exist_ok=True)
+        result = subprocess.run([sys.executable, "-c", "import packfs; print(packfs.PackedFolder.__name__)"],
+                                cwd=where, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout == "PackedFolder\n", result.stderr

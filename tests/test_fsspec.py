@@ -8,6 +8,7 @@ import pytest
 
 import packfs
 from tests.conftest import require_extra
+from tests.test_remote_source import moto, nginx  # noqa: F401 (fixtures: real servers on loopback)
 
 fsspec = require_extra("fsspec", "fsspec")
 
@@ -116,6 +117,82 @@ def test_a_url_without_an_archive_names_the_forms(tmp_path: Path, monkeypatch: p
             assert form in message
 
 
-def test_a_remote_archive_chained_is_not_supported_yet() -> None:
+def test_an_archive_chained_from_a_scheme_packfs_does_not_read() -> None:
     with pytest.raises(packfs.RemoteArchiveError, match="'memory:///a.ffr': memory:// URLs are not supported"):
         fsspec.open("packfs://labels.csv::memory://a.ffr").open()
+
+
+# -- a remote archive, read by packfs itself: no s3fs, no aiohttp ----------------------
+
+# Run in a process of its own where s3fs and aiohttp cannot be imported even if they are
+# installed: what fsspec needs from them is only to parse a chained URL.
+_WITHOUT_S3FS = """
+import importlib.abc, json, os, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("s3fs", "aiohttp"):
+            raise ImportError(f"blocked for this test: {name}")
+        return None
+
+sys.meta_path.insert(0, Block())
+import fsspec
+import packfs.fsspec
+
+so = json.loads(os.environ["TEST_STORAGE_OPTIONS"])
+http = os.environ["TEST_HTTP_URL"]
+read = {}
+read["storage_options"] = fsspec.filesystem("packfs", fo="s3://bucket/data.ffr", storage_options=so).cat("labels.csv")
+read["target_options"] = fsspec.filesystem("packfs", fo="s3://bucket/data.ffr", target_options=so).cat("labels.csv")
+read["target_protocol"] = fsspec.filesystem("packfs", fo="bucket/data.ffr", target_protocol="s3",
+                                            target_options=so).cat("labels.csv")
+with fsspec.open("packfs://labels.csv::s3://bucket/data.ffr", s3=so) as f:
+    read["chained s3"] = f.read()
+with fsspec.open("packfs://train/cat/1.jpg::s3://bucket/data.ffr", s3=so) as f:
+    f.seek(-4, 2)
+    read["chained s3, seek"] = f.read()
+with fsspec.open(f"packfs://labels.csv::{http}") as f:
+    read["chained http"] = f.read()
+read["pandas"] = None
+try:
+    import pandas
+except ImportError:
+    pass
+else:
+    frame = pandas.read_csv("packfs://labels.csv", storage_options={"fo": "s3://bucket/data.ffr", "target_options": so})
+    read["pandas"] = frame.iloc[0]["label"]
+try:
+    fsspec.open("s3://bucket/data.ffr").open()  # s3 on its own: fsspec's own error, as ever
+except ImportError as error:
+    read["s3 alone"] = str(error)
+print(json.dumps({key: value.decode() if isinstance(value, bytes) else value for key, value in read.items()}))
+"""
+
+
+def test_a_remote_archive_by_every_spelling_without_s3fs(dataset: Path, moto, nginx, tmp_path: Path) -> None:  # noqa: F811
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.remote_servers import S3_KEY, S3_REGION, S3_SECRET
+
+    data = dataset.read_bytes()
+    moto.client().put_object(Bucket="bucket", Key="data.ffr", Body=data)
+    nginx.put("data.ffr", data)
+    options = {"key": S3_KEY, "secret": S3_SECRET, "region": S3_REGION, "endpoint_url": moto.endpoint}
+    # No credentials in the environment: the options given are the only ones.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               TEST_STORAGE_OPTIONS=json.dumps(options), TEST_HTTP_URL=nginx.url("data.ffr"))
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_S3FS], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    read = json.loads(result.stdout)
+    labels = "path,label\ntrain/cat/1.jpg,cat\n"
+    for spelling in ("storage_options", "target_options", "target_protocol", "chained s3", "chained http"):
+        assert read[spelling] == labels, spelling
+    assert read["chained s3, seek"] == "jpeg"
+    assert read["pandas"] == ("cat" if importlib.util.find_spec("pandas") else None)
+    assert read["s3 alone"].startswith("Install s3fs to access S3")

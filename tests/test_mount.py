@@ -232,7 +232,7 @@ def test_up_front_errors(archive: Path, tmp_path: Path) -> None:
 
     cases = [
         ((tmp_path / "missing.ffr", empty), 1, "no such file, expected an archive"),
-        ((junk, empty), 1, "header claims"),
+        ((junk, empty), 1, "is a text file, not a packfs archive"),
         ((VECTORS / "corrupt_header.ffr", empty), 1, "header checksum mismatch"),
         ((VECTORS / "records.ffr", empty), 1, "not a packfs archive"),
         ((archive, tmp_path / "nowhere"), 1, "does not exist, expected a directory"),

@@ -198,6 +198,10 @@ def test_prefetch_of_a_shard_set_fills_every_shard(nginx, tmp_path) -> None:  # 
     nginx.clear_log()
     _read_in_a_process(nginx.url("all.ffrset"), tmp_path / "cache", names)
     assert _data_gets(nginx) == []
+    # Clearing the set's manifest URL clears its shards, which are cached under their own URLs.
+    cleared = _packfs("cache", "clear", nginx.url("all.ffrset"), "--cache-dir", str(tmp_path / "cache"))
+    assert cleared.stdout.startswith("removed 2 archives"), cleared.stdout
+    assert _listing(tmp_path / "cache")["archives"] == []
 
 
 @pytest.mark.parametrize("args", [("cache", "prefetch", "not-a-url.ffr"),

@@ -29,6 +29,8 @@ _SCAN_CHUNK = 8 << 20
 _COPY_CHUNK = 1 << 20
 # Smaller records are copied out of the (guarded) map, larger ones read with pread.
 MAP_COPY_BYTES = 1 << 20
+# Offsets are signed 64-bit (format section 1): no container is larger.
+_LARGEST_FILE = (1 << 63) - 1
 
 ProgressCallback = Callable[[int], None]
 _T = TypeVar("_T")
@@ -134,9 +136,11 @@ class Container:
             return
         prefix = source.mapping if self.zero_copy else source.read(0, HEADER_PREFIX.size)
         checksum_meta, n = HEADER_PREFIX.unpack_from(prefix, 0)
-        if n < 0:
-            raise FormatError(f"{self.path!r}: not a packfs or FFRecord archive: its header "
-                              f"claims {n} records")
+        if n < 0 or header_size(n) > _LARGEST_FILE:
+            # Offsets are int64: no file holds such a header.  Text, or random bytes,
+            # not an archive (a truncated one still has its record count).
+            raise FormatError(f"{self.path!r}: not a packfs archive (no FFRecord header: its first 12 bytes give "
+                              f"a record count that no file could hold)")
         if header_size(n) > self.file_size:
             raise FormatError(
                 f"{self.path!r}: truncated, or not an archive: {self.file_size} bytes, but its "

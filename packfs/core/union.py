@@ -58,7 +58,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       PathNotFoundError)
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from ..source import ByteSource, absolute_location, is_url, open_source, settled_cache_dir, with_cache_dir
+from ..source import (ByteSource, absolute_location, is_url, open_source, settled_cache_dir, shown_location,
+                      with_cache_dir)
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
 from .manifest import (MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
@@ -84,11 +85,12 @@ class SetFooter(NamedTuple):
 class _Shard:
     """One shard: where it is, what the manifest says of it, its archive once opened."""
 
-    __slots__ = ("location", "record", "archive", "first", "last", "first_key", "last_key", "index", "seen")
+    __slots__ = ("location", "name", "record", "archive", "first", "last", "first_key", "last_key", "index", "seen")
 
     def __init__(self, index: int, location: str, record: Optional[ShardRecord]) -> None:
         self.index = index
-        self.location = location
+        self.location = location  # what opens it: a URL's user and password too
+        self.name = shown_location(location)  # what messages show
         self.record = record
         self.archive: Optional[Archive] = None
         # (size, entries, footer CRC) when first opened: a re-open (after the shard was
@@ -215,13 +217,13 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
         # Never from the disk cache: a manifest is replaced in place when a set grows.
         source = open_source(name, storage_options=with_cache_dir(storage_options, False))
     except FileNotFoundError:
-        raise PathNotFoundError(f"{name!r}: no such shard-set manifest") from None
+        raise PathNotFoundError(f"{shown_location(name)!r}: no such shard-set manifest") from None
     try:
         # The size the source reports (a URL's Content-Length) is checked before a byte
         # is read: a hostile or mistaken claim costs no memory.
         if source.size > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{name!r}: {source.size} bytes is too large for a shard-set manifest (at most "
-                              f"{MAX_MANIFEST_BYTES})")
+            raise FormatError(f"{shown_location(name)!r}: {source.size} bytes is too large for a shard-set "
+                              f"manifest (at most {MAX_MANIFEST_BYTES})")
         return source.read(0, source.size)
     finally:
         source.close()
@@ -233,7 +235,8 @@ def _beside(manifest: str, file: str) -> str:
         # A server decodes %-escapes before it resolves '..': "%2e%2e/x" is "../x" there.
         problem = shard_file_problem(unquote(file))
         if problem:
-            raise FormatError(f"{manifest!r}: shard file {file!r} is, %-decoded as a server reads it, {problem}")
+            raise FormatError(f"{shown_location(manifest)!r}: shard file {file!r} is, %-decoded as a server reads "
+                              f"it, {problem}")
         return manifest.rsplit("/", 1)[0] + "/" + file
     return os.path.join(os.path.dirname(manifest), file)
 
@@ -310,16 +313,17 @@ class ShardSet:
     def from_manifest(cls, manifest: PathArg, **options: Any) -> ShardSet:
         """The set a manifest file (or URL) lists; no shard is opened yet."""
         name = os.fsdecode(manifest)
-        records = parse_manifest(_read_manifest(name, options.get("storage_options")), repr(name))
-        return cls([_beside(name, record.file) for record in records], records, name, **options)
+        records = parse_manifest(_read_manifest(name, options.get("storage_options")), repr(shown_location(name)))
+        return cls([_beside(name, record.file) for record in records], records, shown_location(name), **options)
 
     @classmethod
     def from_list(cls, archives: Sequence[PathArg], **options: Any) -> ShardSet:
         """The set of ``archives``, numbered in the order given; each is opened."""
         names = [os.fsdecode(archive) for archive in archives]
+        shown = [shown_location(name) for name in names]
         if len(set(names)) != len(names):
-            raise FormatError(f"a shard set lists one archive twice: {names!r}")
-        return cls(names, None, " + ".join(names) if len(names) <= 3 else f"{names[0]} + {len(names) - 1} more",
+            raise FormatError(f"a shard set lists one archive twice: {shown!r}")
+        return cls(names, None, " + ".join(shown) if len(shown) <= 3 else f"{shown[0]} + {len(shown) - 1} more",
                    **options)
 
     @classmethod
@@ -382,7 +386,7 @@ class ShardSet:
                 raise  # a list's or a glob's archive, named by the user: not there
             # A damaged set, not a path missing from its tree: a mount answers
             # EIO and logs this, rather than ENOENT for a path that is listed.
-            raise FormatError(f"{shard.location!r}: shard {index} of {self.path!r} is missing (moved or "
+            raise FormatError(f"{shard.name!r}: shard {index} of {self.path!r} is missing (moved or "
                               "removed since the manifest was written)") from None
         try:
             if shard.record is not None:
@@ -412,21 +416,21 @@ class ShardSet:
         if real is None:
             real = os.path.realpath(location)
         if not real.startswith(directory.rstrip("/") + "/"):
-            raise FormatError(f"{location!r}: shard {shard.index} of {self.path!r} leads outside the set's "
+            raise FormatError(f"{shard.name!r}: shard {shard.index} of {self.path!r} leads outside the set's "
                               f"directory {directory!r} (to {real!r}, through a symlink): refused")
 
     def _check_against_manifest(self, shard: _Shard, archive: Archive) -> None:
         seen = (archive.size, archive.entry_count, footer_crc(archive))
         if shard.seen is not None:
             if seen != shard.seen:
-                raise FormatError(f"{shard.location!r}: shard {shard.index} of {self.path!r} was replaced or "
+                raise FormatError(f"{shard.name!r}: shard {shard.index} of {self.path!r} was replaced or "
                                   "rewritten since the set was opened")
             return
         record = shard.record
         if record is not None:
             if seen != (record.size, record.entries, record.footer_crc):
                 raise FormatError(
-                    f"{shard.location!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
+                    f"{shard.name!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
                     f"{archive.entry_count} entries, the manifest says {record.size} and {record.entries}, or its "
                     "footer differs): replaced or rewritten since the manifest was written"
                 )
@@ -436,7 +440,7 @@ class ShardSet:
             first, last = leaf_range(archive)
             if (first, last) != (record.first, record.last):
                 raise FormatError(
-                    f"{shard.location!r}: shard {shard.index} of {self.path!r} holds "
+                    f"{shard.name!r}: shard {shard.index} of {self.path!r} holds "
                     f"{os.fsdecode(first)!r} to {os.fsdecode(last)!r}, its manifest says "
                     f"{os.fsdecode(record.first)!r} to {os.fsdecode(record.last)!r}: the manifest is wrong"
                 )
@@ -504,8 +508,8 @@ class ShardSet:
                     entry = archive.find(path)
                     if entry >= 0 and archive.file_type(entry) != S_IFDIR:
                         raise FormatError(
-                            f"{os.fsdecode(path)!r} is in both {other.location!r} (not as a directory) and "
-                            f"{shard.location!r} (a directory): the archives of a set must not hold the same path "
+                            f"{os.fsdecode(path)!r} is in both {other.name!r} (not as a directory) and "
+                            f"{shard.name!r} (a directory): the archives of a set must not hold the same path "
                             "(but directories)"
                         )
 
@@ -524,7 +528,7 @@ class ShardSet:
                 continue
             if int(modes[entry]) & S_IFMT != S_IFDIR or large_archive.file_type(other) != S_IFDIR:
                 raise FormatError(
-                    f"{os.fsdecode(path)!r} is in both {small.location!r} and {large.location!r}: the archives of a "
+                    f"{os.fsdecode(path)!r} is in both {small.name!r} and {large.name!r}: the archives of a "
                     "set must not hold the same path (but directories)"
                 )
 
@@ -537,7 +541,8 @@ class ShardSet:
 
     @property
     def shard_locations(self) -> list[str]:
-        """The shards' paths or URLs, in numbering order."""
+        """The shards' paths or URLs, in numbering order, as they open (a URL's user and
+        password included: show :func:`~packfs.source.shown_location` of one)."""
         return [shard.location for shard in self._shards]
 
     def shard_of(self, entry: int) -> tuple[Archive, int]:
@@ -1224,7 +1229,7 @@ class ShardSet:
             symlinks += report.symlinks_checked
             bad_paths += list(report.bad_paths)
             bad_records += [record_base + r for r in report.bad_records]
-            problems += [f"{shard.location}: {problem}" for problem in report.problems]
+            problems += [f"{shard.name}: {problem}" for problem in report.problems]
             record_base += archive.record_count
         try:
             for a_position, a in enumerate(self._shards):

@@ -53,21 +53,29 @@ def verify_archive(
     bad_records = []
     checked_bytes = 0
     problems = []
+    # Progress and bytes_checked count every byte of the file once: the header (its
+    # checksum and what it covers; a legacy one's offsets) here, then each record, so a
+    # run ends at the archive's size (100%).
     if container.legacy_header:
         problems.append("header: its checksum is 0, FFRecord's legacy marker (an old FFRecord file, or one "
                         "whose writer was aborted), so the header cannot be checked")
+        if progress is not None:
+            progress(container.data_start)
     else:
         with SequentialScan(container.source, 4, container.data_start) if not container.zero_copy \
                 else contextlib.nullcontext() as header:
-            value = header.crc(4, container.data_start) if header is not None \
-                else container.crc_of_span(4, container.data_start)
+            value = header.crc(4, container.data_start, progress) if header is not None \
+                else container.crc_of_span(4, container.data_start, progress)
         if value != container.stored_header_checksum():
             problems.append("header checksum mismatch")
+        if progress is not None:
+            progress(4)
+    checked_bytes = container.data_start
     try:
         container.check_offsets()
     except FormatError as error:  # without sound offsets no record can be found
         problems.append(str(error))
-        return VerifyReport(0, 0, (), (), tuple(problems))
+        return VerifyReport(0, checked_bytes, (), (), tuple(problems))
     # The header's arrays as stored, unchecked (check_offsets checked the offsets): a
     # damaged page of them is found here, record by record, not raised by a check of
     # the whole array (a 1.4 archive's first use of them).

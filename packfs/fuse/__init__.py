@@ -24,6 +24,7 @@ from .process import (
     MOUNT_HELPER,
     choose_binding,
     helper_script,
+    hide_command_line_secrets,
     is_stale,
     mount,
     mount_helper,
@@ -38,6 +39,7 @@ from .process import (
 __all__ = [
     "BINDINGS", "DAEMONS", "DEFAULT_BINDING", "LOWLEVEL", "choose_binding", "compiled_libfuse_version", "tree_for", "unavailable", "PackfsOperations", "FSNAME_PREFIX", "FSTYPE", "MOUNT_HELPER",
     "check_allow_other", "check_fuse", "check_mountpoint", "check_options", "fuse_options", "helper_script",
+    "hide_command_line_secrets",
     "is_mounted", "is_stale", "mount", "mount_helper", "mount_in_background", "open_for_mount", "remove_old_logs",
     "state_directory", "state_file", "unmount",
 ]

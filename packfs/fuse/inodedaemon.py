@@ -25,7 +25,7 @@ from typing import Any, Iterator
 from ..core import Archive, ShardSet
 from ..errors import MountError
 from ..format import FLAG_CODECS
-from ..source import is_url
+from ..source import is_url, shown_location
 from .libfuse import CapturedStderr, options_error
 
 __all__ = ["LOWLEVEL", "unavailable", "compiled_libfuse_version", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
@@ -79,7 +79,7 @@ def _set_unavailable(shards: ShardSet) -> str | None:
     for index in range(shards.shard_count):
         reason = _archive_unavailable(shards.shard(index))
         if reason is not None:
-            return f"shard {index} ({shards.shard_locations[index]}): {reason}"
+            return f"shard {index} ({shown_location(shards.shard_locations[index])}): {reason}"
     return None
 
 

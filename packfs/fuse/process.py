@@ -21,6 +21,7 @@ from typing import Any
 from ..core import Archive, ShardSet, open_archive
 from ..errors import MountError
 from ..folder import PackedFolder
+from ..source import shown_location
 from .common import DAEMONS, DEFAULT_BINDING, NAME_CODEC, PYTHON_FALLBACK, log
 from .inodedaemon import LOWLEVEL, serve, unavailable
 from .libfuse import LoopRun, current, has_own_main
@@ -29,7 +30,7 @@ from .checks import (FSNAME_PREFIX, FSTYPE, check_allow_other, check_fuse, check
 from .pathdaemon import PackfsOperations, fuse_class
 
 __all__ = ["mount", "choose_binding", "mount_in_background", "open_for_mount", "unmount", "is_stale", "state_file", "state_directory",
-           "remove_old_logs", "mount_helper", "helper_script", "MOUNT_HELPER"]
+           "remove_old_logs", "mount_helper", "helper_script", "MOUNT_HELPER", "hide_command_line_secrets"]
 
 def mount(
     archive: str | Archive | PackedFolder,
@@ -234,6 +235,38 @@ def _wait_for_exit(pid: int, deadline: float) -> None:
         time.sleep(0.02)
 
 
+def hide_command_line_secrets() -> bool:
+    """Rewrite this process's command line, as ``/proc/PID/cmdline`` and ``ps`` show it
+    to every user of the machine, with each URL argument as :func:`shown_location`
+    shows it (no user, password or query string); True if anything changed.
+
+    A mount serves for days: its daemon (forked, so its command line is the ``packfs
+    mount`` one) and a foreground mount would show ``http://user:password@host/...``
+    all that time.  Only called once the archive is open: what is needed to read it
+    is already held.  The arguments' memory is rewritten in place (as setproctitle
+    does), at the addresses /proc/self/stat gives; where that cannot be done (no /proc,
+    an unusual layout) nothing changes."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49
+        with open("/proc/self/cmdline", "rb") as f:
+            current = f.read()
+    except (OSError, ValueError, IndexError):
+        return False
+    if not 0 < end - start == len(current) or not current.endswith(b"\0"):
+        return False  # already rewritten by someone else (setproctitle): not ours to touch
+    arguments = current[:-1].split(b"\0")
+    shown = [os.fsencode(shown_location(os.fsdecode(argument))) for argument in arguments]
+    if shown == arguments:
+        return False
+    text = b"\0".join(shown) + b"\0"
+    ctypes.memmove(start, text.ljust(len(current), b"\0"), len(current))
+    return True
+
+
 def open_for_mount(archive: str | Archive | PackedFolder, check_data: bool = True) -> Archive:
     """The Archive a mount serves: a path opened with the "once" checksum policy (each
     file checked at its first read; "never" without ``check_data``), an Archive as it
@@ -273,6 +306,7 @@ def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_pat
             status = 1
             try:
                 os.setsid()
+                hide_command_line_secrets()  # the parent's command line, a URL's password in it
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)
                 os.dup2(log_file.fileno(), 1)

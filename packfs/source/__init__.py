@@ -20,10 +20,10 @@ import os
 from typing import Any, Hashable, Mapping, Optional, Protocol, Union
 
 from ..errors import RemoteArchiveError
-from .local import GUARDED, LocalFile, absolute_location, is_url, release_pages, url_error
+from .local import GUARDED, LocalFile, absolute_location, is_url, release_pages, shown_location, url_error
 
 __all__ = ["ByteSource", "LocalFile", "RemoteFile", "GUARDED", "release_pages", "url_error", "is_url",
-           "absolute_location", "open_source", "with_cache_dir", "settled_cache_dir"]
+           "absolute_location", "shown_location", "open_source", "with_cache_dir", "settled_cache_dir"]
 
 # The schemes RemoteFile reads (packfs.source.remote.REMOTE_SCHEMES, which imports
 # nothing it does not need; repeated here so that a local open imports nothing remote).

@@ -48,6 +48,18 @@ def absolute_location(name: str) -> str:
     return name if is_url(name) else os.path.abspath(name)
 
 
+def shown_location(name: str) -> str:
+    """``name`` as it may be shown, logged or kept where others see it (messages,
+    ``repr``, ``/proc/mounts``, a daemon's command line): a URL without its user,
+    password, query string or fragment (:func:`packfs.source.remote.public_url`), a
+    local path as it is.  What opens the archive keeps ``name`` itself."""
+    if not is_url(name):
+        return name
+    from .remote import public_url
+
+    return public_url(name)
+
+
 def url_error(name: str) -> RemoteArchiveError | None:
     """The error for ``name``, a path that does not exist, when it is a URL
     (``scheme://...``) that a local open was given: a URL, not a missing file.  None

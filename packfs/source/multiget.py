@@ -36,7 +36,8 @@ RECEIVE = 256 << 10
 class _Connection:
     """One keep-alive connection and the request it carries (if any)."""
 
-    __slots__ = ("sock", "connected", "reused", "span", "out", "head", "body", "pieces", "got", "closing", "index")
+    __slots__ = ("sock", "connected", "reused", "span", "out", "head", "body", "pieces", "got", "closing", "index",
+                 "deadline")
 
     def __init__(self, sock) -> None:
         self.sock = sock
@@ -50,6 +51,7 @@ class _Connection:
         self.pieces: List[bytes] = []  # else the body as received
         self.got = 0
         self.closing = False  # the server said Connection: close
+        self.deadline = 0.0  # when the request it carries is given up (time.monotonic())
 
 
 class MultiGet:
@@ -87,7 +89,6 @@ class MultiGet:
         active: Dict[int, _Connection] = {}
         requests = received = 0
         try:
-            deadline = time.monotonic() + self.timeout
             while pending or active:
                 while pending and len(active) < self.connections:
                     connection = self._connection()
@@ -99,15 +100,24 @@ class MultiGet:
                     connection.index, connection.span = k, (start, end)
                     connection.out, connection.head, connection.got = self.request_head(start, end), bytearray(), 0
                     connection.body, connection.pieces = (into[k] if into is not None else None), []
+                    # The whole request, not each wait, is bounded: a server that
+                    # trickles its answer a byte at a time is given up as one that is silent.
+                    connection.deadline = time.monotonic() + self.timeout
                     active[connection.sock.fileno()] = connection
                     selector.register(connection.sock, selectors.EVENT_WRITE, connection)
                     requests += 1
                 if not active:
                     break
-                events = selector.select(max(0.0, deadline - time.monotonic()))
-                if not events:
-                    break  # nothing moved for the timeout: the rest goes to the caller
-                deadline = time.monotonic() + self.timeout
+                now = time.monotonic()
+                late = [connection for connection in active.values() if connection.deadline <= now]
+                if late:
+                    for connection in late:  # past its deadline: left to the caller
+                        active.pop(connection.sock.fileno(), None)
+                        selector.unregister(connection.sock)
+                        connection.sock.close()
+                    pending = []  # the server is slow: what is left goes to the caller too
+                    continue
+                events = selector.select(max(0.0, min(c.deadline for c in active.values()) - now))
                 for key, _ in events:
                     connection = key.data
                     done = self._step(connection, selector)

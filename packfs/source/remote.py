@@ -63,8 +63,8 @@ REMOTE_SCHEMES = ("s3", "http", "https")
 IN_FLIGHT = 64
 # Parts of one large span in flight at once: 8 x 8 MiB parts bound what is held.
 PARTS_IN_FLIGHT = 8
-# A body is read in pieces of this size, the time left checked before each: what
-# bounds a whole request when a server trickles its answer.
+# A body is read a receive at a time (at most this much), the time left checked
+# before each: what bounds a whole request when a server trickles its answer.
 READ_PIECE = 1 << 20
 # What is read of an error's body (S3's XML names the error in <Code>).
 ERROR_BODY_LIMIT = 64 << 10
@@ -91,8 +91,23 @@ S3_RETRIED = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout
 REFUSED_RETRIES = 1
 
 
+def split_s3_url(url: str) -> Tuple[str, str]:
+    """(bucket, key) of ``s3://BUCKET/KEY``, the key taken literally, as ``aws s3``
+    takes it: everything after the bucket's ``/``, ``#``, ``?``, ``%XX``, a leading or
+    doubled ``/`` and spaces included (an S3 key may hold any of them; a URL parser
+    would cut at ``#`` and ``?``, decode ``%2F`` and drop a leading ``/``)."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    bucket, _, key = rest.partition("/")
+    return bucket, key
+
+
 def public_url(url: str) -> str:
-    """``url`` without what may be secret: user and password, query string, fragment."""
+    """``url`` without what may be secret: user and password, query string, fragment.
+    An ``s3://`` URL holds no secret (credentials come from elsewhere) and its key is
+    literal: it is kept whole, but for a user and password before the bucket."""
+    if url.split(":", 1)[0].lower() == "s3":
+        bucket, key = split_s3_url(url)
+        return f"s3://{bucket.rpartition('@')[2]}/{key}"
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -122,11 +137,12 @@ class _Endpoint:
         self.headers: Dict[str, str] = {}
         self.settings: Optional[dict] = None  # the S3 settings when signing
         self.is_s3 = scheme == "s3"
+        self.server = ""  # for s3://, the endpoint the bucket is on (a bucket's name is its own there)
         self.follows_redirects = not self.is_s3  # a signature is for one host and path
         self.query: Dict[str, str] = {}
         if scheme == "s3":
-            bucket, key = parts.netloc, unquote(parts.path.lstrip("/"))
-            if not bucket or not key:
+            bucket, key = split_s3_url(url)
+            if not bucket or not key or "@" in bucket:
                 raise RemoteArchiveError(f"{name!r}: expected s3://BUCKET/KEY")
             settings = s3_settings(storage_options, url=name)
             self.region = str(settings["region"])
@@ -134,9 +150,19 @@ class _Endpoint:
             if endpoint:
                 # Path-style, as S3-compatible servers (MinIO, moto, Ceph) take it.
                 where = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+                if where.username is not None or where.password is not None:
+                    # It would be sent in Host: (and signed); S3 takes no password there.
+                    raise RemoteArchiveError(
+                        f"{name!r}: the S3 endpoint {public_url(where.geturl())!r} has a user or password in it: "
+                        f"expected http(s)://HOST[:PORT] (credentials go in AWS_ACCESS_KEY_ID and "
+                        f"AWS_SECRET_ACCESS_KEY, a profile, or storage_options key and secret)")
+                if where.scheme not in ("http", "https") or not where.hostname:
+                    raise RemoteArchiveError(f"{name!r}: the S3 endpoint {public_url(where.geturl())!r} is not "
+                                             f"an http(s) URL: expected http(s)://HOST[:PORT]")
                 self.origin = f"{where.scheme}://{where.netloc}"
                 self.path = f"{where.path.rstrip('/')}/{encode_key(bucket)}/{encode_key(key)}"
                 self.host = where.netloc
+                self.server = self.origin + where.path.rstrip("/")
             elif "." in bucket:
                 # A dotted bucket's virtual host would not match AWS's wildcard certificate.
                 self.host = f"s3.{self.region}.amazonaws.com"
@@ -144,6 +170,8 @@ class _Endpoint:
             else:
                 self.host = f"{bucket}.s3.{self.region}.amazonaws.com"
                 self.origin, self.path = f"https://{self.host}", f"/{encode_key(key)}"
+            if not endpoint:
+                self.server = f"https://s3.{self.region}.amazonaws.com"
             if not settings.get("anon"):
                 self.settings = settings
             return
@@ -211,7 +239,8 @@ class RemoteFile:
         The bound for the core's own cache of this archive's bytes.
     timeout
         Seconds for connecting, for each wait for the server's bytes, and for a
-        whole answer (checked between pieces of 1 MiB), per try.
+        whole answer (checked before each receive of its body: a server that
+        trickles times out), per try; a batch's GETs each have it from when sent.
     retries
         Tries after the first, for failures worth another.
     part_bytes, coalesce_gap, in_flight, backoff
@@ -280,6 +309,11 @@ class RemoteFile:
         if self._version:
             self._endpoint.pin_version(self._version)
         tag = self._version or self._etag or f"last-modified {modified.isoformat()}"  # type: ignore[union-attr]
+        if self._endpoint.server:
+            # s3://BUCKET/KEY names an object on one endpoint: the same bucket and key on
+            # another (MinIO, a test server, a hostile one) is another object, whose
+            # ETag may be the same; its cached blocks must never be served for this one.
+            tag = f"{tag} at {self._endpoint.server}"
         self.identity: Tuple[str, str, int] = (self.name, tag, self.size)
         self.owner = (os.getuid(), os.getgid(), int(modified.timestamp()) * 10**9 if modified else 0)
         # The batches' fast path (packfs.source.multiget): what it does not take, _get does.
@@ -540,14 +574,26 @@ class RemoteFile:
         (an S3 signature holds for one host and path: S3's redirects are errors)."""
         url = self._endpoint.url
         for hop in range(MAX_REDIRECTS + 1):
-            response = http.urlopen("GET", url, headers={**headers, **self._endpoint.signed(url)},
-                                    preload_content=False, decode_content=False, redirect=False, retries=False)
+            # Through the host's pool with the path as it is: PoolManager.urlopen(url)
+            # would remove the path's dot segments, and S3's key a/../b is not b.
+            parts = urlsplit(url)
+            pool = http.connection_from_host(parts.hostname, parts.port, scheme=parts.scheme)
+            response = pool.urlopen("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                                    headers={**headers, **self._endpoint.signed(url)}, preload_content=False,
+                                    decode_content=False, redirect=False, retries=False, assert_same_host=False)
             location = response.headers.get("location")
             if response.status not in REDIRECTS or not location or not self._endpoint.follows_redirects \
                     or hop == MAX_REDIRECTS:
                 return response
             _finish(response, False)
-            url = urljoin(url, location)
+            target = urljoin(url, location)
+            if not _same_server(url, target):
+                raise RemoteArchiveError(
+                    f"{self.name!r}: the server redirects to another server ({public_url(target)!r}), which packfs "
+                    f"does not follow: a URL may only lead to its own host and port (or from http to https on "
+                    f"the same host); expected the archive's own URL (open the URL redirected to, if it is to "
+                    f"be trusted)")
+            url = target
         raise AssertionError("unreachable")
 
     def _take(self, response, start: int, end: int, suffix: int, deadline: float) -> Tuple[bytes, dict, int, int]:
@@ -586,18 +632,41 @@ class RemoteFile:
                                              f"asked for"))
         pieces = []
         got = 0
-        while got < length:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Retry(self._timed_out())
+        # One receive at a time (read1), the time left checked before each: read(n)
+        # waits for n bytes, so a server sending a byte a second held it for n seconds.
+        # urllib3 before 2.3 has no read1: there a timer shuts the socket down at the
+        # deadline, which ends the read(n) waiting on it.
+        watchdog = None
+        receive_once = hasattr(response, "read1")
+        if not receive_once:
             sock = getattr(response.connection, "sock", None)
             if sock is not None:
-                sock.settimeout(min(self._timeout, left))
-            piece = response.read(min(READ_PIECE, length - got), decode_content=False)
-            if not piece:
-                break
-            pieces.append(piece)
-            got += len(piece)
+                watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, (sock,))
+                watchdog.daemon = True
+                watchdog.start()
+        try:
+            while got < length:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Retry(self._timed_out())
+                sock = getattr(response.connection, "sock", None)
+                if sock is not None:
+                    sock.settimeout(min(self._timeout, left))
+                piece = response.read1(min(READ_PIECE, length - got), decode_content=False) if receive_once \
+                    else response.read(min(READ_PIECE, length - got), decode_content=False)
+                if not piece:
+                    break
+                pieces.append(piece)
+                got += len(piece)
+        except (self._urllib3.exceptions.HTTPError, OSError):
+            if time.monotonic() >= deadline:
+                raise _Retry(self._timed_out()) from None
+            raise
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+        if got < length and time.monotonic() >= deadline:
+            raise _Retry(self._timed_out())
         if got < length:
             raise _Retry(RemoteIOError(f"{self.name!r}: the connection failed (the answer was cut off after {got} of "
                                        f"{length} bytes; {self._retries + 1} tries)"))
@@ -751,6 +820,32 @@ def _finish(response, reusable: bool) -> None:
     if not reusable:
         response.close()
     response.release_conn()
+
+
+def _same_server(url: str, target: str) -> bool:
+    """Whether a redirect from ``url`` to ``target`` stays on the server the URL
+    named: the same scheme, host and port, or from http to https on the same host's
+    port 443.  Anything else is not followed: a URL someone hands over must not make
+    its reader send requests to other hosts or ports (a cloud's metadata address, a
+    service on loopback)."""
+    here, there = urlsplit(url), urlsplit(target)
+    try:
+        ours = (here.scheme.lower(), (here.hostname or "").lower(), here.port or _PORTS.get(here.scheme.lower()))
+        theirs = (there.scheme.lower(), (there.hostname or "").lower(), there.port or _PORTS.get(there.scheme.lower()))
+    except ValueError:  # a port that is no number
+        return False
+    return theirs == ours or (ours[0] == "http" and theirs == ("https", ours[1], 443))
+
+
+_PORTS = {"http": 80, "https": 443}
+
+
+def _shut_down(sock) -> None:
+    """End every wait on ``sock`` (a request past its deadline, on urllib3 before 2.3)."""
+    try:
+        sock.shutdown(2)  # socket.SHUT_RDWR
+    except OSError:
+        pass  # closed meanwhile
 
 
 def _cause(text: str) -> str:
