@@ -111,6 +111,11 @@ class PackedFolder:
         # after a change of directory finds the same files (messages keep the name given).
         self.spec: Union[str, list[str]] = ([absolute_location(p) for p in given] if isinstance(given, list)
                                             else absolute_location(given))
+        # A worker re-opens a URL with the same credentials, endpoint, client options and
+        # cache as this folder (they travel in its pickle: see __getstate__).
+        self._storage_options = dict(storage_options) if storage_options else None
+        self._cache_dir = (cache_dir if cache_dir is None or isinstance(cache_dir, bool)
+                           else os.path.abspath(os.fspath(cache_dir)))
         self.archive = open_archive(given, checksums="always" if check_data else "never",
                                     storage_options=storage_options, cache_dir=cache_dir)
         self.path = self.archive.path
@@ -148,11 +153,16 @@ class PackedFolder:
         return f"PackedFolder({self.path!r}, check_data={self.check_data!r})"
 
     def __getstate__(self) -> dict[str, object]:
-        # Pickles as its path, so DataLoader workers re-open (and share) the map.
-        return {"path": self.spec, "check_data": self.check_data}
+        # Pickles as its path, so DataLoader workers re-open (and share) the map; a URL's
+        # storage options (credentials among them: what the user gave this folder) and
+        # cache directory go with it, or a spawn worker would re-open it with the
+        # environment's credentials, endpoint and cache.
+        return {"path": self.spec, "check_data": self.check_data, "storage_options": self._storage_options,
+                "cache_dir": self._cache_dir}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["path"], state["check_data"])  # type: ignore[misc, arg-type]
+        self.__init__(state["path"], state["check_data"], storage_options=state.get("storage_options"),  # type: ignore[misc, arg-type]
+                      cache_dir=state.get("cache_dir"))
 
     # -- lookup ----------------------------------------------------------------------
 

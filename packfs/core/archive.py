@@ -34,6 +34,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
@@ -110,6 +111,17 @@ class ClosedStandIn:
 CLOSED = ClosedStandIn()
 
 
+def _weak_label(archive: "Archive") -> Callable[[Any], str]:
+    """``archive._label``, holding the archive weakly."""
+    reference = weakref.ref(archive)
+
+    def label(where: Any) -> str:
+        held = reference()
+        return held._label(where) if held is not None else str(where)
+
+    return label
+
+
 class Archive:
     """A packfs archive (or an FFRecord packed folder) opened for reading.
 
@@ -171,7 +183,11 @@ class Archive:
         try:
             self._open_table(check_data)
             # Format 1.5's codec rows (section 4f): read when first used.
-            self._codecs = CodecTable(container, None if self.legacy else self.footer, self._label, check_data)
+            # The label through a weak reference: a bound method here made every archive a
+            # reference cycle, freed (its descriptor closed) only by the cyclic collector,
+            # and a shard set that drops shards to bound its descriptors ran out of them.
+            self._codecs = CodecTable(container, None if self.legacy else self.footer, _weak_label(self),
+                                      check_data)
             self._coded = self._codecs.active
             if self._coded:
                 self._table.codecs = self._codecs

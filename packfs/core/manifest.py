@@ -42,7 +42,7 @@ from ..format import FOOTER_SIZE, S_IFDIR
 if TYPE_CHECKING:
     from .archive import Archive
 
-__all__ = ["MANIFEST_SUFFIX", "MANIFEST_VERSION", "ShardRecord", "manifest_bytes", "parse_manifest",
+__all__ = ["MANIFEST_SUFFIX", "MANIFEST_VERSION", "MAX_MANIFEST_BYTES", "ShardRecord", "manifest_bytes", "parse_manifest",
            "looks_like_manifest", "depth_first_key", "shard_file_problem", "leaf_range", "footer_crc",
            "shard_record"]
 

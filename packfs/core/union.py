@@ -16,8 +16,12 @@ is held by at most the shard whose range contains it, plus, when it is a directo
 shards whose first leaf lies under it, which follow that one: two binary searches over
 the layer's ranges (O(log shards)), then one lookup in each shard found (O(log n)).
 Opening reads the manifest and no shard (a shard is opened, and checked against the
-manifest's size and footer CRC, when first used); a list or a glob opens each shard to
-learn its range, O(depth) reads each.  Neither reads a table.
+manifest's size, footer CRC and range, its first and last leaf, when first used); a
+list or a glob opens each shard to learn its range, O(depth) reads each.  Neither
+reads a table.  At most :func:`open_shard_limit` shards are open at once (a set may
+have more shards than the process may open files): past it the least recently used is
+dropped, and opened (and checked) again when next used.  A manifest's local shard that
+resolves outside the manifest's directory (a symlink) is refused.
 
 Numbering.  Shard ``s``'s entry ``e`` is the set's entry ``base[s] + e`` (``base`` is
 the running sum of the shards' entry counts, in the order given), and its inode
@@ -40,11 +44,15 @@ Opening a manifest trusts the check made when it was written (its CRC guards it)
 from __future__ import annotations
 
 import bisect
+import errno
+import gc
 from bisect import bisect_right as _bisect_right
 import glob as glob_module
 import heapq
 import os
 import threading
+from urllib.parse import unquote
+from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
@@ -54,12 +62,12 @@ from ..source import (ByteSource, absolute_location, is_url, open_source, settle
                       with_cache_dir)
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
-from .manifest import (MANIFEST_SUFFIX, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
-                       parse_manifest, shard_record)
+from .manifest import (MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
+                       parse_manifest, shard_file_problem, shard_record)
 from .paths import PathArg, lookup_key, resolve_path
 from .verify import VerifyReport
 
-__all__ = ["ShardSet", "open_archive", "is_shard_set_spec", "SetFooter"]
+__all__ = ["ShardSet", "open_archive", "is_shard_set_spec", "SetFooter", "open_shard_limit"]
 
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
 _GLOB_MAGIC = ("*", "?", "[")
@@ -77,7 +85,7 @@ class SetFooter(NamedTuple):
 class _Shard:
     """One shard: where it is, what the manifest says of it, its archive once opened."""
 
-    __slots__ = ("location", "name", "record", "archive", "first", "last", "first_key", "last_key", "index")
+    __slots__ = ("location", "name", "record", "archive", "first", "last", "first_key", "last_key", "index", "seen")
 
     def __init__(self, index: int, location: str, record: Optional[ShardRecord]) -> None:
         self.index = index
@@ -85,6 +93,9 @@ class _Shard:
         self.name = shown_location(location)  # what messages show
         self.record = record
         self.archive: Optional[Archive] = None
+        # (size, entries, footer CRC) when first opened: a re-open (after the shard was
+        # closed to bound descriptors) must find the same bytes.
+        self.seen: Optional[tuple[int, int, int]] = None
         self.first = self.last = b""
         self.first_key: tuple[bytes, ...] = ()
         self.last_key: tuple[bytes, ...] = ()
@@ -129,6 +140,21 @@ class _Layer:
             if len(first) <= depth or first[:depth] != key:
                 break
             yield shards[position]
+
+
+def open_shard_limit() -> int:
+    """How many shards a set keeps open at once: a quarter of the soft limit on open
+    files (``RLIMIT_NOFILE``), at least 8; a shard closed to stay within it is opened
+    again (and checked again) when next used."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 256
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        soft = 1 << 16
+    return max(8, min(soft, 1 << 20) // 4)
 
 
 def is_shard_set_spec(spec: object) -> bool:
@@ -193,6 +219,11 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
     except FileNotFoundError:
         raise PathNotFoundError(f"{shown_location(name)!r}: no such shard-set manifest") from None
     try:
+        # The size the source reports (a URL's Content-Length) is checked before a byte
+        # is read: a hostile or mistaken claim costs no memory.
+        if source.size > MAX_MANIFEST_BYTES:
+            raise FormatError(f"{shown_location(name)!r}: {source.size} bytes is too large for a shard-set "
+                              f"manifest (at most {MAX_MANIFEST_BYTES})")
         return source.read(0, source.size)
     finally:
         source.close()
@@ -201,6 +232,11 @@ def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> b
 def _beside(manifest: str, file: str) -> str:
     """Where a manifest's ``file`` is: in the manifest's directory (or URL prefix)."""
     if is_url(manifest):
+        # A server decodes %-escapes before it resolves '..': "%2e%2e/x" is "../x" there.
+        problem = shard_file_problem(unquote(file))
+        if problem:
+            raise FormatError(f"{shown_location(manifest)!r}: shard file {file!r} is, %-decoded as a server reads "
+                              f"it, {problem}")
         return manifest.rsplit("/", 1)[0] + "/" + file
     return os.path.join(os.path.dirname(manifest), file)
 
@@ -234,6 +270,10 @@ class ShardSet:
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
         self._closed = False
+        # Shards open at once are bounded (a set may have more shards than the process
+        # may open files): past the bound, the least recently used is dropped.
+        self._open_limit = open_shard_limit()
+        self._recent: OrderedDict[int, None] = OrderedDict()
         # Shards open when first used, perhaps after the process changed directory (a
         # mount's daemon serves from /): where they are is settled now.
         self._shards = [_Shard(i, absolute_location(location), records[i] if records else None)
@@ -242,10 +282,12 @@ class ShardSet:
         self._opened: list[Optional[Archive]] = [None] * len(self._shards)
         try:
             if records is None:
+                counts = []
                 for shard in self._shards:
                     archive = self._shard(shard.index)
                     shard.set_range(*leaf_range(archive))
-                counts = [self._shard(s.index).entry_count for s in self._shards]
+                    counts.append(archive.entry_count)
+                    del archive  # closed when the bound on open shards needs its descriptor
             else:
                 for shard, record in zip(self._shards, records):
                     shard.set_range(record.first, record.last)
@@ -296,43 +338,113 @@ class ShardSet:
         return set_
 
     def _shard(self, index: int) -> Archive:
-        """Shard ``index``'s archive, opened (and checked against its manifest) on first use."""
+        """Shard ``index``'s archive, opened (and checked against its manifest) on first
+        use, and again after it was closed to keep the shards open within the bound."""
         shard = self._shards[index]
         archive = shard.archive
         if archive is not None:
+            try:
+                self._recent.move_to_end(index)
+            except KeyError:
+                pass  # dropped by another thread just now; the archive in hand still works
             return archive
         with self._lock:
             if self._closed:
                 raise ClosedArchiveError(f"{self.path!r} is closed")
-            if shard.archive is None:
-                try:
-                    opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
-                                     cache_dir=self._cache_dir)
-                except FileNotFoundError:
-                    if shard.record is None:
-                        raise  # a list's or a glob's archive, named by the user: not there
-                    # A damaged set, not a path missing from its tree: a mount answers
-                    # EIO and logs this, rather than ENOENT for a path that is listed.
-                    raise FormatError(f"{shard.name!r}: shard {index} of {self.path!r} is missing (moved or "
-                                      "removed since the manifest was written)") from None
-                try:
-                    self._check_against_manifest(shard, opened)
-                except BaseException:
-                    opened.close()
+            archive = shard.archive
+            if archive is None:
+                archive = self._open_shard(shard)
+                shard.archive = self._opened[index] = archive
+                self._recent[index] = None
+                while len(self._recent) > self._open_limit:
+                    dropped, _ = self._recent.popitem(last=False)
+                    # Dropped, not closed: a reader in another thread may hold the archive
+                    # (or a file or view from it), and closing it under that reader would
+                    # fail its call.  The last holder to let go frees the descriptor and
+                    # the map (the source's finalizer), which for an idle shard is now.
+                    self._shards[dropped].archive = self._opened[dropped] = None
+            return archive
+
+    def _open_shard(self, shard: _Shard) -> Archive:
+        index = shard.index
+        if shard.record is not None:
+            self._check_inside(shard, None)  # before the open: never open (a FIFO, a device) outside
+        try:
+            try:
+                opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
+                                 cache_dir=self._cache_dir)
+            except OSError as error:
+                if error.errno not in (errno.EMFILE, errno.ENFILE):
                     raise
-                shard.archive = self._opened[index] = opened
-            return shard.archive
+                # Shards dropped but caught in a reference cycle hold their descriptors
+                # until the cyclic collector runs: run it, and try once more.
+                gc.collect()
+                opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
+                                 cache_dir=self._cache_dir)
+        except FileNotFoundError:
+            if shard.record is None:
+                raise  # a list's or a glob's archive, named by the user: not there
+            # A damaged set, not a path missing from its tree: a mount answers
+            # EIO and logs this, rather than ENOENT for a path that is listed.
+            raise FormatError(f"{shard.name!r}: shard {index} of {self.path!r} is missing (moved or "
+                              "removed since the manifest was written)") from None
+        try:
+            if shard.record is not None:
+                self._check_inside(shard, opened)  # the file opened, whatever was swapped in meanwhile
+            self._check_against_manifest(shard, opened)
+        except BaseException:
+            opened.close()
+            raise
+        return opened
+
+    def _check_inside(self, shard: _Shard, archive: Optional[Archive]) -> None:
+        """Refuse a manifest's local shard that leads (through a symlink, of the file or
+        of a directory on its way) outside the manifest's directory: a manifest names
+        files in its directory or below it, and a set's directory of links to anywhere
+        would serve whatever they point at.  ``archive``: the file as opened (its
+        descriptor's path), else the name as it resolves now."""
+        location, record = shard.location, shard.record
+        if record is None or is_url(location) or not location.endswith(record.file):
+            return
+        directory = os.path.realpath(location[:len(location) - len(record.file)] or ".")
+        real = None
+        if archive is not None:
+            try:
+                real = os.readlink(f"/proc/self/fd/{archive.source.fileno()}")  # type: ignore[attr-defined]
+            except (OSError, AttributeError, ValueError):
+                real = None
+        if real is None:
+            real = os.path.realpath(location)
+        if not real.startswith(directory.rstrip("/") + "/"):
+            raise FormatError(f"{shard.name!r}: shard {shard.index} of {self.path!r} leads outside the set's "
+                              f"directory {directory!r} (to {real!r}, through a symlink): refused")
 
     def _check_against_manifest(self, shard: _Shard, archive: Archive) -> None:
-        record = shard.record
-        if record is None:
+        seen = (archive.size, archive.entry_count, footer_crc(archive))
+        if shard.seen is not None:
+            if seen != shard.seen:
+                raise FormatError(f"{shard.name!r}: shard {shard.index} of {self.path!r} was replaced or "
+                                  "rewritten since the set was opened")
             return
-        if archive.size != record.size or archive.entry_count != record.entries or footer_crc(archive) != record.footer_crc:
-            raise FormatError(
-                f"{shard.name!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
-                f"{archive.entry_count} entries, the manifest says {record.size} and {record.entries}, or its footer "
-                "differs): replaced or rewritten since the manifest was written"
-            )
+        record = shard.record
+        if record is not None:
+            if seen != (record.size, record.entries, record.footer_crc):
+                raise FormatError(
+                    f"{shard.name!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
+                    f"{archive.entry_count} entries, the manifest says {record.size} and {record.entries}, or its "
+                    "footer differs): replaced or rewritten since the manifest was written"
+                )
+            # The manifest's range is what every lookup trusts to find a path's shard: a
+            # range that lies (its CRC valid) would list names twice, or list paths that
+            # no lookup then finds.  O(depth) reads, once per shard.
+            first, last = leaf_range(archive)
+            if (first, last) != (record.first, record.last):
+                raise FormatError(
+                    f"{shard.name!r}: shard {shard.index} of {self.path!r} holds "
+                    f"{os.fsdecode(first)!r} to {os.fsdecode(last)!r}, its manifest says "
+                    f"{os.fsdecode(record.first)!r} to {os.fsdecode(record.last)!r}: the manifest is wrong"
+                )
+        shard.seen = seen
 
     def _sort_into_layers(self) -> list[_Layer]:
         layers: list[_Layer] = []
@@ -437,6 +549,20 @@ class ShardSet:
         """(shard archive, its own entry number) for the set's ``entry``."""
         index, local = self._split(entry)
         return self._shard(index), local
+
+    def keep_every_shard_open(self) -> None:
+        """Lift the bound on shards open at once (:func:`open_shard_limit`): for a reader
+        that holds every shard's descriptor itself (the compiled daemon's Forest, whose
+        trees read each shard's descriptor and map by number), which must not see the
+        set drop a shard (and its descriptor) under it."""
+        with self._lock:
+            self._open_limit = max(self._open_limit, len(self._shards))
+
+    @property
+    def open_shards(self) -> int:
+        """How many shards the set holds open now (at most :func:`open_shard_limit`,
+        unless :meth:`keep_every_shard_open` was called)."""
+        return len(self._recent)
 
     def shard(self, index: int) -> Archive:
         """Shard ``index``'s archive (opened, and checked against the manifest, on first use)."""
@@ -963,7 +1089,9 @@ class ShardSet:
             if name == "record":
                 column = np.where(column == np.uint64(2 ** 64 - 1), column, column + np.uint64(records))
                 records += archive.record_count
-            parts.append(np.asarray(column))
+            # A copy, not a view: a view keeps its shard's map, and the map a descriptor
+            # of its own (mmap dups it), open past the bound on open shards.
+            parts.append(np.array(column, copy=True))
         return np.concatenate(parts)
 
     def extent(self, entry: int) -> tuple[int, int]:
@@ -1087,7 +1215,13 @@ class ShardSet:
         problems: list[str] = []
         record_base = 0
         for shard in self._shards:
-            archive = self._shard(shard.index)
+            try:
+                archive = self._shard(shard.index)
+            except FormatError as error:
+                # Not the shard its manifest lists (replaced, a range that lies, a link
+                # outside the set): reported, and the other shards checked.
+                problems.append(str(error))
+                continue
             report = archive.verify(progress)
             records += report.records_checked
             bytes_checked += report.bytes_checked

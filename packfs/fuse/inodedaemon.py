@@ -43,6 +43,9 @@ READ_AHEAD_KB = 1024
 _HIGH_LEVEL_ONLY = {"use_ino", "kernel_cache", "entry_timeout", "attr_timeout", "negative_timeout"}
 # High-level options the compiled daemon applies itself, to every entry.
 _OVERRIDES = ("uid", "gid", "umask", "direct_io")
+# Descriptors a compiled daemon needs besides its shards' (libfuse's, the log, the
+# interpreter's own, a thread per clone_fd).
+_SPARE_DESCRIPTORS = 256
 # libfuse's loop options, which the loop takes rather than the session.
 _LOOP_OPTIONS = ("clone_fd", "max_idle_threads", "max_threads")
 
@@ -70,10 +73,37 @@ def _set_unavailable(shards: ShardSet) -> str | None:
     if shards.layer_count > 1:
         return (f"the shard set has shards whose ranges overlap ({shards.layer_count} layers): the Python daemon "
                 f"merges them")
+    reason = _descriptors_for(shards.shard_count)
+    if reason is not None:
+        return reason
     for index in range(shards.shard_count):
         reason = _archive_unavailable(shards.shard(index))
         if reason is not None:
             return f"shard {index} ({shown_location(shards.shard_locations[index])}): {reason}"
+    return None
+
+
+def _descriptors_for(shards: int) -> str | None:
+    """Make room for the Forest's descriptors (three per shard, all open while it serves):
+    the soft limit on open files is raised, up to the hard limit, when the set needs
+    more; past the hard limit, why not (the Python daemon keeps the shards it holds open
+    within the limit, closing the least recently used)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    # The shard's, its map's (Python's mmap keeps a dup) and its Tree's own.
+    need = 3 * shards + _SPARE_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    if hard != resource.RLIM_INFINITY and hard < need:
+        return (f"the shard set has {shards} shards, three descriptors each, and the hard limit on open files is "
+                f"{hard} (ulimit -Hn): the Python daemon keeps the shards it holds open within it")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    except (OSError, ValueError) as error:
+        return f"the shard set has {shards} shards, three descriptors each, and the limit on open files is {soft}: {error}"
     return None
 
 
@@ -131,11 +161,14 @@ def tree_for(archive: Archive | ShardSet, log_fd: int = 2) -> Any:
     from .. import _lowlevel
 
     if isinstance(archive, ShardSet):
+        # Each Tree reads its shard's descriptor and map by number: the set must not drop
+        # (and so close) a shard while the Forest serves it.
+        archive.keep_every_shard_open()
         try:
             trees = [_tree(archive.shard(index), log_fd) for index in range(archive.shard_count)]
-        except OSError as error:  # each Tree holds a descriptor of its shard: EMFILE past `ulimit -n`
+        except OSError as error:  # three descriptors a shard: EMFILE past the limit raised
             raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {error.strerror} "
-                             f"({archive.shard_count} shards, a descriptor each)") from None
+                             f"({archive.shard_count} shards, three descriptors each)") from None
         try:
             # nlink=False: the Forest counts each merged directory's links from its parts'
             # (a listing of every shared directory in Python took 4.8 s of a 1,000-shard mount).
