@@ -41,10 +41,18 @@ def set_bytes(directory: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def cluster2() -> Iterator[object]:
+def _cluster2() -> Iterator[Any]:
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client:
         yield client
+
+
+@pytest.fixture
+def cluster2(_cluster2: Any) -> Any:
+    """The module's cluster with both workers up: an earlier test's restart that timed
+    out on a loaded machine fails here, not as a test waiting forever for workers."""
+    _cluster2.wait_for_workers(2, timeout=time_limit(60))
+    return _cluster2
 
 
 def patch_every_worker(client: Any, function: Callable[..., None], *args: str) -> None:
