@@ -67,8 +67,13 @@ def _open_dir(name: str, dir_fd: Optional[int], where: str, create: bool) -> int
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise UnsafeCacheDir(f"{where!r} is a symlink") from None
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            try:
+                link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                link = False
+            if link:
+                raise UnsafeCacheDir(f"{where!r} is a symlink") from None
         raise
     try:
         _check(fd, where)
