@@ -92,7 +92,8 @@ def test_a_cache_written_by_another_user_is_not_used(nginx, served, dataset, ope
         "    block = start // c.BLOCK_BYTES + 1\n"
         "    evil = b'attacker' * (c.BLOCK_BYTES // 8)\n"
         "    fd = source._open_chunk(block // c.BLOCKS_PER_CHUNK, create=True)\n"
-        "    source._store(fd, block // c.BLOCKS_PER_CHUNK * c.BLOCKS_PER_CHUNK, block, evil)\n"  # bytes and a slot that matches them
+        # bytes and a slot that matches them
+        "    source._store(fd, block // c.BLOCKS_PER_CHUNK * c.BLOCKS_PER_CHUNK, block, evil)\n"
         "    assert source.read(block * c.BLOCK_BYTES, (block + 1) * c.BLOCK_BYTES) == evil\n"
         "    print(block)\n"
     )

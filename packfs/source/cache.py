@@ -486,7 +486,8 @@ class CachedSource:
             for k in present:
                 value, length = slots[k]
                 piece = view[(k - lo) * BLOCK_BYTES:(k - lo) * BLOCK_BYTES + length]
-                if length <= BLOCK_BYTES and len(piece) == length and crc32(piece, self._seed(base + first + k)) == value \
+                if length <= BLOCK_BYTES and len(piece) == length \
+                        and crc32(piece, self._seed(base + first + k)) == value \
                         and length == self._block_length(base + first + k):
                     good.append(k)
             # Each stretch of good blocks joins ``into`` as a view of what was read (the

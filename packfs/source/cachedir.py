@@ -52,8 +52,8 @@ def _check(fd: int, where: str) -> None:
     if info.st_uid != uid:
         raise UnsafeCacheDir(f"{where!r} is owned by uid {info.st_uid}, not by this user (uid {uid})")
     if info.st_mode & 0o022:
-        raise UnsafeCacheDir(f"{where!r} is writable by {'group and others' if info.st_mode & 0o022 == 0o022 else 'group' if info.st_mode & 0o020 else 'others'} "
-                             f"(mode {stat.S_IMODE(info.st_mode):04o})")
+        who = {0o022: "group and others", 0o020: "group", 0o002: "others"}[info.st_mode & 0o022]
+        raise UnsafeCacheDir(f"{where!r} is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})")
     if info.st_mode & 0o077:
         os.fchmod(fd, 0o700)  # ours, readable by others (an older packfs made it 0755)
 

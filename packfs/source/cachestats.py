@@ -18,9 +18,10 @@ seconds of it); the file never grows, whatever the number of processes.
 
 Clearing removes an archive's files relative to its directory's descriptor, opened
 with ``O_NOFOLLOW``: a symlink in the cache is removed as a link, never followed (the
-cache is one user's: see :mod:`packfs.source.cachedir`).  Each chunk is removed while holding the lock on all its blocks, so a fetch in
-progress in another process finishes first; a process that reads it later finds it
-gone and fetches again (never other bytes: the blocks it held are checked by CRC).
+cache is one user's: see :mod:`packfs.source.cachedir`).  Each chunk is removed while
+holding the lock on all its blocks, so a fetch in progress in another process
+finishes first; a process that reads it later finds it gone and fetches again (never
+other bytes: the blocks it held are checked by CRC).
 """
 
 from __future__ import annotations
