@@ -339,3 +339,30 @@ def test_eio_from_a_chunk_falls_back_to_the_server(nginx, served, dataset, tmp_p
         for _ in range(2):
             assert folder.read("big/weights.bin") == files["big/weights.bin"]
     assert len([m for m in _warnings(caplog) if "cannot be read" in m and "Input/output error" in m]) == 1
+
+
+def test_a_lock_nobody_releases_is_waited_for_a_bounded_time(nginx, served, dataset, tmp_path, monkeypatch,  # noqa: F811
+                                                            caplog) -> None:
+    """A lock on a chunk that is never released (a holder stopped; before chunks were
+    0600, another user's read lock) costs LOCK_WAIT, then the blocks are fetched here.
+    (This pins behaviour main already had; what was new is that another user can no
+    longer open a chunk to lock it: test_what_the_cache_creates_is_private.)"""
+    import fcntl
+    import struct
+
+    _, files = dataset
+    cache = tmp_path / "cache"
+    with PackedFolder(served, cache_dir=cache) as folder:
+        start, end = _big_range(folder)
+        folder.read("train/0009.bin")
+    chunk = _key_directory(cache) / f"c{start // CHUNK_BYTES}"
+    fd = os.open(chunk, os.O_RDWR | os.O_CREAT, 0o600)  # a description of its own: its OFD lock excludes the reader's
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        monkeypatch.setattr(cache_module, "LOCK_WAIT", 0.2)
+        caplog.set_level(logging.WARNING, logger="packfs.cache")
+        with PackedFolder(served, cache_dir=cache) as folder:
+            assert folder.read("big/weights.bin") == files["big/weights.bin"]
+        assert any("waited" in m for m in _warnings(caplog)), _warnings(caplog)
+    finally:
+        os.close(fd)
