@@ -23,7 +23,7 @@ from packfs import PackedFolder
 from packfs.source import cache as cache_module
 from packfs.source import open_source
 from packfs.source.cache import BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, SLOT, SLOTS_BYTES
-from tests.conftest import REPO, require_python_as_nobody
+from tests.conftest import REPO, require_python_as_nobody, wait_until
 from tests.test_cache import _data_gets, dataset, served  # noqa: F401 (fixtures)
 from tests.test_remote_source import nginx  # noqa: F401 (fixture: a real server, stopped at the end)
 
@@ -291,8 +291,9 @@ def test_a_block_copied_from_elsewhere_is_fetched_again(nginx, served, dataset, 
         misses = source.stats()["cache_misses"]
         assert source.read(*span) == right
         assert source.stats()["cache_misses"] == misses + 1
-        # (the log may hold other tests' reads ahead still in flight: only this one is looked for)
-        assert ((first + 1) * BLOCK_BYTES, (first + 2) * BLOCK_BYTES) in _data_gets(nginx)
+        # (nginx writes its log a little later, and it may hold other tests' reads ahead
+        # still in flight: this GET is waited for among them)
+        assert wait_until(lambda: ((first + 1) * BLOCK_BYTES, (first + 2) * BLOCK_BYTES) in _data_gets(nginx))
         assert source.read(*span) == right and source.stats()["cache_misses"] == misses + 1  # written over: repaired
     finally:
         source.close()
