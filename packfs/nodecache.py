@@ -17,6 +17,8 @@ from .core.union import is_shard_set_spec
 from .errors import RemoteArchiveError
 from .source import is_url
 from .source.cache import LAYOUT, default_cache_dir, default_cache_size
+from .source.cachedir import UnsafeCacheDir, private_root
+from .source.tails import TailStore
 from .source.cachestats import CachedArchive, cached_archives, clear_cached
 
 __all__ = ["CacheReport", "CachedArchive", "cache_stats", "cache_clear", "cache_prefetch", "cache_location"]
@@ -40,13 +42,24 @@ class CacheReport(NamedTuple):
 def cache_location(cache_dir: Union[os.PathLike, str, bool, None] = None) -> str:
     """The cache's directory: ``cache_dir``, else the default
     (:func:`packfs.source.cache.default_cache_dir`); RemoteArchiveError if the cache is
-    turned off (``PACKFS_CACHE_DIR=off``, ``cache_dir=False``)."""
+    turned off (``PACKFS_CACHE_DIR=off``, ``cache_dir=False``), or if it is not this
+    user's alone (see :mod:`packfs.source.cachedir`)."""
     if cache_dir is False:
         raise RemoteArchiveError("the disk cache is off (cache_dir=False): give a cache directory")
     chosen = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()  # type: ignore[arg-type]
     if chosen is None or chosen.strip().lower() in ("", "off", "none", "0", "false"):
         raise RemoteArchiveError("the disk cache is off (PACKFS_CACHE_DIR=off): give --cache-dir DIR")
-    return os.path.abspath(os.path.expanduser(chosen))
+    directory = os.path.abspath(os.path.expanduser(chosen))
+    try:
+        private_root(directory, create=False)
+    except FileNotFoundError:
+        pass  # nothing cached yet
+    except UnsafeCacheDir as error:
+        raise RemoteArchiveError(f"the disk cache {directory!r} is not used: {error} (a cache directory must be "
+                                 f"this user's alone)") from None
+    except OSError as error:
+        raise RemoteArchiveError(f"the disk cache {directory!r} cannot be used: {error.strerror or error}") from None
+    return directory
 
 
 def cache_stats(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str] = None) -> CacheReport:
@@ -55,7 +68,12 @@ def cache_stats(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str
     fetched): of every archive, or of the versions of ``url``.  A process adds its own
     counts at close, at exit and every 10 s of reading."""
     directory = cache_location(cache_dir)
-    archives = cached_archives(os.path.join(directory, LAYOUT))
+    try:
+        top = private_root(directory, create=False)
+    except FileNotFoundError:
+        archives = []
+    else:
+        archives = cached_archives(LAYOUT, top, os.path.join(directory, LAYOUT))
     if url is not None:
         _check_url(url)
         archives = [a for a in archives if a.url == _as_named(url)]
@@ -66,13 +84,19 @@ def cache_clear(url: Optional[str] = None, cache_dir: Optional[os.PathLike | str
     """Remove every archive from the node's disk cache, or every version of ``url`` (a
     shard set's manifest: of each of its shards): (archives removed, bytes freed).  Safe
     while other processes read: they fetch again what they need."""
-    root = os.path.join(cache_location(cache_dir), LAYOUT)
-    if url is None:
-        return clear_cached(root, None)
-    _check_url(url)
+    if url is not None:
+        _check_url(url)
+    directory = cache_location(cache_dir)
+    try:
+        top = private_root(directory, create=False)
+    except FileNotFoundError:
+        return 0, 0
+    if url is None:  # the tails kept beside the blocks too (a URL's are small, and checked when used: kept)
+        removed, freed = clear_cached(LAYOUT, None, top)
+        return removed, freed + TailStore(directory).clear()
     removed = freed = 0
     for each in _archive_urls(url):
-        counts = clear_cached(root, _as_named(each))
+        counts = clear_cached(LAYOUT, _as_named(each), top)
         removed, freed = removed + counts[0], freed + counts[1]
     return removed, freed
 

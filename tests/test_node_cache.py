@@ -132,8 +132,10 @@ def test_clear_one_url_keeps_the_other_and_its_reads_fetch_again(nginx, served, 
     assert _data_gets(nginx) == []  # still cached
     again = _read_in_a_process(served, tmp_path / "cache", names)
     assert again["cache_misses"] > 0 and _data_gets(nginx) != []  # fetched again
+    assert list((tmp_path / "cache" / "tails-v1").iterdir())  # each URL's tail, kept beside the blocks
     assert _packfs("cache", "clear", "--cache-dir", str(tmp_path / "cache")).stdout.startswith("removed 2 archives, ")
     assert _listing(tmp_path / "cache")["archives"] == []
+    assert list((tmp_path / "cache" / "tails-v1").iterdir()) == []  # everything cleared: the tails too
 
 
 def test_clear_while_another_process_reads_serves_right_bytes(nginx, served, dataset, tmp_path) -> None:  # noqa: F811

@@ -19,15 +19,28 @@ its open fetched (the footer and the tail, which hold a CRC of every other page 
 the archive): a server whose ETag does not change with the bytes (nginx's is the
 modification second and the size) still never serves one archive's blocks for
 another's.  A chunk file starts with a slot per block, (CRC-32, length) as two
-little-endian u32; the block's bytes follow at ``SLOTS_BYTES + i * BLOCK_BYTES`` (a
-sparse file: blocks never fetched take no space).
+little-endian u32 (the CRC starts from a value made of the archive's key and the
+block's number, so a block is right only where it was written: bytes and slot copied
+elsewhere fail the check there; blocks an older packfs wrote, CRCs from 0, fail too
+and are fetched again); the block's bytes follow at ``SLOTS_BYTES + i * BLOCK_BYTES``
+(a sparse file: blocks never fetched take no space).
 
 Why it is safe with many processes at once, and after crashes:
+
+- The cache is one user's: its directory and every level below it owned by that user
+  and writable by nobody else, directories 0700 and files 0600, every file opened
+  relative to the checked directory's descriptor and never through a link (see
+  :mod:`packfs.source.cachedir`); a directory that is not (another user's, group- or
+  world-writable, a symlink) is not used, with one warning.  A CRC is no defence
+  against someone who can write the cache (it is linear, forged in milliseconds):
+  nobody else can, so the checks below are against accidents.
 
 - A block is written before its slot, and a slot says (CRC, length): a block whose
   writer died half-way has no slot, and one whose bytes did not reach the disk (a
   power cut) fails its CRC when read back.  Every block is checked against its slot
-  each time it is read; one that fails is fetched again.
+  each time it is served, not once: one that fails is fetched again (and written
+  over).  A chunk that cannot be read (EIO, a stale NFS handle) is read around: its
+  blocks come from the server (warned once, counted in ``cache_read_errors``).
 - Blocks never change once written (the key fixes the bytes), so readers take no lock.
 - Single flight: a process that misses blocks takes an open-file-description lock
   (``F_OFD_SETLK``, per descriptor, so threads of one process exclude each other too)
@@ -59,6 +72,8 @@ import logging
 import mmap
 import os
 import queue
+import secrets
+import stat
 import struct
 import sys
 import threading
@@ -67,6 +82,7 @@ import weakref
 from bisect import bisect_right
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
+from .cachedir import DIR_FLAGS, FILE_FLAGS, UnsafeCacheDir, forget_root, private_root, private_subdir
 from .cachestats import COUNTERS, FLUSH_EVERY, add_counts
 
 __all__ = ["CachedSource", "default_cache_dir", "default_cache_size", "parse_size", "DEFAULT_CACHE_SIZE", "BLOCK_BYTES",
@@ -233,17 +249,32 @@ class CachedSource:
         self.cache_size = int(cache_size)
         self.cache_root: Optional[str] = None
         self.directory: Optional[str] = None
+        # Every file below the cache's directory is opened relative to its descriptor
+        # (see packfs.source.cachedir): ``_top`` is its path, ``_relative`` the
+        # archive's directory below it (v1/<key>).
+        self._top = ""
+        self._top_fd = -1
+        self._relative = ""
+        self._read_warned = False
+        self._key = cache_key(remote.identity, remote.suffix)
+        self._salt = int(self._key[:8], 16)
         if directory is not None:
-            root = os.path.join(os.path.abspath(os.path.expanduser(os.fspath(directory))), LAYOUT)
-            where = os.path.join(root, cache_key(remote.identity, remote.suffix))
+            top = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+            relative = f"{LAYOUT}/{self._key}"
             try:
-                os.makedirs(where, exist_ok=True)
-                self._write_identity(where)
-                self.cache_root, self.directory = root, where
+                self._top_fd = private_root(top)
+                private_subdir(self._top_fd, relative, top)
+                self._top, self._relative = top, relative
+                self._write_identity()
+                self.cache_root, self.directory = os.path.join(top, LAYOUT), os.path.join(top, relative)
+            except UnsafeCacheDir as error:
+                _warn_once(top, f"packfs: not using the disk cache in {top!r}: {error}; reading without a disk "
+                                f"cache (a cache directory must be this user's alone)")
             except OSError as error:
-                log.warning("packfs: the cache directory %r cannot be used (%s): %s is read without a disk cache",
-                            directory, error.strerror or error, remote.name)
-        self._stats = {"cache_hits": 0, "cache_misses": 0, "cache_waits": 0, "readahead_bytes": 0}
+                _warn_once(top, f"packfs: the cache directory {top!r} cannot be used ({error.strerror or error}): "
+                                f"reading without a disk cache")
+        self._stats = {"cache_hits": 0, "cache_misses": 0, "cache_waits": 0, "readahead_bytes": 0,
+                       "cache_read_errors": 0}
         self._written = 0  # since eviction last looked
         self._touched: Dict[int, float] = {}  # chunk -> when this process last marked it used
         self._warned = False
@@ -279,13 +310,30 @@ class CachedSource:
             self._own()
         return self._lock
 
-    def _write_identity(self, where: str) -> None:
-        path = os.path.join(where, "identity")
-        if not os.path.exists(path):
-            temporary = f"{path}.{os.getpid()}.tmp"
-            with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as out:
-                out.write(f"{self.remote.identity!r}\n")
-            os.replace(temporary, path)
+    def _write_identity(self) -> None:
+        """Write the archive's ``identity`` file unless it is there: to a temporary file
+        of a name nobody can guess, created (O_EXCL, 0600) and renamed relative to the
+        cache's descriptor."""
+        path = f"{self._relative}/identity"
+        try:
+            os.stat(path, dir_fd=self._top_fd, follow_symlinks=False)
+            return
+        except FileNotFoundError:
+            pass
+        temporary = f"{path}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=self._top_fd)
+        try:
+            try:
+                os.write(fd, f"{self.remote.identity!r}\n".encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
+            os.replace(temporary, path, src_dir_fd=self._top_fd, dst_dir_fd=self._top_fd)
+        except OSError:
+            try:
+                os.unlink(temporary, dir_fd=self._top_fd)
+            except OSError:
+                pass
+            raise
 
     def __getattr__(self, name: str) -> object:
         if name.startswith("__") or name == "remote":
@@ -384,7 +432,7 @@ class CachedSource:
                 missing += members
                 continue
             try:
-                found = self._read_chunk_blocks(fd, chunk, members, into)
+                found = self._read_chunk_blocks_or_none(fd, chunk, members, into)
             finally:
                 os.close(fd)
             hits += len(found)
@@ -395,6 +443,20 @@ class CachedSource:
         if hits and into is not None:
             self._count("cache_hits", hits)
         return missing
+
+    def _read_chunk_blocks_or_none(self, fd: int, chunk: int, members: List[int], into: Optional[_Blocks]) -> set:
+        """:meth:`_read_chunk_blocks`, none found when the chunk cannot be read (EIO, a
+        stale NFS handle): those blocks are fetched from the server (warned once)."""
+        try:
+            return self._read_chunk_blocks(fd, chunk, members, into)
+        except OSError as error:
+            with self._locked():
+                self._stats["cache_read_errors"] += 1
+                warn, self._read_warned = not self._read_warned, True
+            if warn:
+                log.warning("packfs: the cache in %r cannot be read (%s): fetching from the server instead",
+                            self.directory, error.strerror or error)
+            return set()
 
     def _read_chunk_blocks(self, fd: int, chunk: int, members: List[int], into: Optional[_Blocks]) -> set:
         """The blocks of ``members`` (all in ``chunk``) whose slot is there and whose
@@ -424,7 +486,8 @@ class CachedSource:
             for k in present:
                 value, length = slots[k]
                 piece = view[(k - lo) * BLOCK_BYTES:(k - lo) * BLOCK_BYTES + length]
-                if length <= BLOCK_BYTES and len(piece) == length and crc32(piece) == value \
+                if length <= BLOCK_BYTES and len(piece) == length \
+                        and crc32(piece, self._seed(base + first + k)) == value \
                         and length == self._block_length(base + first + k):
                     good.append(k)
             # Each stretch of good blocks joins ``into`` as a view of what was read (the
@@ -435,6 +498,12 @@ class CachedSource:
                 into.add((base + first + stretch[0]) * BLOCK_BYTES, view[at:stop])
                 found.update(base + first + k for k in stretch)
         return found
+
+    def _seed(self, block: int) -> int:
+        """Where block ``block``'s CRC starts: from its archive's key and its number, so
+        that a block's bytes and slot copied to another place (another block, chunk or
+        archive) fail their check there."""
+        return (self._salt ^ (block * 0x9E3779B1)) & 0xFFFFFFFF
 
     def _block_length(self, block: int) -> int:
         return min(BLOCK_BYTES, self.remote.size - block * BLOCK_BYTES)
@@ -501,7 +570,7 @@ class CachedSource:
                 if into is not None:  # no cache: fetched only to be served
                     gets.append((run, fd))
                 continue
-            found = self._read_chunk_blocks(fd, run[0] // BLOCKS_PER_CHUNK, run, into)
+            found = self._read_chunk_blocks_or_none(fd, run[0] // BLOCKS_PER_CHUNK, run, into)
             if found and into is not None:
                 self._count("cache_waits" if waited else "cache_hits", len(found))
             gets += [(left, fd) for left in (self._plan([b for b in run if b not in found], found) if found else [run])]
@@ -571,7 +640,7 @@ class CachedSource:
             slots = bytearray()
             for at in range(0, len(data), BLOCK_BYTES):
                 piece = view[at:at + BLOCK_BYTES]
-                slots += SLOT.pack(crc32(piece), len(piece))
+                slots += SLOT.pack(crc32(piece, self._seed(first + at // BLOCK_BYTES)), len(piece))
             os.pwrite(fd, bytes(slots), (first - base) * SLOT.size)
         except OSError as error:
             self._write_failed(error)
@@ -589,22 +658,35 @@ class CachedSource:
             return error.errno not in (errno.EAGAIN, errno.EACCES)
 
     def _open_chunk(self, chunk: int, create: bool) -> int:
+        """Chunk ``chunk``'s file, opened relative to the cache's descriptor, never
+        through a link, created 0600; -1 when there is none (or it cannot be opened)."""
         if self.directory is None:
             return -1
-        path = os.path.join(self.directory, f"c{chunk}")
+        path = f"{self._relative}/c{chunk}"
+        flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | FILE_FLAGS
         try:
-            return os.open(path, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_CLOEXEC, 0o644)
+            return os.open(path, flags, 0o600, dir_fd=self._top_fd)
         except FileNotFoundError:
             if create:  # the directory was removed (a cache cleared by hand): make it again
                 try:
-                    os.makedirs(self.directory, exist_ok=True)
-                    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    self._make_again()
+                    return os.open(path, flags, 0o600, dir_fd=self._top_fd)
                 except OSError as error:
                     self._write_failed(error)
             return -1
         except OSError as error:
             self._write_failed(error)
             return -1
+
+    def _make_again(self) -> None:
+        """Make the archive's directory again (removed by ``packfs cache clear``, or by
+        hand with the cache's directory), checked as at the open."""
+        try:
+            private_subdir(self._top_fd, self._relative, self._top)
+        except FileNotFoundError:  # the cache's directory itself is gone
+            forget_root(self._top)
+            self._top_fd = private_root(self._top)
+            private_subdir(self._top_fd, self._relative, self._top)
 
     def _write_failed(self, error: OSError) -> None:
         if not self._warned:
@@ -668,13 +750,15 @@ class CachedSource:
             self._flushed_at = time.monotonic()
         if not any(counts.values()):
             return
-        if not os.path.exists(os.path.join(self.directory, "identity")):  # cleared meanwhile
+        try:
+            os.stat(f"{self._relative}/identity", dir_fd=self._top_fd, follow_symlinks=False)
+        except OSError:  # cleared meanwhile
             try:
-                os.makedirs(self.directory, exist_ok=True)
-                self._write_identity(self.directory)
+                self._make_again()
+                self._write_identity()
             except OSError:
                 pass
-        if not add_counts(self.directory, counts):
+        if not add_counts(self._relative, counts, dir_fd=self._top_fd):
             with self._locked():  # kept for the next try
                 for name, value in counts.items():
                     self._unflushed[name] += value
@@ -742,7 +826,7 @@ class CachedSource:
         if now - self._touched.get(chunk, -1e9) >= 10.0:
             self._touched[chunk] = now
             try:
-                os.utime(os.path.join(self.directory, f"c{chunk}"))  # type: ignore[arg-type]
+                os.utime(f"{self._relative}/c{chunk}", dir_fd=self._top_fd, follow_symlinks=False)
             except OSError:
                 pass
 
@@ -757,42 +841,61 @@ class CachedSource:
 
     def _evict(self) -> None:
         """Remove the least recently used chunks of every archive in the cache until it
-        is under 90% of its bound and 5% of the file system (at most 1 GiB) is free."""
-        root = self.cache_root
-        if root is None:
+        is under 90% of its bound and 5% of the file system (at most 1 GiB) is free.
+        Nothing is followed: each directory is opened with O_NOFOLLOW, each chunk
+        looked at and removed relative to its directory (a symlink is not a chunk)."""
+        if self.cache_root is None:
             return
         chunks = []
         total = 0
         try:
-            keys = list(os.scandir(root))
+            layout = os.open(LAYOUT, DIR_FLAGS, dir_fd=self._top_fd)
         except OSError:
             return
-        for key in keys:
-            try:
-                for entry in os.scandir(key.path):
-                    if entry.name.startswith("c"):
-                        st = entry.stat()
-                        chunks.append((st.st_mtime, entry.path, st.st_blocks * 512))
-                        total += st.st_blocks * 512
-            except OSError:
-                continue
         try:
-            fs = os.statvfs(root)
-            keep = min(int(fs.f_blocks * fs.f_frsize * KEEP_FREE), KEEP_FREE_MAX)
-            short = keep - fs.f_bavail * fs.f_frsize
-        except OSError:
-            short = 0
-        excess = max(total - int(self.cache_size * 0.9) if total > self.cache_size else 0, short)
-        if excess <= 0:
-            return
-        for _, path, size in sorted(chunks):
-            if excess <= 0:
-                break
             try:
-                os.unlink(path)
+                keys = [entry.name for entry in os.scandir(layout) if entry.is_dir(follow_symlinks=False)]
             except OSError:
-                continue
-            excess -= size
+                return
+            for key in keys:
+                try:
+                    fd = os.open(key, DIR_FLAGS, dir_fd=layout)
+                except OSError:
+                    continue
+                try:
+                    for entry in os.scandir(fd):
+                        if entry.name[:1] == "c" and entry.name[1:].isdigit():
+                            st = entry.stat(follow_symlinks=False)
+                            if stat.S_ISREG(st.st_mode):
+                                chunks.append((st.st_mtime, key, entry.name, st.st_blocks * 512))
+                                total += st.st_blocks * 512
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+            try:
+                fs = os.fstatvfs(layout)
+                keep = min(int(fs.f_blocks * fs.f_frsize * KEEP_FREE), KEEP_FREE_MAX)
+                short = keep - fs.f_bavail * fs.f_frsize
+            except OSError:
+                short = 0
+            excess = max(total - int(self.cache_size * 0.9) if total > self.cache_size else 0, short)
+            for _, key, name, size in sorted(chunks):
+                if excess <= 0:
+                    break
+                try:
+                    fd = os.open(key, DIR_FLAGS, dir_fd=layout)
+                except OSError:
+                    continue
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+                excess -= size
+        finally:
+            os.close(layout)
 
 
 # The sources with a disk cache still open, whose counts are written at exit.
@@ -873,3 +976,11 @@ def _runs(blocks: List[int]) -> List[List[int]]:
 
 
 _SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)
+
+_WARNED: Set[str] = set()  # cache directories this process warned it does not use
+
+
+def _warn_once(directory: str, message: str) -> None:
+    if directory not in _WARNED:
+        _WARNED.add(directory)
+        log.warning("%s", message)

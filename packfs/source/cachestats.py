@@ -17,10 +17,11 @@ killed by SIGKILL loses what it counted since its last write (at most ``FLUSH_EV
 seconds of it); the file never grows, whatever the number of processes.
 
 Clearing removes an archive's files relative to its directory's descriptor, opened
-with ``O_NOFOLLOW``: a symlink planted in a shared cache is removed as a link, never
-followed.  Each chunk is removed while holding the lock on all its blocks, so a fetch in
-progress in another process finishes first; a process that reads it later finds it
-gone and fetches again (never other bytes: the blocks it held are checked by CRC).
+with ``O_NOFOLLOW``: a symlink in the cache is removed as a link, never followed (the
+cache is one user's: see :mod:`packfs.source.cachedir`).  Each chunk is removed while
+holding the lock on all its blocks, so a fetch in progress in another process
+finishes first; a process that reads it later finds it gone and fetches again (never
+other bytes: the blocks it held are checked by CRC).
 """
 
 from __future__ import annotations
@@ -113,13 +114,16 @@ def _newest(data: bytes) -> Tuple[int, int, Dict[str, int], float, float]:
     return best
 
 
-def add_counts(directory: str, counts: Dict[str, int], now: Optional[float] = None) -> bool:
+def add_counts(directory: str, counts: Dict[str, int], now: Optional[float] = None,
+               dir_fd: Optional[int] = None) -> bool:
     """Add ``counts`` (names of COUNTERS) to the counters file of the archive whose
-    cache directory is ``directory``, and mark it used now; False if it could not be
-    written (the caller keeps them for its next try)."""
+    cache directory is ``directory`` (relative to ``dir_fd`` when given), and mark it
+    used now; False if it could not be written (the caller keeps them for its next
+    try)."""
     now = time.time() if now is None else now
     try:
-        fd = os.open(os.path.join(directory, STATS_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(os.path.join(directory, STATS_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
     except OSError:
         return False
     try:
@@ -139,11 +143,12 @@ def add_counts(directory: str, counts: Dict[str, int], now: Optional[float] = No
         os.close(fd)  # drops the lock
 
 
-def read_counts(directory: str) -> Tuple[Dict[str, int], float, float]:
+def read_counts(directory: str, dir_fd: Optional[int] = None) -> Tuple[Dict[str, int], float, float]:
     """(counters, first use, last use) of the archive whose cache directory is
-    ``directory``: zeros if nothing was counted (or the file is damaged)."""
+    ``directory`` (relative to ``dir_fd`` when given): zeros if nothing was counted (or
+    the file is damaged)."""
     try:
-        fd = os.open(os.path.join(directory, STATS_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(directory, STATS_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return dict.fromkeys(COUNTERS, 0), 0.0, 0.0
     try:
@@ -155,11 +160,11 @@ def read_counts(directory: str) -> Tuple[Dict[str, int], float, float]:
     return totals, first, last
 
 
-def _identity(directory: str) -> Tuple[str, str, int]:
+def _identity(directory: str, dir_fd: Optional[int] = None) -> Tuple[str, str, int]:
     """(URL, tag, size) from an archive's identity file (written as the repr of
     RemoteFile.identity); ("", "", 0) if it is missing or not that."""
     try:
-        fd = os.open(os.path.join(directory, "identity"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(directory, "identity"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return "", "", 0
     try:
@@ -177,9 +182,10 @@ def _identity(directory: str) -> Tuple[str, str, int]:
     return "", "", 0
 
 
-def _archive_directories(root: str) -> Iterator[os.DirEntry]:
-    """The archives' directories under ``root`` (the layout's): real directories whose
-    name is a key (40 hex digits); a symlink or anything else is left alone."""
+def _archive_directories(root: int) -> Iterator[os.DirEntry]:
+    """The archives' directories in the directory open as ``root`` (the layout's): real
+    directories whose name is a key (40 hex digits); a symlink or anything else is left
+    alone."""
     try:
         entries = list(os.scandir(root))
     except OSError:
@@ -190,64 +196,93 @@ def _archive_directories(root: str) -> Iterator[os.DirEntry]:
             yield entry
 
 
-def _chunks(directory: str) -> Tuple[int, int, float]:
+def _chunks(directory: str, dir_fd: int) -> Tuple[int, int, float]:
     """(bytes on disk, chunk files, latest mtime) of an archive's chunk files."""
     total = count = 0
     latest = 0.0
     try:
-        entries = list(os.scandir(directory))
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return 0, 0, 0.0
-    for entry in entries:
-        if entry.name[:1] == "c" and entry.name[1:].isdigit():
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # evicted meanwhile
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_blocks * 512
-                count += 1
-                latest = max(latest, st.st_mtime)
+    try:
+        for entry in os.scandir(fd):  # (its entries' stat is relative to fd)
+            if entry.name[:1] == "c" and entry.name[1:].isdigit():
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # evicted meanwhile
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_blocks * 512
+                    count += 1
+                    latest = max(latest, st.st_mtime)
+    except OSError:
+        return 0, 0, 0.0
+    finally:
+        os.close(fd)
     return total, count, latest
 
 
-def cached_archives(root: str) -> List[CachedArchive]:
-    """Every archive in the cache whose layout directory is ``root`` (``cache_dir/v1``),
-    by URL then first use; [] for none (or no such directory)."""
-    found = []
-    for entry in _archive_directories(root):
-        url, tag, size = _identity(entry.path)
-        cached, count, touched = _chunks(entry.path)
-        counts, first, last = read_counts(entry.path)
-        if not first:
-            try:
-                first = os.stat(entry.path, follow_symlinks=False).st_mtime
-            except OSError:
-                continue  # removed meanwhile
-        found.append(CachedArchive(url, tag, size, entry.name, entry.path, cached, count,
-                                   *(counts[name] for name in COUNTERS), first, max(last, touched)))
+def _open_layout(root: str, dir_fd: Optional[int]) -> int:
+    """The layout's directory ``root`` (relative to ``dir_fd`` when given), opened
+    without following a link; -1 if there is none."""
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return -1
+
+
+def cached_archives(root: str, dir_fd: Optional[int] = None, shown: Optional[str] = None) -> List[CachedArchive]:
+    """Every archive in the cache whose layout directory is ``root`` (``cache_dir/v1``;
+    relative to ``dir_fd`` when given, then named ``shown``), by URL then first use; []
+    for none (or no such directory)."""
+    found: List[CachedArchive] = []
+    layout = _open_layout(root, dir_fd)
+    if layout < 0:
+        return found
+    try:
+        for entry in _archive_directories(layout):
+            url, tag, size = _identity(entry.name, layout)
+            cached, count, touched = _chunks(entry.name, layout)
+            counts, first, last = read_counts(entry.name, layout)
+            if not first:
+                try:
+                    first = os.stat(entry.name, dir_fd=layout, follow_symlinks=False).st_mtime
+                except OSError:
+                    continue  # removed meanwhile
+            found.append(CachedArchive(url, tag, size, entry.name, os.path.join(shown or root, entry.name), cached,
+                                       count, *(counts[name] for name in COUNTERS), first, max(last, touched)))
+    finally:
+        os.close(layout)
     return sorted(found, key=lambda a: (a.url, a.first_used))
 
 
-def clear_cached(root: str, url: Optional[str] = None) -> Tuple[int, int]:
+def clear_cached(root: str, url: Optional[str] = None, dir_fd: Optional[int] = None) -> Tuple[int, int]:
     """Remove every archive (``url`` given: every version of that one) from the cache
-    whose layout directory is ``root``; (archives removed, bytes freed).  Safe while
-    other processes read: see the module's docstring."""
+    whose layout directory is ``root`` (relative to ``dir_fd`` when given); (archives
+    removed, bytes freed).  Safe while other processes read: see the module's
+    docstring."""
     removed = freed = 0
-    for entry in _archive_directories(root):
-        if url is not None and _identity(entry.path)[0] != url:
-            continue
-        freed += _remove_archive(root, entry.name)
-        removed += 1
+    layout = _open_layout(root, dir_fd)
+    if layout < 0:
+        return removed, freed
+    try:
+        for entry in _archive_directories(layout):
+            if url is not None and _identity(entry.name, layout)[0] != url:
+                continue
+            freed += _remove_archive(layout, entry.name)
+            removed += 1
+    finally:
+        os.close(layout)
     return removed, freed
 
 
-def _remove_archive(root: str, name: str) -> int:
-    """Remove the files of one archive's directory ``root/name`` (chunks under their
-    lock), then the directory if it is empty; the bytes freed.  Nothing is followed:
-    the directory is opened with O_NOFOLLOW and its files removed relative to it."""
+def _remove_archive(root: int, name: str) -> int:
+    """Remove the files of one archive's directory ``name`` in the directory open as
+    ``root`` (chunks under their lock), then the directory if it is empty; the bytes
+    freed.  Nothing is followed: the directory is opened with O_NOFOLLOW and its files
+    removed relative to it."""
     try:
-        fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
     except OSError:
         return 0
     freed = 0
@@ -277,7 +312,7 @@ def _remove_archive(root: str, name: str) -> int:
     finally:
         os.close(fd)
     try:
-        os.rmdir(os.path.join(root, name))
+        os.rmdir(name, dir_fd=root)
     except OSError:
         pass  # not empty (a reader wrote meanwhile) or not ours
     return freed
