@@ -19,7 +19,7 @@ import pytest
 
 from packfs.errors import RemoteArchiveError
 from tests.conftest import daemon_pid, mounted, packfs_cli, require_extra
-from tests.test_remote_source import BLOB as NGINX_BLOB
+from tests.test_remote_source import BLOB as NGINX_BLOB, require_server
 from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real nginx, stopped at the end)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -238,7 +238,7 @@ def moto(tmp_path_factory):
     try:
         server.__enter__()
     except (FileNotFoundError, RuntimeError) as error:
-        pytest.skip(f"moto_server cannot be started here: {error}")
+        require_server("moto_server", error)
     try:
         yield server
     finally:
