@@ -23,7 +23,7 @@ from packfs import PackedFolder
 from packfs.source import cache as cache_module
 from packfs.source import open_source
 from packfs.source.cache import BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, SLOT, SLOTS_BYTES
-from tests.conftest import REPO, require_python_as_nobody, wait_until
+from tests.conftest import REPO, require_python_as_nobody, time_limit, wait_until
 from tests.test_cache import _data_gets, dataset, served  # noqa: F401 (fixtures)
 from tests.test_remote_source import nginx  # noqa: F401 (fixture: a real server, stopped at the end)
 
@@ -42,7 +42,7 @@ def _require_root_and_setpriv() -> None:
 
 def _as_nobody(*command: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *command],
-                          capture_output=True, text=True, cwd="/", timeout=120, input=stdin,
+                          capture_output=True, text=True, cwd="/", timeout=time_limit(120), input=stdin,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
@@ -128,7 +128,7 @@ def test_a_cache_directory_others_can_write_is_not_used(nginx, served, dataset, 
     assert str(shared) in warning and "writable by" in warning, warning
     assert list(shared.iterdir()) == []
     result = subprocess.run([sys.executable, "-m", "packfs", "cache", "list", "--cache-dir", str(shared)],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=time_limit(120))
     assert result.returncode == 1 and "is not used" in result.stderr and "writable by" in result.stderr, result
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import packfs
 from packfs import PackedFolder
-from tests.conftest import BLUEPRINT, packfs_cli
+from tests.conftest import BLUEPRINT, packfs_cli, time_limit
 
 
 def test_a_missing_archive_is_file_not_found(tmp_path: Path) -> None:
@@ -262,7 +262,7 @@ def test_a_clone_named_packfs_run_from_its_parent_is_one_clear_import_error(tmp_
     for command in (["train.py"], ["-c", "import packfs"], ["-c", "from packfs.torch import PackedImageFolder"],
                     ["-c", "import packfs.fsspec"]):
         result = subprocess.run([sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=60)
+                                timeout=time_limit(60))
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith(f"ImportError: 'import packfs' found {clone}, the folder of a clone of packfs's "
@@ -274,5 +274,5 @@ def test_a_clone_named_packfs_run_from_its_parent_is_one_clear_import_error(tmp_
     for where in (clone, tmp_path / "elsewhere"):
         where.mkdir(exist_ok=True)
         result = subprocess.run([sys.executable, "-c", "import packfs; print(packfs.PackedFolder.__name__)"],
-                                cwd=where, env=env, capture_output=True, text=True, timeout=60)
+                                cwd=where, env=env, capture_output=True, text=True, timeout=time_limit(60))
         assert result.returncode == 0 and result.stdout == "PackedFolder\n", result.stderr

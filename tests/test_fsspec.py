@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import packfs
-from tests.conftest import require_extra
+from tests.conftest import require_extra, time_limit
 from tests.test_remote_source import moto, nginx  # noqa: F401 (fixtures: real servers on loopback)
 
 fsspec = require_extra("fsspec", "fsspec")
@@ -187,7 +187,7 @@ def test_a_remote_archive_by_every_spelling_without_s3fs(dataset: Path, moto, ng
     env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
                TEST_STORAGE_OPTIONS=json.dumps(options), TEST_HTTP_URL=nginx.url("data.ffr"))
     result = subprocess.run([sys.executable, "-c", _WITHOUT_S3FS], capture_output=True, text=True, env=env,
-                            timeout=120)
+                            timeout=time_limit(120))
     assert result.returncode == 0, result.stderr
     read = json.loads(result.stdout)
     labels = "path,label\ntrain/cat/1.jpg,cat\n"

@@ -22,6 +22,7 @@ import packfs
 from packfs.core import open_archive
 from packfs.core.manifest import depth_first_key
 from packfs.format import S_IFDIR, S_IFMT
+from tests.conftest import time_limit
 
 SPREAD = 600  # files of big/, a directory several shards hold
 
@@ -346,7 +347,7 @@ def test_a_set_past_the_soft_descriptor_limit_raises_it_and_past_the_hard_one_is
               "low = len(os.listdir('/proc/self/fd')) + 4\n"
               "resource.setrlimit(resource.RLIMIT_NOFILE, (low, low))\n"
               "try:\n    tree_for(shards)\nexcept MountError as error:\n    print(error)\n")
-    result = subprocess.run([sys.executable, "-c", script, str(spec)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", script, str(spec)], capture_output=True, text=True, timeout=time_limit(60))
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "24 shards, three descriptors each, and the hard limit on open files" in result.stdout
 

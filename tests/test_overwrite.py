@@ -28,6 +28,7 @@ import pytest
 
 import packfs
 from packfs.errors import ArchiveChangedError, FormatError
+from tests.conftest import time_limit
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = 8
@@ -327,8 +328,6 @@ def test_changed_is_sticky_and_a_format_error(tmp_path: Path) -> None:
 FOREIGN_FAULT = """
 import faulthandler, mmap, os, sys
 import packfs
-
-from tests.conftest import time_limit
 folder = packfs.PackedFolder(sys.argv[1])      # registers the guard's handler
 if sys.argv[2] == "faulthandler":
     faulthandler.enable()                      # installed after ours: chained to, not lost
