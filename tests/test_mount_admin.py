@@ -146,6 +146,19 @@ def test_rejected_option_is_one_clear_line(archive: Path, tmp_path: Path, bindin
     assert not is_mounted(str(mountpoint))
 
 
+def test_libfuse2_mounting_before_it_rejects_an_option_is_not_success(archive: Path, tmp_path: Path) -> None:
+    """libfuse2's fuse_setup mounts, then rejects an unknown option and unmounts: a parent
+    that took "in the mount table" for "up" said "mounted" with exit 0 for a daemon that
+    was already failing (3 times in 40 here).  The daemon now says when it serves."""
+    require_fuse("fusepy")
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    with cleared(mountpoint):
+        outcomes = [packfs_cli("mount", "--binding", "fusepy", "-o", "bogus", archive, mountpoint).returncode
+                    for _ in range(30)]
+    assert outcomes == [1] * 30
+
+
 @pytest.mark.parametrize("binding", BINDINGS)
 def test_option_with_a_bad_value_is_one_line(archive: Path, tmp_path: Path, binding: str) -> None:
     require_fuse(binding)

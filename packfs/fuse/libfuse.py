@@ -12,7 +12,7 @@ import tempfile
 import threading
 import warnings
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import (
     MountError,
@@ -65,6 +65,9 @@ class LoopRun:
         self.threads = threads  # 0: libfuse's default; 1 never gets here (the binding's -s)
         self.error: str | None = None  # why mounting or serving failed, in libfuse's words
         self.stop_signal = 0  # the signal that ended a requested stop
+        # Called once the mount is set up and about to serve: libfuse2 mounts before it
+        # checks the options, so "in the mount table" does not yet mean "accepted".
+        self.serving: Callable[[], None] = lambda: None
 
 
 # The LoopRun of the mount in progress on this thread: the bindings call fuse_main_real
@@ -206,6 +209,7 @@ def _libfuse3_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations
             if lib.fuse_set_signal_handlers(session):
                 run.error = "libfuse could not set its signal handlers"
                 return 6
+            run.serving()
             try:
                 if single:
                     result = lib.fuse_loop(fuse)
@@ -249,6 +253,7 @@ def _libfuse2_main(lib: ctypes.CDLL, run: LoopRun, argv: list[bytes], operations
             said.reason() or "libfuse could not mount (no reason given)")
         return 1
     said.replay()
+    run.serving()
     try:
         result = lib.fuse_loop_mt(fuse) if multithreaded.value else lib.fuse_loop(fuse)
     finally:

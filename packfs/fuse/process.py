@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from ..core import Archive, ShardSet, open_archive
 from ..errors import MountError
@@ -72,7 +72,10 @@ def mount(
     binding, notice = choose_binding(binding, served)
     if notice:
         log.warning("%s", notice)
+    # How a background daemon's parent learns the mount is up (mount_in_background).
+    announce = getattr(current, "announce", lambda _how: None)
     if binding == LOWLEVEL:
+        announce(MOUNT_TABLE_TELLS)  # fuse_session_new checks the options before it mounts
         _serve_compiled(served, path, pidfile=state_file(path, ".pid"), threads=threads, debug=debug,
                         options=fuse_options(served.path, allow_other, extra, binding))
         return
@@ -86,6 +89,10 @@ def mount(
     with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
         f.write(str(os.getpid()))
     run = current.run = LoopRun(threads)
+    if has_own_main(fuse):
+        run.serving = lambda: announce(SERVING)
+    else:  # libfuse3 before 3.12, whose fuse_main checks the options before it mounts
+        announce(MOUNT_TABLE_TELLS)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -105,6 +112,11 @@ def mount(
             pass
     if run.stop_signal:
         log.debug("unmounted on %s", signal.Signals(run.stop_signal).name)
+
+
+# What a background daemon writes to its parent (mount_in_background): "serving" once
+# set up, or "the mount table tells" where appearing there already means accepted.
+SERVING, MOUNT_TABLE_TELLS = b"s", b"t"
 
 
 def choose_binding(binding: str, archive: Archive) -> tuple[str, str | None]:
@@ -300,11 +312,14 @@ def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_pat
     # A log file the user named is theirs to point anywhere; ours never follows a link.
     log_fd = (_open_state_file(log_path, log_flags) if os.path.dirname(os.path.abspath(log_path)) == state_directory()
               else os.open(log_path, log_flags | os.O_CLOEXEC, 0o644))
+    up_read, up_write = os.pipe()  # the daemon says here how to know it is up
     with os.fdopen(log_fd, "ab") as log_file:
         pid = os.fork()
         if pid == 0:  # the daemon
             status = 1
             try:
+                os.close(up_read)
+                current.announce = _say_once(up_write)
                 os.setsid()
                 hide_command_line_secrets()  # the parent's command line, a URL's password in it
                 devnull = os.open(os.devnull, os.O_RDONLY)
@@ -325,8 +340,44 @@ def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_pat
             finally:
                 os._exit(status)
     folder.close()  # the daemon has its own reference to the map
+    os.close(up_write)
+    try:
+        _wait_until_up(pid, up_read, path, folder, mountpoint, log_path, timeout)
+    finally:
+        os.close(up_read)
+    return pid
+
+
+def _say_once(fd: int) -> Callable[[bytes], None]:
+    """The daemon's one word to its parent, through ``fd``, which it then closes (a second
+    word would go to whatever file reused the number); a parent gone is no failure."""
+    left = [fd]
+
+    def say(how: bytes) -> None:
+        if left:
+            try:
+                os.write(left[0], how)
+            except OSError:
+                pass
+            os.close(left.pop())
+
+    return say
+
+
+def _wait_until_up(pid: int, up_read: int, path: str, folder: Archive | PackedFolder, mountpoint: str,
+                   log_path: str, timeout: float) -> None:
+    """Wait for a background daemon to serve, or raise MountError with its reason."""
+    os.set_blocking(up_read, False)
+    how = b""
     deadline = time.monotonic() + timeout
-    while not is_mounted(path):
+    while True:
+        if not how:
+            try:
+                how = os.read(up_read, 1)
+            except BlockingIOError:
+                pass
+        if how == SERVING or (how == MOUNT_TABLE_TELLS and is_mounted(path)):
+            return
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             lines = open(log_path, "rb").read().decode(errors="replace").strip().splitlines()
@@ -338,7 +389,6 @@ def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_pat
             os.kill(pid, signal.SIGKILL)
             raise MountError(f"mounting {folder.path!r} at {mountpoint!r} timed out (log: {log_path})")
         time.sleep(0.005)
-    return pid
 
 
 def _check_ours(mountpoint: str) -> None:
