@@ -5,6 +5,8 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+# The C format library (no FUSE, no Python), its Python glue and the FUSE daemon's.
+C_SOURCES := $(wildcard packfs/cformat/*.[ch] packfs/cpython/*.[ch] packfs/cdaemon/*.[ch])
 # nginx: the HTTP server the remote-source tests start on loopback (tests/remote_servers.py
 # runs its own, as the user, on a free port; the system's service is not used), and openssl
 # to make its https certificate.
@@ -67,7 +69,7 @@ apt-build-packages:
 # Elsewhere: make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-$(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h packfs/_lowlevel.c
+$(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
@@ -104,7 +106,7 @@ test-lowest: system-packages build-packages
 	  PACKFS_TEST_WITHOUT_EXTRAS=torch $(LOWEST_VENV)/bin/python -m pytest -rs -q -p no:cacheprovider $(PYTEST_ARGS); \
 	fi
 
-$(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h packfs/_lowlevel.c
+$(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" $(LOWEST_VENV)/bin/python -m pip install -q -e ".[fsspec,demo,remote,dask]" \
@@ -125,13 +127,14 @@ fuzz: setup
 soak: setup
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS)
 
-# The compiled daemon (packfs/_lowlevel.c) fuzzed by libFuzzer under AddressSanitizer and
-# UBSan (fuzz/lowlevel_fuzz.c), and its concurrent read path under ThreadSanitizer
+# The compiled daemon (packfs._lowlevel: packfs/cformat/, cpython/ and cdaemon/) fuzzed by
+# libFuzzer under AddressSanitizer and UBSan (fuzz/lowlevel_fuzz.c), and its concurrent
+# read path under ThreadSanitizer
 # (fuzz/lowlevel_tsan.c); both print their counts.  `make fuzz-c` first replays every
 # past finding (tests/fuzz_c/), then fuzzes for FUZZ_C_SECONDS from the seeds (made from
 # the test suite's archives) and the corpus it keeps in fuzz/build/corpus; a finding is
 # saved in fuzz/build/findings and fails the target.  `make fuzz-c-coverage` gives the
-# line coverage of _lowlevel.c over the corpus.  They embed the venv's CPython (the Tree
+# line coverage of those C files over the corpus.  They embed the venv's CPython (the Tree
 # type's constructor checks what the daemon is given) and need clang 14, its sanitizer
 # runtimes and llvm-cov (Debian 12's), installed as root.
 FUZZ_PACKAGES := clang-14 libclang-rt-14-dev llvm-14
@@ -142,7 +145,7 @@ FUZZ_C_TSAN_SECONDS ?= 60
 FUZZ_C_THREADS ?= 4
 FUZZ_REGRESSIONS := tests/fuzz_c
 FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter
-FUZZ_DEPENDS := fuzz/daemon.h fuzz/build_flags.py packfs/_lowlevel.c packfs/_sigbus.h | $(STAMP) fuzz-packages
+FUZZ_DEPENDS := fuzz/daemon.h fuzz/build_flags.py $(C_SOURCES) packfs/_sigbus.h | $(STAMP) fuzz-packages
 # The venv's Python headers and libpython, libfuse3's flags; fuzz/build_flags.py says what is missing.
 FUZZ_LINK = flags="$$($(PY) fuzz/build_flags.py)" && $(FUZZ_CC) $(FUZZ_CFLAGS)
 
@@ -177,7 +180,7 @@ fuzz-c-tsan: setup $(FUZZ_BUILD)/lowlevel-tsan $(FUZZ_BUILD)/seeds/.made
 	  $(wildcard $(FUZZ_BUILD)/corpus)
 
 fuzz-c-coverage: setup $(FUZZ_BUILD)/lowlevel-coverage $(FUZZ_BUILD)/seeds/.made
-	$(PY) fuzz/campaign.py coverage --binary $(FUZZ_BUILD)/lowlevel-coverage --source packfs/_lowlevel.c \
+	$(PY) fuzz/campaign.py coverage --binary $(FUZZ_BUILD)/lowlevel-coverage --source $(filter %.c,$(C_SOURCES)) \
 	  --work $(FUZZ_BUILD)/coverage $(FUZZ_BUILD)/seeds $(FUZZ_REGRESSIONS) $(wildcard $(FUZZ_BUILD)/corpus)
 
 clean:
