@@ -1,13 +1,16 @@
 """Build the optional C extensions (everything else is in pyproject.toml).
 
 - packfs._sigbus keeps readers alive when an archive is truncated under its map.
+- packfs.core._format is the C format library (packfs/cformat/) for Python's readers:
+  a path's entry, stat, whole contents and many files' contents, without the GIL.  It
+  needs zlib's headers, and libzstd's for format 1.5's codecs; not libfuse.
 - packfs._lowlevel is the compiled, inode-based FUSE daemon on libfuse3's low-level API
   (`packfs mount --binding lowlevel`, the default where it is built).  It needs
   libfuse3's headers (3.10 or later, found by pkg-config) and zlib's, and libzstd's for
   format 1.5's codecs (without them it is built with PACKFS_NO_ZSTD and refuses such
-  archives).
+  archives).  It is the same format library with the FUSE glue (packfs/cdaemon/).
 
-Both are ``optional=True``: where one cannot be compiled (no C compiler, no headers),
+All are ``optional=True``: where one cannot be compiled (no C compiler, no headers),
 the install goes on without it; packfs then uses its pure-Python checks, and
 `packfs mount` the Python daemon, saying so in one line.
 """
@@ -58,7 +61,16 @@ def zstd_flags() -> dict[str, list[str]] | None:
 
 extensions = [Extension("packfs._sigbus", ["packfs/_sigbus.c"], depends=["packfs/_sigbus.h"], optional=True,
                         extra_compile_args=WARNINGS)]
+# The format library for Python's readers (packfs.core._format): zlib, and libzstd for
+# format 1.5's codecs where found; no libfuse, so it is built where the daemon is not.
 zstd = zstd_flags()
+core_format = {"include_dirs": [], "library_dirs": [], "libraries": ["z"],
+               "define_macros": [] if zstd is not None else [("PACKFS_NO_ZSTD", "1")]}
+for key, values in (zstd or {}).items():
+    core_format[key].extend(values)
+extensions.append(Extension("packfs.core._format", [*TREE_SOURCES, "packfs/cpython/_format_module.c"],
+                            depends=TREE_HEADERS, optional=True, extra_compile_args=WARNINGS + HIDDEN,
+                            **core_format))
 fuse3 = pkg_config("fuse3", "3.10")
 if fuse3 is not None:
     fuse3["libraries"].append("z")
