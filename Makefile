@@ -127,8 +127,9 @@ fuzz: setup
 soak: setup
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS)
 
-# The compiled daemon (packfs._lowlevel: packfs/cformat/, cpython/ and cdaemon/) fuzzed by
-# libFuzzer under AddressSanitizer and UBSan (fuzz/lowlevel_fuzz.c), and its concurrent
+# The C format library alone (packfs/cformat/, fuzz/format_fuzz.c) and the compiled
+# daemon (packfs._lowlevel: packfs/cformat/, cpython/ and cdaemon/, fuzz/lowlevel_fuzz.c)
+# fuzzed by libFuzzer under AddressSanitizer and UBSan, and the daemon's concurrent
 # read path under ThreadSanitizer
 # (fuzz/lowlevel_tsan.c); both print their counts.  `make fuzz-c` first replays every
 # past finding (tests/fuzz_c/), then fuzzes for FUZZ_C_SECONDS from the seeds (made from
@@ -156,6 +157,13 @@ $(FUZZ_BUILD)/lowlevel-fuzz: fuzz/lowlevel_fuzz.c $(FUZZ_DEPENDS)
 	@mkdir -p $(@D)
 	$(FUZZ_LINK) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $< -o $@ $$flags
 
+# The format library alone (fuzz/format_fuzz.c): no libfuse, no Python, no stubs.
+FORMAT_SOURCES := $(wildcard packfs/cformat/*.c)
+$(FUZZ_BUILD)/format-fuzz: fuzz/format_fuzz.c fuzz/layout.h $(wildcard packfs/cformat/*.[ch]) | fuzz-packages
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  $< $(FORMAT_SOURCES) -o $@ -lz -lzstd
+
 $(FUZZ_BUILD)/lowlevel-tsan: fuzz/lowlevel_tsan.c $(FUZZ_DEPENDS)
 	@mkdir -p $(@D)
 	$(FUZZ_LINK) -fsanitize=thread $< -o $@ $$flags
@@ -169,8 +177,15 @@ $(FUZZ_BUILD)/seeds/.made: fuzz/seeds.py tests/fuzz.py tests/hostile.py tests/de
 	$(PY) fuzz/seeds.py $(@D)
 	touch $@
 
-fuzz-c: setup $(FUZZ_BUILD)/lowlevel-fuzz $(FUZZ_BUILD)/seeds/.made
-	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/lowlevel-fuzz --seconds $(FUZZ_C_SECONDS) \
+# FUZZ_C_SECONDS in all: a third for the format library alone, the rest for the daemon.
+FUZZ_C_FORMAT_SECONDS = $(shell expr $(FUZZ_C_SECONDS) / 3)
+
+fuzz-c: setup $(FUZZ_BUILD)/lowlevel-fuzz $(FUZZ_BUILD)/format-fuzz $(FUZZ_BUILD)/seeds/.made
+	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/format-fuzz --seconds $(FUZZ_C_FORMAT_SECONDS) \
+	  --corpus $(FUZZ_BUILD)/format-corpus --seeds $(FUZZ_BUILD)/seeds --findings $(FUZZ_BUILD)/format-findings \
+	  --regressions $(FUZZ_REGRESSIONS)
+	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/lowlevel-fuzz \
+	  --seconds $(shell expr $(FUZZ_C_SECONDS) - $(FUZZ_C_FORMAT_SECONDS)) \
 	  --corpus $(FUZZ_BUILD)/corpus --seeds $(FUZZ_BUILD)/seeds --findings $(FUZZ_BUILD)/findings \
 	  --regressions $(FUZZ_REGRESSIONS)
 
