@@ -78,6 +78,8 @@ def test_what_is_not_a_file_raises_the_packfs_error_for_it(archive: Path) -> Non
                 tree.read_file(path)
         with pytest.raises(TooLargeToReadError):
             tree.read_file(b"hello.txt", max_size=4)
+        assert tree.read_file(b"hello.txt", max_size=4, none_if_larger=True) is None  # nothing read
+        assert tree.read_file(b"hello.txt", 100, True) == FILES["hello.txt"]
         assert tree.read_file(b"hello.txt", max_size=len(FILES["hello.txt"])) == FILES["hello.txt"]
         with pytest.raises(PathNotFoundError, match="nothing"):
             tree.read_many([b"hello.txt", b"nothing", b"empty.txt"])
@@ -178,3 +180,30 @@ def test_spans_that_break_a_rule_are_refused(archive: Path) -> None:
         with pytest.raises(ValueError, match="not initialised"):
             unopened.read_file(b"hello.txt")
     assert issubclass(ChecksumError, PackfsError)
+
+
+def test_packed_folder_reads_through_the_library_with_the_python_paths_answers(tmp_path: Path,
+                                                                                archive: Path) -> None:
+    """PackedFolder.read takes the C library where it is built, and gives what the Python
+    path gives: the same bytes, a symlink followed, the same errors (damage included)."""
+    import packfs
+
+    _format_module()
+    bad = damaged_copy(archive, tmp_path / "bad.ffr", b"hello.txt", at=3)
+    for path in (archive, bad):
+        with packfs.PackedFolder(path) as compiled, packfs.PackedFolder(path) as python:
+            assert compiled._compiled is not None
+            python._compiled = None
+            for name in [*FILES, "link-to-hello", "a/dirlink/c/deep.bin", "/a/b/../b/c/deep.bin"]:
+                outcomes = []
+                for folder in (compiled, python):
+                    try:
+                        outcomes.append(folder.read(name))
+                    except PackfsError as error:
+                        outcomes.append((type(error), str(error)))
+                assert outcomes[0] == outcomes[1], name
+            if path == bad:
+                with pytest.raises(ChecksumError):
+                    compiled.read("hello.txt")
+    with packfs.PackedFolder(archive, check_data=False) as unchecked:
+        assert unchecked._compiled is not None and unchecked.read("hello.txt") == FILES["hello.txt"]

@@ -27,7 +27,8 @@ LAYERS = {
 CONVENTIONAL = {"_fields", "_make", "_asdict", "_replace", "_exit", "_getframe",
                 "_name",  # ctypes.CDLL's: the library's path
                 "_sigbus",  # packfs's compiled extension modules, imported by packfs.source.local
-                "_lowlevel"}  # and by packfs.fuse.inodedaemon
+                "_lowlevel",  # and by packfs.fuse.inodedaemon
+                "_format"}  # packfs.core's compiled format library, imported by packfs.folder
 
 
 def modules() -> list[Path]:

@@ -722,7 +722,7 @@ static PyTypeObject ForestType = {
 
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "packfs._lowlevel",
-    "The compiled, inode-based FUSE daemon on libfuse3's low-level API (see _lowlevel.c).",
+    "The compiled, inode-based FUSE daemon on libfuse3's low-level API (see packfs/cdaemon/).",
     -1, NULL, NULL, NULL, NULL, NULL,
 };
 

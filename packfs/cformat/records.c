@@ -202,7 +202,8 @@ static int record_crc_result(Tree *t, uint64_t record, uLong crc)
     if (pages_ok(t, HEADER_CRCS, 12 + 4 * record, 16 + 4 * record))
         return EIO;  /* the stored CRC is on a damaged page (logged): no verdict on the record */
     if ((uint32_t) crc == u32_at(stored)) {
-        set_bit(t->checked, record);
+        if (!t->check_always)
+            set_bit(t->checked, record);
         return 0;
     }
     if (!tree_changed(t)) {
@@ -407,7 +408,8 @@ int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length, uint64
             break;
         }
         if ((uint32_t) crc == u32_at(t->piece_crc + 4 * piece)) {
-            set_bit(t->piece_checked, piece);
+            if (!t->check_always)
+                set_bit(t->piece_checked, piece);
             continue;
         }
         if (!tree_changed(t)) {

@@ -558,6 +558,7 @@ int tree_open(Tree *t, TreeSpans *spans)
     t->table_low &= ~((uintptr_t) page - 1);  /* whole pages: the map starts on one */
     t->table_high &= ~((uintptr_t) page - 1);  /* the last partial page stays */
     t->check_once = spans->check_once;
+    t->check_always = spans->check_once && spans->check_always;
     if ((t->search_tops = calloc(SEARCH_TOPS, sizeof(SearchTop))) == NULL)
         return ENOMEM;
     t->checked = calloc(data_records / 8 + 1, 1);

@@ -19,6 +19,7 @@ typedef struct {
     uint64_t records, data_records, entries;
     uint64_t sections[SECTIONS][2];
     int check_once;                /* 1: each record's CRC at its first read; 0: never */
+    int check_always;              /* with check_once: at every read (packfs.core's "always") */
     const char *name;              /* for the log */
     int log_fd;
     int has_pieces, has_xattrs, has_codecs, has_pages;

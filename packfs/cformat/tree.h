@@ -157,6 +157,7 @@ typedef struct Tree {
     const uint8_t *column[SECTIONS];
     uint64_t names_size;
     int check_once;                /* 1: each record's CRC once; 0: never */
+    int check_always;              /* with check_once: every read checks again (no sound bit kept) */
     uint8_t *checked;              /* a bit per data record: its CRC matched */
     uint8_t *failed;               /* a bit per data record: its CRC did not (EIO from then on) */
     const uint8_t *piece_record;   /* section 4b: M records with piece CRCs, ascending */
@@ -315,7 +316,7 @@ typedef struct {
 /* Whether record ``record``'s CRC needs no check: checks are off, or it matched. */
 static inline int record_checked(Tree *t, uint64_t record)
 {
-    return !t->check_once || bit_of(t->checked, record);
+    return !t->check_once || (!t->check_always && bit_of(t->checked, record));
 }
 
 /* Whether record ``record`` failed its check (logged then): every read of it is EIO

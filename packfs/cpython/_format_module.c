@@ -77,6 +77,14 @@ static int read_whole(Tree *t, const uint8_t *path, size_t length, long long max
     *data = NULL;
     *got = *skip = 0;
     int error = tree_find(t, path, length, &entry);
+    uint64_t record, start, end, size;
+    unsigned type;
+    CodecRow row;
+    /* A file over max_size is refused before any of it is read (its size held to its
+     * rules first): a caller that falls back elsewhere for large files pays nothing. */
+    if (!error && max_size >= 0 && (error = typed_entry(t, entry + 1, &entry, &type)) == 0 && type == S_IFREG
+        && (error = record_of(t, entry, &record, &start, &end, &row, &size)) == 0 && size > (uint64_t) max_size)
+        error = EFBIG;
     if (!error)
         error = tree_read(t, entry + 1, 0, wanted, data, got, skip);
     if (!error && max_size >= 0 && *got > (uint64_t) max_size)
@@ -101,15 +109,19 @@ PyDoc_STRVAR(read_file_doc,
 "read_file(path: bytes, max_size=-1) -> bytes\n\n"
 "The whole contents of the file stored at ``path`` (canonical, as Archive.find takes\n"
 "it: no leading slash, symlinks not followed), found, read, checked and decoded without\n"
-"the GIL.  A file over ``max_size`` bytes (-1: no limit) raises TooLargeToReadError.");
+"the GIL.  A file over ``max_size`` bytes (-1: no limit) raises TooLargeToReadError, or\n"
+"with ``none_if_larger`` returns None (nothing of it read): a caller that reads large\n"
+"files elsewhere asks without the cost of an exception.");
 
 static PyObject *py_read_file(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"path", "max_size", NULL};
+    static char *keywords[] = {"path", "max_size", "none_if_larger", NULL};
     Py_buffer path;
     long long max_size = -1;
+    int none_if_larger = 0;
     Tree *t = tree_ready(self);
-    if (t == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "y*|L:read_file", keywords, &path, &max_size))
+    if (t == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Lp:read_file", keywords, &path, &max_size,
+                                                  &none_if_larger))
         return NULL;
     uint8_t *data;
     size_t got, skip;
@@ -117,7 +129,13 @@ static PyObject *py_read_file(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_BEGIN_ALLOW_THREADS
     error = read_whole(t, path.buf, (size_t) path.len, max_size, &data, &got, &skip, &checksum);
     Py_END_ALLOW_THREADS
-    PyObject *result = error ? raise_for(t, error, checksum, path.buf, path.len) : bytes_of(data, got, skip);
+    PyObject *result;
+    if (error == EFBIG && none_if_larger) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    } else {
+        result = error ? raise_for(t, error, checksum, path.buf, path.len) : bytes_of(data, got, skip);
+    }
     PyBuffer_Release(&path);
     return result;
 }

@@ -86,7 +86,8 @@ int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args
                           const char *type_name)
 {
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
-                               "check_once", "name", "log_fd", "pieces", "xattrs", "pages", "codecs", NULL};
+                               "check_once", "name", "log_fd", "pieces", "xattrs", "pages", "codecs",
+                               "check_always", NULL};
     PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None, *pages = Py_None, *codecs = Py_None;
     TreeSpans spans;
     memset(&spans, 0, sizeof spans);
@@ -98,10 +99,10 @@ int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    snprintf(format, sizeof format, "OiiKKKOp|siOOOO:%s", type_name);
+    snprintf(format, sizeof format, "OiiKKKOp|siOOOOp:%s", type_name);
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &mapping, &spans.fd, &spans.guard, &records,
                                      &data_records, &entries, &sections, &spans.check_once, &spans.name,
-                                     &spans.log_fd, &pieces, &xattrs, &pages, &codecs))
+                                     &spans.log_fd, &pieces, &xattrs, &pages, &codecs, &spans.check_always))
         return -1;
     if (PyObject_GetBuffer(mapping, map, PyBUF_SIMPLE) != 0)
         return -1;
