@@ -26,6 +26,10 @@ _LIST_PART = 1 << 14
 # 1.9-2.1x Python's files/s at 4-16 KiB, 0.45-0.7x at 32-100 KB (bench/folder_read.py;
 # the library preads and copies, Python copies a small file out of the map).
 _COMPILED_MAX_SIZE = 16 << 10
+# A file refused as larger costs the library's lookup (about 13 us, 0.78x Python's rate at
+# 100 KB): after one, this many reads go straight to the Python path before the library
+# is asked again (a folder of large files pays it once in 64 reads; of small ones, never).
+_AFTER_A_LARGE_FILE = 64
 
 
 def _compiled_reader(archive: Any, check_data: bool) -> Any:
@@ -156,6 +160,7 @@ class PackedFolder:
         # The C format library's whole-file read, where it is built and reads this archive
         # in place; None: every read takes the Python path.
         self._compiled = _compiled_reader(self.archive, check_data)
+        self._python_reads_left = 0  # reads the Python path takes before the library is asked again
         if type(self).read_one is PackedFolder.read_one:
             # The hottest call goes straight to the core (a facade's call costs 1-2% of
             # a 4 KiB read); a subclass that overrides read_one keeps its own.
@@ -260,17 +265,22 @@ class PackedFolder:
         most 16 KiB is found, read, checked and decoded in C without the GIL; anything it
         does not answer (a larger file, a path through a symlink, damage) is asked of the
         Python path, which reads it, follows the symlink or raises its own error, so both
-        give the same.
+        give the same; after a larger file, the next 64 reads go to the Python path alone.
         """
         if isinstance(path, (str, bytes, os.PathLike)):
             compiled = self._compiled
             if compiled is not None:
-                try:
-                    contents = compiled.read_file(lookup_key(path), _COMPILED_MAX_SIZE, True)
-                except PackfsError:  # not answered: the Python path follows or says why
-                    contents = None
-                if contents is not None:  # None: larger than _COMPILED_MAX_SIZE
-                    return contents
+                if self._python_reads_left > 0:
+                    self._python_reads_left -= 1
+                else:
+                    try:
+                        contents = compiled.read_file(lookup_key(path), _COMPILED_MAX_SIZE, True)
+                    except PackfsError:  # not answered: the Python path follows or says why
+                        pass
+                    else:
+                        if contents is not None:
+                            return contents
+                        self._python_reads_left = _AFTER_A_LARGE_FILE  # larger than _COMPILED_MAX_SIZE
             return self.archive.read_path(path)
         return self.archive.read_many(path)
 
