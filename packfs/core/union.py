@@ -800,6 +800,8 @@ class ShardSet:
         """(shard, entry) of ``key`` in the lowest shard that holds it, or (-1, -1):
         in a layer whose shard numbers rise with its ranges the first hit is its lowest."""
         if not key:
+            if self._closed:  # the root is found without asking a shard, which would say so
+                raise ClosedArchiveError(f"{self.path!r} is closed")
             return 0, 0
         path_key = tuple(key.split(b"/"))
         fast = self._fast
@@ -1190,6 +1192,8 @@ class ShardSet:
     def read_many(self, items: Sequence[Union[int, PathArg]]) -> list[bytes]:
         """Files by entry or path in the order asked, each shard's batch read together
         (:meth:`Archive.read_many`)."""
+        if isinstance(items, (str, bytes, os.PathLike)):
+            raise TypeError(f"read_many takes a list of paths or entries, not one path ({items!r})")
         results: list[bytes] = [b""] * len(items)
         for index, group in self._by_shard(items).items():
             data = self._shard(index).read_many([local for _, local in group])
