@@ -17,7 +17,13 @@ Errors.  Every call raises from the :class:`~packfs.errors.PackfsError` hierarch
 alone: ``PathNotFoundError``, ``NotAFileError``, ``NotADirectoryPathError`` for what
 is asked, ``FormatError`` (``ChecksumError`` for a CRC that does not match,
 ``ArchiveChangedError`` for an archive rewritten in place) for what is read, and
-``ClosedArchiveError`` for every call after :meth:`ArchiveReader.close`.
+``ClosedArchiveError`` for every call after :meth:`ArchiveReader.close`.  A number that
+is no entry (below 0, or ``entry_count`` and above) is ``NotAFileError`` ("no entry N")
+from every call that takes an entry.
+
+``isinstance(x, ArchiveReader)`` checks that every member is there; before Python 3.12
+that reads each property, and a set's properties open its shards: code on a hot path
+tests for :class:`~packfs.core.Archive` or :class:`~packfs.core.ShardSet`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ over the tree stored as it is and through format 1.5's codecs."""
 from __future__ import annotations
 
 from packfs.core import Archive, ArchiveReader, ShardSet
+from packfs.format import CODEC_FRAMES, CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD
 from tests.contract.base import ReaderContract
 from tests.contract.readers import ReaderKind
 
@@ -21,3 +22,12 @@ class TestReaders(ReaderContract):
         if kind.name == "layered":
             assert reader.layer_count > 1  # type: ignore[attr-defined]
         assert reader.has_codecs == kind.coded
+        # Every codec is there to be decoded by every read call: zstd, frames, a shared
+        # record, a sparse file; and an incompressible file stored as it is.
+        codecs = {path: reader.codec(reader.lookup(path)) for path in ("text.txt", "big.bin", "sparse.bin", "noise.bin")}
+        if kind.coded:
+            assert codecs == {"text.txt": CODEC_ZSTD, "big.bin": CODEC_FRAMES, "sparse.bin": CODEC_SPARSE,
+                              "noise.bin": CODEC_STORED}
+            assert reader.extent(reader.lookup("twin-1.txt")) == reader.extent(reader.lookup("twin-2.txt"))
+        else:
+            assert set(codecs.values()) == {CODEC_STORED}
