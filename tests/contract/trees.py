@@ -13,6 +13,7 @@ from pathlib import Path
 
 import packfs
 from packfs.write.sets import append_shard, make_set
+from tests.conftest import write_blueprint
 
 MTIME_NS = 1_600_000_000_123_456_789
 _rng = random.Random(35)
@@ -67,15 +68,7 @@ def write_tree(root: Path, part: str = "all") -> Path:
         return part == "all" or (part == "appended") == _appended(path)
 
     root.mkdir(parents=True)
-    for path, contents in FILES.items():
-        if not wanted(path):
-            continue
-        target = root / path
-        if contents is None:
-            target.mkdir(parents=True, exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(contents)
+    write_blueprint(root, {path: contents for path, contents in FILES.items() if wanted(path)})
     if part != "appended":
         with open(root / SPARSE, "wb") as sparse:
             for offset, data in SPARSE_DATA.items():
