@@ -290,8 +290,8 @@ def open_for_mount(archive: str | Archive | ShardSet | PackedFolder, check_data:
     return open_archive(archive, checksums="once" if check_data else "never")
 
 
-def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,
-                        **settings: Any) -> int:
+def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: str, log_path: str,
+                        timeout: float = 30.0, **settings: Any) -> int:
     """Fork a daemon serving ``folder`` at ``mountpoint``; return its pid once the mount
     works.  Forking, rather than starting a new interpreter, reuses the imports and the
     already validated archive, so mounting costs no second start-up or open.

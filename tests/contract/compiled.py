@@ -39,6 +39,7 @@ UNANSWERED = {
                       "FormatError here, not told apart as ChecksumError",
     "no entry": "the compiled reader answers EIO for an inode it does not have (a kernel never asks for one), as "
                 "for damage: it cannot say 'no such entry'",
+    "extents": "the compiled reader answers READs of ranges: it does not say where a sparse file's holes are",
     "checked chunks": "the compiled reader checks under its policy only (READ's): read_chunks under 'never' cannot "
                       "check every byte",
 }
@@ -70,6 +71,10 @@ class CompiledReader:
         self.entry_count = opened.entry_count
         # Where each entry handed out was found: (parent, name).
         self._found: dict[int, tuple[int, bytes]] = {0: (0, b"")}
+
+    def _where(self, entry: int) -> str:
+        """What a message names: the entry's path where it was found, else its number."""
+        return repr(os.fsdecode(self.path_of(entry))) if entry in self._found else f"entry {entry}"
 
     def _ask(self, what: str, call: Any, *args: Any) -> Any:
         try:
@@ -185,7 +190,8 @@ class CompiledReader:
         stop = length if size < 0 else min(length, offset + size)
         parts = []
         while offset < stop:
-            part = self._ask(f"read of entry {entry}", self._tree.read, entry + 1, offset, min(_REQUEST, stop - offset))
+            part = self._ask(f"read of {self._where(entry)}", self._tree.read, entry + 1, offset,
+                             min(_REQUEST, stop - offset))
             if not part:
                 break
             parts.append(part)

@@ -24,7 +24,8 @@ class TestReaders(ReaderContract):
         assert reader.has_codecs == kind.coded
         # Every codec is there to be decoded by every read call: zstd, frames, a shared
         # record, a sparse file; and an incompressible file stored as it is.
-        codecs = {path: reader.codec(reader.lookup(path)) for path in ("text.txt", "big.bin", "sparse.bin", "noise.bin")}
+        codecs = {path: reader.codec(reader.lookup(path))
+                  for path in ("text.txt", "big.bin", "sparse.bin", "noise.bin")}
         if kind.coded:
             assert codecs == {"text.txt": CODEC_ZSTD, "big.bin": CODEC_FRAMES, "sparse.bin": CODEC_SPARSE,
                               "noise.bin": CODEC_STORED}
