@@ -395,10 +395,10 @@ class ReaderContract:
         ]
         answered = []
         for k, call in enumerate(calls):
-            with pytest.raises(ClosedArchiveError, match="closed"):
+            with pytest.raises(ClosedArchiveError, match="^I/O operation on a closed"):
                 call()
                 answered.append(k)
-                raise ClosedArchiveError("closed (not: noted above)")
+                raise ClosedArchiveError("I/O operation on a closed (no: noted above)")
         assert not answered, f"calls {answered} answered on a closed reader"
 
 
