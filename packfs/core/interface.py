@@ -28,14 +28,12 @@ tests for :class:`~packfs.core.Archive` or :class:`~packfs.core.ShardSet`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, Sequence, Union, runtime_checkable
 
+from .archive import EntryStat
+from .files import PackedFile
 from .paths import PathArg
-
-if TYPE_CHECKING:
-    from .archive import EntryStat
-    from .files import PackedFile
-    from .verify import VerifyReport
+from .verify import VerifyReport
 
 __all__ = ["ArchiveReader", "FooterCounts"]
 
