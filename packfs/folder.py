@@ -12,7 +12,7 @@ import stat as stat_module
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
-from .core import CLOSED, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
+from .core import CLOSED, ArchiveReader, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
 from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .source import absolute_location
@@ -97,7 +97,8 @@ class PackedFolder:
     Attributes
     ----------
     archive
-        The entry-level interface this folder reads through (:class:`packfs.core.Archive`):
+        The entry-level interface this folder reads through (:class:`packfs.core.ArchiveReader`:
+        an Archive, or a ShardSet):
         entry numbers, listings and reads for code that keeps its own index.
     """
 
@@ -116,7 +117,7 @@ class PackedFolder:
         self._storage_options = dict(storage_options) if storage_options else None
         self._cache_dir = (cache_dir if cache_dir is None or isinstance(cache_dir, bool)
                            else os.path.abspath(os.fspath(cache_dir)))
-        self.archive = open_archive(given, checksums="always" if check_data else "never",
+        self.archive: ArchiveReader = open_archive(given, checksums="always" if check_data else "never",
                                     storage_options=storage_options, cache_dir=cache_dir)
         self.path = self.archive.path
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
