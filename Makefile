@@ -79,20 +79,26 @@ $(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 	@$(PY) -c "import packfs._lowlevel" 2>/dev/null || echo "note: packfs._lowlevel was not built (no libfuse3-dev, pkg-config or zlib1g-dev?): packfs mount uses the slower Python daemon"
 	touch $(STAMP)
 
-# Everything, then the mount tests again on the Python daemon (the first pass mounts
-# with the compiled one, packfs mount's default), so both daemons pass them, then the
-# whole suite on the lowest Python packfs declares (make test-lowest).
+# The suite runs twice, once on each daemon: on the newest Python with the compiled
+# daemon (packfs mount's default), then on the lowest Python packfs declares with the
+# Python daemon (make test-lowest), so both daemons and both ends of the declared range
+# pass every test.  Each pass runs TEST_WORKERS pytest processes (pytest-xdist), a test
+# file to a process: tests wait on servers, daemons and child processes, so two
+# processes keep two cores busy.  TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(PY) -m pytest -rs $(PYTEST_ARGS)
-	PACKFS_TEST_BINDING=mfusepy $(PY) -m pytest -rs -m fuse -q $(PYTEST_ARGS)
+	$(PY) -m pytest -rs $(XDIST) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-lowest
 
 # The lowest Python of pyproject's requires-python (3.9): pyenv's, as these machines
 # carry it (Debian 12 has no 3.9 package, and PyPI no interpreter), or any python3.9 on
 # PATH, or LOWEST_PYTHON=/path/to/python3.9.  Its own venv, with every extra but torch
 # (PyPI's torch for 3.9 is a CUDA build of several GB, and no CPU build is on PyPI);
-# the torch tests run in the main pass.  Without such a Python it says so and passes,
-# except under CI, where the declared range must be tested.
+# the torch tests run in the main pass.  Without such a Python it says so and runs the
+# mount tests on the Python daemon with the newest Python; under CI, where the declared
+# range must be tested, that is a failure.
 LOWEST_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3.9) $(shell command -v python3.9 2>/dev/null))
 LOWEST_VENV   ?= .venv-lowest
 LOWEST_STAMP  := $(LOWEST_VENV)/.installed
@@ -101,16 +107,17 @@ test-lowest: system-packages build-packages
 	@if [ -z "$(LOWEST_PYTHON)" ]; then \
 	  echo "no Python 3.9 found (pyenv install 3.9, or LOWEST_PYTHON=/path/to/python3.9): the lowest declared Python is not tested"; \
 	  if [ "$$CI" = true ]; then exit 1; fi; \
+	  PACKFS_TEST_BINDING=mfusepy $(PY) -m pytest -rs -m fuse -q $(XDIST) $(PYTEST_ARGS); \
 	else $(MAKE) --no-print-directory $(LOWEST_STAMP) && \
-	  echo "the suite on $$($(LOWEST_VENV)/bin/python --version), the lowest Python packfs declares:" && \
-	  PACKFS_TEST_WITHOUT_EXTRAS=torch $(LOWEST_VENV)/bin/python -m pytest -rs -q -p no:cacheprovider $(PYTEST_ARGS); \
+	  echo "the suite on $$($(LOWEST_VENV)/bin/python --version), the lowest Python packfs declares, mounting with the Python daemon:" && \
+	  PACKFS_TEST_BINDING=mfusepy PACKFS_TEST_WITHOUT_EXTRAS=torch $(LOWEST_VENV)/bin/python -m pytest -rs -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS); \
 	fi
 
 $(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" $(LOWEST_VENV)/bin/python -m pip install -q -e ".[fsspec,demo,remote,dask]" \
-	  "pytest>=7" "pandas>=1.5" "pillow>=9" "moto[server]>=5" "boto3>=1.26"
+	  "pytest>=7" "pytest-xdist>=3.3" "pandas>=1.5" "pillow>=9" "moto[server]>=5" "boto3>=1.26"
 	touch $(LOWEST_STAMP)
 
 demo: setup

@@ -12,7 +12,7 @@ import stat as stat_module
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
-from .core import CLOSED, Archive, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
+from .core import CLOSED, Archive, ArchiveReader, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
 from .errors import NotADirectoryPathError, NotASymlinkError, PackfsError, PathNotFoundError
 from .format import FLAG_CODECS, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .source import absolute_location
@@ -32,7 +32,7 @@ _COMPILED_MAX_SIZE = 16 << 10
 _AFTER_A_LARGE_FILE = 64
 
 
-def _compiled_reader(archive: Any, check_data: bool) -> Any:
+def _compiled_reader(archive: ArchiveReader, check_data: bool) -> Any:
     """packfs.core._format's Tree over ``archive`` (the C format library: a whole file
     found, read, checked and decoded without the GIL), or None where it is not built or
     cannot read it in place: a URL, a shard set, an FFRecord packed folder, a format 1.0
@@ -132,7 +132,8 @@ class PackedFolder:
     Attributes
     ----------
     archive
-        The entry-level interface this folder reads through (:class:`packfs.core.Archive`):
+        The entry-level interface this folder reads through (:class:`packfs.core.ArchiveReader`:
+        an Archive, or a ShardSet):
         entry numbers, listings and reads for code that keeps its own index.
     """
 
@@ -151,7 +152,7 @@ class PackedFolder:
         self._storage_options = dict(storage_options) if storage_options else None
         self._cache_dir = (cache_dir if cache_dir is None or isinstance(cache_dir, bool)
                            else os.path.abspath(os.fspath(cache_dir)))
-        self.archive = open_archive(given, checksums="always" if check_data else "never",
+        self.archive: ArchiveReader = open_archive(given, checksums="always" if check_data else "never",
                                     storage_options=storage_options, cache_dir=cache_dir)
         self.path = self.archive.path
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive

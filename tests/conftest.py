@@ -54,15 +54,20 @@ def _cache_dir_per_test(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.setenv("PACKFS_CACHE_DIR", str(tmp_path_factory.mktemp("packfs-cache")))
 
 
-def make_tree(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for relative, contents in BLUEPRINT.items():
+def write_blueprint(root: Path, blueprint: dict[str, bytes | None]) -> None:
+    """Write ``blueprint`` (path -> contents, None for a directory) under ``root``."""
+    for relative, contents in blueprint.items():
         path = root / relative
         if contents is None:
             path.mkdir(parents=True, exist_ok=True)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(contents)
+
+
+def make_tree(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    write_blueprint(root, BLUEPRINT)
     for relative, target in SYMLINKS.items():
         os.symlink(target, root / relative)
     os.link(root / HARDLINK[1], root / HARDLINK[0])

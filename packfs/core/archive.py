@@ -495,13 +495,20 @@ class Archive:
     def lookup_child(self, directory: int, name: bytes) -> int:
         """Entry of ``name`` in directory entry ``directory``, or -1: a binary search of
         its children, which are sorted by name (format section 4)."""
-        return self._table.lookup_child(directory, name)
+        return self._table.lookup_child(self._entry(directory), name)
+
+    def _entry(self, entry: int) -> int:
+        """``entry``, NotAFileError unless it is one: the table's columns are indexed by
+        entry, and Python's indexing takes a number below 0 from the end."""
+        if not 0 <= entry < self._entry_count:
+            raise NotAFileError(f"{self.path!r}: no entry {entry} (the archive has {self._entry_count})")
+        return entry
 
     # -- attributes ----------------------------------------------------------------------
 
     def file_type(self, entry: int) -> int:
         """Entry ``entry``'s file type bits: S_IFDIR, S_IFREG or S_IFLNK."""
-        return self._table.file_type(entry)
+        return self._table.file_type(self._entry(entry))
 
     def stat(self, entry: int) -> EntryStat:
         """Entry ``entry``'s attributes as stored, and its inode number.
@@ -511,41 +518,41 @@ class Archive:
         symlink's size is not its record's length, or a symlink's is not 1 to 4,095
         bytes (a mount answers EIO for that entry).  Every name of a hard-linked file
         has its first name's attributes (format section 4, ``first_link``)."""
-        return EntryStat(*self._table.stat(entry))
+        return EntryStat(*self._table.stat(self._entry(entry)))
 
     def inode(self, entry: int) -> int:
         """Entry + 1, except that every name of a hard-linked file reports its first
         name's (format section 4, ``first_link``), as on any POSIX file system."""
-        return self._table.inode(entry)
+        return self._table.inode(self._entry(entry))
 
     def xattrs(self, entry: int) -> list[tuple[bytes, bytes]]:
         """Entry ``entry``'s extended attributes as (name, value) pairs in name order
         (format section 4c); every name of a hard-linked file has its first name's."""
-        return self._xattrs.attributes(self._table.inode(entry) - 1)
+        return self._xattrs.attributes(self._table.inode(self._entry(entry)) - 1)
 
     def name(self, entry: int) -> bytes:
         """Entry ``entry``'s name (the root's is empty)."""
-        return self._table.name(entry)
+        return self._table.name(self._entry(entry))
 
     def path_of(self, entry: int) -> bytes:
         """Entry ``entry``'s full path from the root, names joined by '/'."""
-        return self._table.full_path(entry)
+        return self._table.full_path(self._entry(entry))
 
     def parent(self, entry: int) -> int:
         """Entry ``entry``'s parent directory (the root's is the root)."""
-        return self._table.parent(entry)
+        return self._table.parent(self._entry(entry))
 
     def children(self, directory: int) -> range:
         """Directory ``directory``'s children, as a range of entries (empty for a file)."""
-        return self._table.children(directory)
+        return self._table.children(self._entry(directory))
 
     def listing(self, directory: int) -> tuple[range, list[bytes], list[int]]:
         """A directory's children, their names and their modes, each read as one slice."""
-        return self._table.listing(directory)
+        return self._table.listing(self._entry(directory))
 
     def listing_with_inodes(self, directory: int) -> tuple[range, list[bytes], list[int], list[int]]:
         """:meth:`listing` and the children's inode numbers (what readdir hands on)."""
-        return self._table.listing_with_inodes(directory)
+        return self._table.listing_with_inodes(self._entry(directory))
 
     def listing_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
                                                      list[int], list[int]]:
@@ -559,7 +566,7 @@ class Archive:
         file, its table values checked (a tool that reads them itself, with O_DIRECT or
         from another host, needs no more)."""
         table, container = self._table, self._container
-        return container.checked(lambda: container.record_span(table.record(entry)))
+        return container.checked(lambda: container.record_span(table.record(self._entry(entry))))
 
     def column(self, name: str) -> np.ndarray:
         """Table section ``name`` (format section 4) as a numpy array over the map, for
@@ -1227,7 +1234,9 @@ class Archive:
         position = 0
         for offset, data in self.read_extents(entry, chunk_size):
             yield from _zeros(offset - position, chunk_size)
-            yield data
+            # A zstd file's one extent is all of it: cut to size as every other chunk is.
+            yield from (data[at : at + chunk_size] for at in range(0, len(data), chunk_size)) if len(
+                data) > chunk_size else (data,)
             position = offset + len(data)
         yield from _zeros(self._table.size(entry) - position, chunk_size)
 
@@ -1298,7 +1307,7 @@ class Archive:
         """Symlink ``entry``'s target as stored; CRC-checked under the policy (or
         whatever ``check`` says), and checked to be one a symlink can hold (format
         section 5).  NotAFileError if ``entry`` is not a symlink."""
-        if self._table.file_type(entry) != S_IFLNK:
+        if self._table.file_type(self._entry(entry)) != S_IFLNK:
             raise NotAFileError(f"{self.path!r}: entry {entry} is not a symlink")
         return self._link_target(entry, entry, check)
 

@@ -350,7 +350,7 @@ class ShardSet:
             return archive
         with self._lock:
             if self._closed:
-                raise ClosedArchiveError(f"{self.path!r} is closed")
+                raise self._closed_error()
             archive = shard.archive
             if archive is None:
                 archive = self._open_shard(shard)
@@ -364,6 +364,10 @@ class ShardSet:
                     # the map (the source's finalizer), which for an idle shard is now.
                     self._shards[dropped].archive = self._opened[dropped] = None
             return archive
+
+    def _closed_error(self) -> ClosedArchiveError:
+        # Worded as a closed Archive's (and a closed file's), which an opened shard raises.
+        return ClosedArchiveError(f"I/O operation on a closed shard set ({self.path!r})")
 
     def _open_shard(self, shard: _Shard) -> Archive:
         index = shard.index
@@ -800,6 +804,8 @@ class ShardSet:
         """(shard, entry) of ``key`` in the lowest shard that holds it, or (-1, -1):
         in a layer whose shard numbers rise with its ranges the first hit is its lowest."""
         if not key:
+            if self._closed:  # the root is found without asking a shard, which would say so
+                raise self._closed_error()
             return 0, 0
         path_key = tuple(key.split(b"/"))
         fast = self._fast
@@ -1190,6 +1196,8 @@ class ShardSet:
     def read_many(self, items: Sequence[Union[int, PathArg]]) -> list[bytes]:
         """Files by entry or path in the order asked, each shard's batch read together
         (:meth:`Archive.read_many`)."""
+        if isinstance(items, (str, bytes, os.PathLike)):
+            raise TypeError(f"read_many takes a list of paths or entries, not one path ({items!r})")
         results: list[bytes] = [b""] * len(items)
         for index, group in self._by_shard(items).items():
             data = self._shard(index).read_many([local for _, local in group])

@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any, Callable, Protocol, TypeVar
 
-from ..core import Archive, EntryStat
+from ..core import ArchiveReader, EntryStat
 from ..errors import ArchiveChangedError, NotADirectoryPathError, NotAFileError, PackfsError, PathNotFoundError
 from ..format import S_IFMT, S_IFREG
 
@@ -88,7 +88,7 @@ class LogOnce:
 class Daemon(Protocol):
     """What :func:`translated` needs of a daemon's callbacks object."""
 
-    archive: Archive
+    archive: ArchiveReader
     log_once: LogOnce
 
 

@@ -50,7 +50,7 @@ _SPARE_DESCRIPTORS = 256
 _LOOP_OPTIONS = ("clone_fd", "max_idle_threads", "max_threads")
 
 
-def unavailable(archive: Archive | None = None) -> str | None:
+def unavailable(archive: Archive | ShardSet | None = None) -> str | None:
     """Why the compiled daemon cannot serve ``archive`` (or, without one, cannot serve
     at all), in words for a one-line notice; None when it can."""
     try:

@@ -11,7 +11,7 @@ import os
 from types import ModuleType
 from typing import Any
 
-from ..core import Archive
+from ..core import ArchiveReader
 from ..folder import PackedFolder
 from ..format import NAME_MAX, S_IFDIR, S_IFLNK, name_length_problem, path_name_problem
 from .common import FuseError, LogOnce, kernel_attributes, read_only, translated
@@ -26,7 +26,7 @@ class PackfsOperations:
     Parameters
     ----------
     archive
-        The open archive: an :class:`packfs.core.Archive` (a mount opens one with the
+        The open archive: an :class:`packfs.core.ArchiveReader` (an Archive or a ShardSet; a mount opens one with the
         ``"once"`` checksum policy: each file is checked the first time it is read), or
         a PackedFolder, whose archive is used with its own policy.
     check_data
@@ -39,7 +39,7 @@ class PackfsOperations:
 
     use_ns = True  # st_*time as integer nanoseconds
 
-    def __init__(self, archive: Archive | PackedFolder, check_data: bool = True, no_open: bool = False) -> None:
+    def __init__(self, archive: ArchiveReader | PackedFolder, check_data: bool = True, no_open: bool = False) -> None:
         self.archive = archive.archive if isinstance(archive, PackedFolder) else archive
         self.no_open = no_open
         self.log_once = LogOnce()

@@ -33,7 +33,7 @@ __all__ = ["mount", "choose_binding", "mount_in_background", "open_for_mount", "
            "remove_old_logs", "mount_helper", "helper_script", "MOUNT_HELPER", "hide_command_line_secrets"]
 
 def mount(
-    archive: str | Archive | PackedFolder,
+    archive: str | Archive | ShardSet | PackedFolder,
     mountpoint: str,
     *,
     foreground: bool = True,
@@ -119,7 +119,7 @@ def mount(
 SERVING, MOUNT_TABLE_TELLS = b"s", b"t"
 
 
-def choose_binding(binding: str, archive: Archive) -> tuple[str, str | None]:
+def choose_binding(binding: str, archive: Archive | ShardSet) -> tuple[str, str | None]:
     """The daemon that serves ``archive`` for ``--binding binding``, and the one-line
     notice to show when "auto" falls back to the Python daemon.
 
@@ -140,7 +140,7 @@ def choose_binding(binding: str, archive: Archive) -> tuple[str, str | None]:
     return PYTHON_FALLBACK, f"serving with the Python daemon ({PYTHON_FALLBACK}), not the compiled one: {reason}"
 
 
-def _serve_compiled(archive: Archive, path: str, pidfile: str, threads: int, debug: bool,
+def _serve_compiled(archive: Archive | ShardSet, path: str, pidfile: str, threads: int, debug: bool,
                     options: dict[str, Any]) -> None:
     """mount()'s work for the compiled daemon: the pid file, serving, cleaning up."""
     with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
@@ -279,7 +279,7 @@ def hide_command_line_secrets() -> bool:
     return True
 
 
-def open_for_mount(archive: str | Archive | PackedFolder, check_data: bool = True) -> Archive:
+def open_for_mount(archive: str | Archive | ShardSet | PackedFolder, check_data: bool = True) -> Archive | ShardSet:
     """The Archive a mount serves: a path opened with the "once" checksum policy (each
     file checked at its first read; "never" without ``check_data``), an Archive as it
     is, a PackedFolder's own archive."""
@@ -290,8 +290,8 @@ def open_for_mount(archive: str | Archive | PackedFolder, check_data: bool = Tru
     return open_archive(archive, checksums="once" if check_data else "never")
 
 
-def mount_in_background(folder: Archive | PackedFolder, mountpoint: str, log_path: str, timeout: float = 30.0,
-                        **settings: Any) -> int:
+def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: str, log_path: str,
+                        timeout: float = 30.0, **settings: Any) -> int:
     """Fork a daemon serving ``folder`` at ``mountpoint``; return its pid once the mount
     works.  Forking, rather than starting a new interpreter, reuses the imports and the
     already validated archive, so mounting costs no second start-up or open.
@@ -364,7 +364,7 @@ def _say_once(fd: int) -> Callable[[bytes], None]:
     return say
 
 
-def _wait_until_up(pid: int, up_read: int, path: str, folder: Archive | PackedFolder, mountpoint: str,
+def _wait_until_up(pid: int, up_read: int, path: str, folder: Archive | ShardSet | PackedFolder, mountpoint: str,
                    log_path: str, timeout: float) -> None:
     """Wait for a background daemon to serve, or raise MountError with its reason."""
     os.set_blocking(up_read, False)
