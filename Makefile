@@ -5,6 +5,8 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+# The C format library (no FUSE, no Python), its Python glue and the FUSE daemon's.
+C_SOURCES := $(wildcard packfs/cformat/*.[ch] packfs/cpython/*.[ch] packfs/cdaemon/*.[ch])
 # nginx: the HTTP server the remote-source tests start on loopback (tests/remote_servers.py
 # runs its own, as the user, on a free port; the system's service is not used), and openssl
 # to make its https certificate.
@@ -67,7 +69,7 @@ apt-build-packages:
 # Elsewhere: make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 
-$(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h packfs/_lowlevel.c
+$(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
@@ -111,7 +113,7 @@ test-lowest: system-packages build-packages
 	  PACKFS_TEST_BINDING=mfusepy PACKFS_TEST_WITHOUT_EXTRAS=torch $(LOWEST_VENV)/bin/python -m pytest -rs -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS); \
 	fi
 
-$(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h packfs/_lowlevel.c
+$(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" $(LOWEST_VENV)/bin/python -m pip install -q -e ".[fsspec,demo,remote,dask]" \
@@ -132,13 +134,15 @@ fuzz: setup
 soak: setup
 	$(PY) -m tests.soak --seconds $(SOAK_SECONDS)
 
-# The compiled daemon (packfs/_lowlevel.c) fuzzed by libFuzzer under AddressSanitizer and
-# UBSan (fuzz/lowlevel_fuzz.c), and its concurrent read path under ThreadSanitizer
+# The C format library alone (packfs/cformat/, fuzz/format_fuzz.c) and the compiled
+# daemon (packfs._lowlevel: packfs/cformat/, cpython/ and cdaemon/, fuzz/lowlevel_fuzz.c)
+# fuzzed by libFuzzer under AddressSanitizer and UBSan, and the daemon's concurrent
+# read path under ThreadSanitizer
 # (fuzz/lowlevel_tsan.c); both print their counts.  `make fuzz-c` first replays every
 # past finding (tests/fuzz_c/), then fuzzes for FUZZ_C_SECONDS from the seeds (made from
 # the test suite's archives) and the corpus it keeps in fuzz/build/corpus; a finding is
 # saved in fuzz/build/findings and fails the target.  `make fuzz-c-coverage` gives the
-# line coverage of _lowlevel.c over the corpus.  They embed the venv's CPython (the Tree
+# line coverage of those C files over the corpus.  They embed the venv's CPython (the Tree
 # type's constructor checks what the daemon is given) and need clang 14, its sanitizer
 # runtimes and llvm-cov (Debian 12's), installed as root.
 FUZZ_PACKAGES := clang-14 libclang-rt-14-dev llvm-14
@@ -149,7 +153,7 @@ FUZZ_C_TSAN_SECONDS ?= 60
 FUZZ_C_THREADS ?= 4
 FUZZ_REGRESSIONS := tests/fuzz_c
 FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter
-FUZZ_DEPENDS := fuzz/daemon.h fuzz/build_flags.py packfs/_lowlevel.c packfs/_sigbus.h | $(STAMP) fuzz-packages
+FUZZ_DEPENDS := fuzz/daemon.h fuzz/build_flags.py $(C_SOURCES) packfs/_sigbus.h | $(STAMP) fuzz-packages
 # The venv's Python headers and libpython, libfuse3's flags; fuzz/build_flags.py says what is missing.
 FUZZ_LINK = flags="$$($(PY) fuzz/build_flags.py)" && $(FUZZ_CC) $(FUZZ_CFLAGS)
 
@@ -159,6 +163,13 @@ fuzz-packages:
 $(FUZZ_BUILD)/lowlevel-fuzz: fuzz/lowlevel_fuzz.c $(FUZZ_DEPENDS)
 	@mkdir -p $(@D)
 	$(FUZZ_LINK) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $< -o $@ $$flags
+
+# The format library alone (fuzz/format_fuzz.c): no libfuse, no Python, no stubs.
+FORMAT_SOURCES := $(wildcard packfs/cformat/*.c)
+$(FUZZ_BUILD)/format-fuzz: fuzz/format_fuzz.c fuzz/layout.h $(wildcard packfs/cformat/*.[ch]) | fuzz-packages
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  $< $(FORMAT_SOURCES) -o $@ -lz -lzstd
 
 $(FUZZ_BUILD)/lowlevel-tsan: fuzz/lowlevel_tsan.c $(FUZZ_DEPENDS)
 	@mkdir -p $(@D)
@@ -173,8 +184,15 @@ $(FUZZ_BUILD)/seeds/.made: fuzz/seeds.py tests/fuzz.py tests/hostile.py tests/de
 	$(PY) fuzz/seeds.py $(@D)
 	touch $@
 
-fuzz-c: setup $(FUZZ_BUILD)/lowlevel-fuzz $(FUZZ_BUILD)/seeds/.made
-	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/lowlevel-fuzz --seconds $(FUZZ_C_SECONDS) \
+# FUZZ_C_SECONDS in all: a third for the format library alone, the rest for the daemon.
+FUZZ_C_FORMAT_SECONDS = $(shell expr $(FUZZ_C_SECONDS) / 3)
+
+fuzz-c: setup $(FUZZ_BUILD)/lowlevel-fuzz $(FUZZ_BUILD)/format-fuzz $(FUZZ_BUILD)/seeds/.made
+	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/format-fuzz --seconds $(FUZZ_C_FORMAT_SECONDS) \
+	  --corpus $(FUZZ_BUILD)/format-corpus --seeds $(FUZZ_BUILD)/seeds --findings $(FUZZ_BUILD)/format-findings \
+	  --regressions $(FUZZ_REGRESSIONS)
+	$(PY) fuzz/campaign.py fuzz --binary $(FUZZ_BUILD)/lowlevel-fuzz \
+	  --seconds $(shell expr $(FUZZ_C_SECONDS) - $(FUZZ_C_FORMAT_SECONDS)) \
 	  --corpus $(FUZZ_BUILD)/corpus --seeds $(FUZZ_BUILD)/seeds --findings $(FUZZ_BUILD)/findings \
 	  --regressions $(FUZZ_REGRESSIONS)
 
@@ -184,7 +202,7 @@ fuzz-c-tsan: setup $(FUZZ_BUILD)/lowlevel-tsan $(FUZZ_BUILD)/seeds/.made
 	  $(wildcard $(FUZZ_BUILD)/corpus)
 
 fuzz-c-coverage: setup $(FUZZ_BUILD)/lowlevel-coverage $(FUZZ_BUILD)/seeds/.made
-	$(PY) fuzz/campaign.py coverage --binary $(FUZZ_BUILD)/lowlevel-coverage --source packfs/_lowlevel.c \
+	$(PY) fuzz/campaign.py coverage --binary $(FUZZ_BUILD)/lowlevel-coverage --source $(filter %.c,$(C_SOURCES)) \
 	  --work $(FUZZ_BUILD)/coverage $(FUZZ_BUILD)/seeds $(FUZZ_REGRESSIONS) $(wildcard $(FUZZ_BUILD)/corpus)
 
 clean:

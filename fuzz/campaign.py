@@ -3,7 +3,7 @@ Makefile's fuzz-c, fuzz-c-tsan and fuzz-c-coverage targets call this).
 
     python fuzz/campaign.py fuzz --binary B --seconds S --corpus DIR --seeds DIR --findings DIR --regressions DIR
     python fuzz/campaign.py tsan --binary B --seconds S --log FILE ARCHIVE-OR-DIR...
-    python fuzz/campaign.py coverage --binary B --source packfs/_lowlevel.c --work DIR INPUT-DIR...
+    python fuzz/campaign.py coverage --binary B --source packfs/cformat/*.c ... --work DIR INPUT-DIR...
 
 fuzz: first every input of the regressions directory (each a past finding) is run once,
 then libFuzzer fuzzes for S seconds from the corpus (kept between runs) and the seeds;
@@ -134,13 +134,13 @@ def coverage(args: argparse.Namespace) -> int:
     subprocess.run([args.llvm_profdata, "merge", "-sparse", *map(str, args.work.glob("*.profraw")), "-o",
                     str(merged)], check=True)
     report = subprocess.run([args.llvm_cov, "report", str(args.binary), f"-instr-profile={merged}",
-                             str(args.source)], check=True, capture_output=True, text=True).stdout
+                             *map(str, args.source)], check=True, capture_output=True, text=True).stdout
     functions = subprocess.run([args.llvm_cov, "report", "-show-functions", str(args.binary),
-                                f"-instr-profile={merged}", str(args.source)],
+                                f"-instr-profile={merged}", *map(str, args.source)],
                                check=True, capture_output=True, text=True).stdout
     total = next(line for line in report.splitlines() if line.startswith("TOTAL")).split()
     # TOTAL regions missed cover functions missed executed lines missed cover branches missed cover
-    print(f"fuzz-c-coverage of {args.source} over {len(inputs)} inputs: lines {total[9]} "
+    print(f"fuzz-c-coverage of {' '.join(map(str, args.source))} over {len(inputs)} inputs: lines {total[9]} "
           f"({int(total[7]) - int(total[8]):,} of {int(total[7]):,}), regions {total[3]}, branches {total[12]}, "
           f"functions {total[6]}")
     unreached = [line.split()[0].split(":")[-1] for line in functions.splitlines()
@@ -167,7 +167,7 @@ def main() -> int:
     stress.add_argument("inputs", type=Path, nargs="+")
     measured = commands.add_parser("coverage")
     measured.add_argument("--binary", type=Path, required=True)
-    measured.add_argument("--source", type=Path, required=True)
+    measured.add_argument("--source", type=Path, nargs="+", required=True)
     measured.add_argument("--work", type=Path, required=True)
     measured.add_argument("--llvm-profdata", default="llvm-profdata-14")
     measured.add_argument("--llvm-cov", default="llvm-cov-14")

@@ -12,9 +12,9 @@ import stat as stat_module
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
-from .core import CLOSED, ArchiveReader, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
-from .errors import NotADirectoryPathError, NotASymlinkError, PathNotFoundError
-from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from .core import CLOSED, Archive, ArchiveReader, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
+from .errors import NotADirectoryPathError, NotASymlinkError, PackfsError, PathNotFoundError
+from .format import FLAG_CODECS, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .source import absolute_location
 
 __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttributes", "PathArg"]
@@ -22,6 +22,41 @@ __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttri
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
 # list_attributes reads a directory's columns this many entries at a time.
 _LIST_PART = 1 << 14
+# read takes the C format library for files up to this size, the Python path above it:
+# 1.9-2.1x Python's files/s at 4-16 KiB, 0.45-0.7x at 32-100 KB (bench/folder_read.py;
+# the library preads and copies, Python copies a small file out of the map).
+_COMPILED_MAX_SIZE = 16 << 10
+# A file refused as larger costs the library's lookup (about 13 us, 0.78x Python's rate at
+# 100 KB): after one, this many reads go straight to the Python path before the library
+# is asked again (a folder of large files pays it once in 64 reads; of small ones, never).
+_AFTER_A_LARGE_FILE = 64
+
+
+def _compiled_reader(archive: ArchiveReader, check_data: bool) -> Any:
+    """packfs.core._format's Tree over ``archive`` (the C format library: a whole file
+    found, read, checked and decoded without the GIL), or None where it is not built or
+    cannot read it in place: a URL, a shard set, an FFRecord packed folder, a format 1.0
+    archive, a map without packfs._sigbus's guard.  Its checksum policy is the
+    archive's: "always" with ``check_data``, else "never"."""
+    try:
+        from .core import _format
+    except ImportError:
+        return None
+    if (type(archive) is not Archive or archive.legacy or archive.footer.version_minor < 1
+            or archive.section_spans is None or getattr(archive.source, "guard_slot", -1) < 0):
+        return None
+    source = archive.source
+    pages = archive.page_checks
+    coded = archive.footer.flags & FLAG_CODECS
+    if coded and (pages is None or not _format.ZSTD_VERSION):
+        return None
+    try:  # log_fd -1: the library logs nothing; the Python path raises what it finds
+        return _format.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
+                            archive.data_records, archive.entry_count, archive.section_spans, check_data,
+                            os.fsdecode(archive.path), -1, pieces=archive.piece_spans, xattrs=archive.xattr_spans,
+                            pages=pages, codecs=tuple(pages[1][-2:]) if coded else None, check_always=True)
+    except (ValueError, OSError):  # spans the library refuses: Python's reader says what is wrong
+        return None
 
 
 @dataclass(frozen=True)
@@ -123,6 +158,10 @@ class PackedFolder:
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
         self.footer = self.archive.footer
         self._file_count = -1
+        # The C format library's whole-file read, where it is built and reads this archive
+        # in place; None: every read takes the Python path.
+        self._compiled = _compiled_reader(self.archive, check_data)
+        self._python_reads_left = 0  # reads the Python path takes before the library is asked again
         if type(self).read_one is PackedFolder.read_one:
             # The hottest call goes straight to the core (a facade's call costs 1-2% of
             # a 4 KiB read); a subclass that overrides read_one keeps its own.
@@ -137,6 +176,7 @@ class PackedFolder:
         keep working until they are closed (:meth:`packfs.core.Archive.close`)."""
         archive = self.archive
         self.archive = CLOSED  # type: ignore[assignment]
+        self._compiled = None  # its hold on the map goes before the map
         archive.close()
 
     @property
@@ -220,8 +260,28 @@ class PackedFolder:
 
     def read(self, path: PathArg | Sequence[PathArg]) -> bytes | list[bytes]:
         """The contents of one file, or a list of contents for a list of paths (as
-        :meth:`read_many` reads them)."""
+        :meth:`read_many` reads them).
+
+        Where packfs.core._format is built and reads the archive in place, a file of at
+        most 16 KiB is found, read, checked and decoded in C without the GIL; anything it
+        does not answer (a larger file, a path through a symlink, damage) is asked of the
+        Python path, which reads it, follows the symlink or raises its own error, so both
+        give the same; after a larger file, the next 64 reads go to the Python path alone.
+        """
         if isinstance(path, (str, bytes, os.PathLike)):
+            compiled = self._compiled
+            if compiled is not None:
+                if self._python_reads_left > 0:
+                    self._python_reads_left -= 1
+                else:
+                    try:
+                        contents = compiled.read_file(lookup_key(path), _COMPILED_MAX_SIZE, True)
+                    except PackfsError:  # not answered: the Python path follows or says why
+                        pass
+                    else:
+                        if contents is not None:
+                            return contents
+                        self._python_reads_left = _AFTER_A_LARGE_FILE  # larger than _COMPILED_MAX_SIZE
             return self.archive.read_path(path)
         return self.archive.read_many(path)
 

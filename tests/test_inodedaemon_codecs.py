@@ -420,9 +420,10 @@ def test_built_without_libzstd_the_daemon_refuses_codecs_and_mount_falls_back(co
     fuse3 = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True,
                            check=True).stdout.split()
     built = tmp_path / "_lowlevel.so"
-    source = Path(__file__).resolve().parent.parent / "packfs" / "_lowlevel.c"
+    package = Path(__file__).resolve().parent.parent / "packfs"
+    sources = [str(source) for folder in ("cformat", "cpython", "cdaemon") for source in sorted((package / folder).glob("*.c"))]
     subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-DPACKFS_NO_ZSTD", f"-I{sysconfig.get_paths()['include']}",
-                    str(source), "-o", str(built), *fuse3, "-lz"], check=True)
+                    *sources, "-o", str(built), *fuse3, "-lz"], check=True)
     spec = importlib.util.spec_from_file_location("packfs_without_zstd._lowlevel", built)
     without = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(without)

@@ -27,7 +27,8 @@ LAYERS = {
 CONVENTIONAL = {"_fields", "_make", "_asdict", "_replace", "_exit", "_getframe",
                 "_name",  # ctypes.CDLL's: the library's path
                 "_sigbus",  # packfs's compiled extension modules, imported by packfs.source.local
-                "_lowlevel"}  # and by packfs.fuse.inodedaemon
+                "_lowlevel",  # and by packfs.fuse.inodedaemon
+                "_format"}  # packfs.core's compiled format library, imported by packfs.folder
 
 
 def modules() -> list[Path]:
@@ -189,3 +190,46 @@ def test_every_subpackage_is_installed() -> None:
     assert "packfs.ffrecord.torch" in packages
     missing = [name for name in packages if not any(fnmatch.fnmatch(name, pattern) for pattern in include)]
     assert missing == []
+
+
+# -- the C format library (packfs/cformat/): no FUSE, no Python ---------------------------
+
+C_LIBRARY = PACKAGE / "cformat"
+
+
+def test_the_c_format_library_includes_no_fuse_or_python_header() -> None:
+    """The format library reads archives and nothing else: FUSE's glue (packfs/cdaemon/)
+    and Python's (packfs/cpython/) build on it, never the other way."""
+    import re
+
+    sources = sorted(C_LIBRARY.glob("*.[ch]"))
+    assert {path.name for path in sources} >= {"table.c", "lookup.c", "records.c", "codecs.c", "forest.c", "tree.h"}
+    for path in sources:
+        included = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', path.read_text(), re.M)
+        assert [name for name in included if "fuse" in name.lower() or name == "Python.h" or "cdaemon" in name
+                or "cpython" in name] == [], path.name
+
+
+def test_the_c_format_library_objects_have_no_fuse_or_python_symbol(tmp_path: Path) -> None:
+    """Each file of the format library compiled alone (as setup.py compiles it, with
+    libzstd where its header is) defines and uses no ``fuse_`` nor ``Py`` symbol (nm)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None or shutil.which("nm") is None:
+        pytest.skip("needs gcc and nm (binutils)")
+    zstd = [] if Path("/usr/include/zstd.h").exists() else ["-DPACKFS_NO_ZSTD"]
+    for source in sorted(C_LIBRARY.glob("*.c")):
+        built = tmp_path / (source.stem + ".o")
+        subprocess.run(["gcc", "-c", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", *zstd,
+                        str(source), "-o", str(built)], check=True)
+        symbols = subprocess.run(["nm", str(built)], check=True, capture_output=True, text=True).stdout.split("\n")
+        names = [line.split()[-1] for line in symbols if line.strip()]
+        assert names, source.name
+        assert [name for name in names if name.startswith(("fuse_", "Py", "_Py"))] == [], source.name
+
+
+def test_every_c_file_is_at_most_1200_lines() -> None:
+    """One concept a file (the compiled code's files, as the Python modules are kept)."""
+    for path in sorted(PACKAGE.rglob("*.[ch]")):
+        assert len(path.read_text().splitlines()) <= 1200, path.relative_to(PACKAGE)

@@ -1,0 +1,20 @@
+/* codecs.c: format 1.5's codecs (section 4f) decoded with libzstd. */
+
+#ifndef PACKFS_CFORMAT_CODECS_H
+#define PACKFS_CFORMAT_CODECS_H
+
+#include "tree.h"
+
+/* The decoded bytes kept for the process, around fork (pthread_atfork). */
+void decoded_before_fork(void);
+void decoded_after_fork(void);
+/* Drop what is kept of ``t`` (it closes) and its dictionaries. */
+void forget_decoded(const Tree *t);
+void forget_dictionaries(Tree *t);
+/* ``want`` bytes from ``offset`` of a file whose record is not stored as is: *out. */
+int read_decoded(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                 const CodecRow *row, uint64_t offset, uint64_t want, uint8_t **out);
+/* The libzstd this was built with (10504 for 1.5.4), or 0 without (PACKFS_NO_ZSTD). */
+int zstd_version(void);
+
+#endif

@@ -1,0 +1,347 @@
+/* packfs.core._format: the format library (packfs/cformat/) for Python's readers,
+ * without FUSE: a Tree over the map and descriptor packfs.core already holds (the
+ * same arguments as packfs._lowlevel.Tree), and the hot paths of a reader: a path's
+ * entry, its attributes, a whole file's contents, and many files' in one call.  Each
+ * call releases the GIL while it searches, reads, checks and decodes; every value read
+ * from the archive is checked by the library where it is used, and what it finds
+ * broken is raised as packfs.errors' PackfsError:
+ *
+ *   ENOENT -> PathNotFoundError      EISDIR, a symlink -> NotAFileError
+ *   EFBIG  -> TooLargeToReadError    EIO -> ArchiveChangedError (changed in place),
+ *   ENOMEM -> MemoryError                   ChecksumError (a CRC did not match), or
+ *                                           FormatError (another broken rule)
+ *
+ * The checksum policy is the Tree's: ``check_once`` checks each record's CRC at its
+ * first read (a bitmap; a record that failed raises from then on), 0 checks none.
+ * This file reads no byte of the archive itself.
+ */
+
+#include "tree_object.h"
+
+#include "../cformat/codecs.h"
+#include "../cformat/lookup.h"
+#include "../cformat/records.h"
+#include "../cformat/table.h"
+
+#include <stdlib.h>
+
+/* packfs.errors' classes, imported once at module init. */
+static PyObject *PathNotFoundError, *NotAFileError, *TooLargeToReadError, *ArchiveChangedError, *ChecksumError,
+    *FormatError, *ArchiveIOError;
+
+/* The PackfsError for ``error`` from an operation on ``path`` (checksum: whether it
+ * found a CRC that did not match); NULL, with it raised. */
+static PyObject *raise_for(Tree *t, int error, int checksum, const char *path, Py_ssize_t length)
+{
+    PyObject *kind;
+    const char *what;
+    switch (error) {
+    case ENOENT: kind = PathNotFoundError; what = "no such path in the archive"; break;
+    case EISDIR: kind = NotAFileError; what = "is a directory, not a file"; break;
+    case EINVAL: kind = NotAFileError; what = "is a symlink, not a file"; break;
+    case EFBIG: kind = TooLargeToReadError; what = "is larger than max_size"; break;
+    case ENOMEM: return PyErr_NoMemory();
+    case EIO:
+        if (__atomic_load_n(&t->changed, __ATOMIC_RELAXED)) {
+            kind = ArchiveChangedError;
+            what = "the archive changed in place since it was opened (reopen it)";
+        } else if (checksum) {
+            kind = ChecksumError;
+            what = "checksum mismatch: the archive is damaged there";
+        } else {
+            kind = FormatError;
+            what = "the archive breaks a rule of the format there (logged)";
+        }
+        break;
+    default:
+        errno = error;
+        return PyErr_SetFromErrno(ArchiveIOError);
+    }
+    PyObject *name = PyUnicode_DecodeFSDefaultAndSize(path, length);
+    if (name != NULL)
+        PyErr_Format(kind, "'%s': '%U': %s", t->name, name, what);
+    Py_XDECREF(name);
+    return NULL;
+}
+
+/* Path ``path``'s whole contents, at most ``max_size`` bytes (-1: no limit): *data
+ * (malloc'ed) from *skip on, *got bytes.  Without the GIL; an errno, the operation's
+ * checksum failure in *checksum. */
+static int read_whole(Tree *t, const uint8_t *path, size_t length, long long max_size, uint8_t **data, size_t *got,
+                      size_t *skip, int *checksum)
+{
+    /* one byte more than the limit tells a file over it from one just at it */
+    size_t wanted = max_size < 0 || max_size >= PY_SSIZE_T_MAX ? (size_t) PY_SSIZE_T_MAX : (size_t) max_size + 1;
+    uint64_t entry = 0;
+    checksum_failure = 0;
+    *data = NULL;
+    *got = *skip = 0;
+    int error = tree_find(t, path, length, &entry);
+    uint64_t record, start, end, size;
+    unsigned type;
+    CodecRow row;
+    /* A file over max_size is refused before any of it is read (its size held to its
+     * rules first): a caller that falls back elsewhere for large files pays nothing. */
+    if (!error && max_size >= 0 && (error = typed_entry(t, entry + 1, &entry, &type)) == 0 && type == S_IFREG
+        && (error = record_of(t, entry, &record, &start, &end, &row, &size)) == 0 && size > (uint64_t) max_size)
+        error = EFBIG;
+    if (!error)
+        error = tree_read(t, entry + 1, 0, wanted, data, got, skip);
+    if (!error && max_size >= 0 && *got > (uint64_t) max_size)
+        error = EFBIG;
+    error = finished(t, error);
+    *checksum = checksum_failure;
+    if (error) {
+        free(*data);
+        *data = NULL;
+    }
+    return error;
+}
+
+static PyObject *bytes_of(uint8_t *data, size_t got, size_t skip)
+{
+    PyObject *result = PyBytes_FromStringAndSize(data ? (const char *) data + skip : "", (Py_ssize_t) got);
+    free(data);
+    return result;
+}
+
+PyDoc_STRVAR(read_file_doc,
+"read_file(path: bytes, max_size=-1) -> bytes\n\n"
+"The whole contents of the file stored at ``path`` (canonical, as Archive.find takes\n"
+"it: no leading slash, symlinks not followed), found, read, checked and decoded without\n"
+"the GIL.  A file over ``max_size`` bytes (-1: no limit) raises TooLargeToReadError, or\n"
+"with ``none_if_larger`` returns None (nothing of it read): a caller that reads large\n"
+"files elsewhere asks without the cost of an exception.");
+
+static PyObject *py_read_file(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"path", "max_size", "none_if_larger", NULL};
+    Py_buffer path;
+    long long max_size = -1;
+    int none_if_larger = 0;
+    Tree *t = tree_ready(self);
+    if (t == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Lp:read_file", keywords, &path, &max_size,
+                                                  &none_if_larger))
+        return NULL;
+    uint8_t *data;
+    size_t got, skip;
+    int error, checksum;
+    Py_BEGIN_ALLOW_THREADS
+    error = read_whole(t, path.buf, (size_t) path.len, max_size, &data, &got, &skip, &checksum);
+    Py_END_ALLOW_THREADS
+    PyObject *result;
+    if (error == EFBIG && none_if_larger) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    } else {
+        result = error ? raise_for(t, error, checksum, path.buf, path.len) : bytes_of(data, got, skip);
+    }
+    PyBuffer_Release(&path);
+    return result;
+}
+
+PyDoc_STRVAR(read_many_doc,
+"read_many(paths: sequence of bytes, max_size=-1) -> list of bytes\n\n"
+"read_file of each path, in order, in one call (the GIL released once for all of\n"
+"them); the first that fails raises, naming its path.");
+
+static PyObject *py_read_many(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"paths", "max_size", NULL};
+    PyObject *paths;
+    long long max_size = -1;
+    Tree *t = tree_ready(self);
+    if (t == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "O|L:read_many", keywords, &paths, &max_size))
+        return NULL;
+    PyObject *items = PySequence_Fast(paths, "read_many: a sequence of paths (bytes)");
+    if (items == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (!PyBytes_Check(PySequence_Fast_GET_ITEM(items, k))) {
+            Py_DECREF(items);
+            PyErr_SetString(PyExc_TypeError, "read_many: each path must be bytes");
+            return NULL;
+        }
+    }
+    typedef struct {
+        uint8_t *data;
+        size_t got, skip;
+    } Read;
+    Read *reads = calloc((size_t) count + 1, sizeof(Read));
+    if (reads == NULL) {
+        Py_DECREF(items);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t failed = -1;
+    int error = 0, checksum = 0;
+    /* The paths' bytes stay alive and unchanged meanwhile: ``items`` holds them, and
+     * bytes objects are immutable. */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < count && failed < 0; k++) {
+        PyObject *path = PySequence_Fast_GET_ITEM(items, k);
+        error = read_whole(t, (const uint8_t *) PyBytes_AS_STRING(path), (size_t) PyBytes_GET_SIZE(path), max_size,
+                           &reads[k].data, &reads[k].got, &reads[k].skip, &checksum);
+        if (error)
+            failed = k;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (failed >= 0) {
+        PyObject *path = PySequence_Fast_GET_ITEM(items, failed);
+        raise_for(t, error, checksum, PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path));
+    } else {
+        result = PyList_New(count);
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *contents = result != NULL ? bytes_of(reads[k].data, reads[k].got, reads[k].skip) : NULL;
+        if (result == NULL) {
+            free(reads[k].data);
+        } else if (contents == NULL) {
+            Py_CLEAR(result);
+        } else {
+            PyList_SET_ITEM(result, k, contents);
+        }
+    }
+    free(reads);
+    Py_DECREF(items);
+    return result;
+}
+
+/* The entry at ``path``, without the GIL: 0 and *entry, or raised (NULL-like: -1). */
+static int find_entry(Tree *t, Py_buffer *path, uint64_t *entry, struct stat *st)
+{
+    int error, checksum;
+    Py_BEGIN_ALLOW_THREADS
+    checksum_failure = 0;
+    error = tree_find(t, path->buf, (size_t) path->len, entry);
+    if (!error && st != NULL)
+        error = entry_stat(t, *entry, st);
+    error = finished(t, error);
+    checksum = checksum_failure;
+    Py_END_ALLOW_THREADS
+    if (error) {
+        raise_for(t, error, checksum, path->buf, path->len);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(find_doc,
+"find(path: bytes) -> int: the index of the entry stored at ``path`` (canonical), by the\n"
+"path_hash index; PathNotFoundError if there is none.");
+
+static PyObject *py_find(PyObject *self, PyObject *args)
+{
+    Py_buffer path;
+    uint64_t entry;
+    Tree *t = tree_ready(self);
+    if (t == NULL || !PyArg_ParseTuple(args, "y*:find", &path))
+        return NULL;
+    int status = find_entry(t, &path, &entry, NULL);
+    PyBuffer_Release(&path);
+    return status ? NULL : PyLong_FromUnsignedLongLong(entry);
+}
+
+PyDoc_STRVAR(stat_doc,
+"stat(path: bytes) -> dict of st_*: the attributes of the entry stored at ``path``\n"
+"(st_ino is its entry + 1, a hard link's first name's), each held to its rule.");
+
+static PyObject *py_stat(PyObject *self, PyObject *args)
+{
+    Py_buffer path;
+    uint64_t entry;
+    struct stat st;
+    Tree *t = tree_ready(self);
+    if (t == NULL || !PyArg_ParseTuple(args, "y*:stat", &path))
+        return NULL;
+    int status = find_entry(t, &path, &entry, &st);
+    PyBuffer_Release(&path);
+    return status ? NULL : stat_tuple(&st);
+}
+
+static PyObject *py_changed(PyObject *self, PyObject *unused)
+{
+    Tree *t = tree_ready(self);
+    return t == NULL ? NULL : PyBool_FromLong(tree_changed(t));
+}
+
+static int tree_init(TreeObject *o, PyObject *args, PyObject *kwargs)
+{
+    return tree_open_from_python(&o->tree, &o->map, &o->have_map, args, kwargs, "Tree");
+}
+
+static void tree_dealloc(TreeObject *o)
+{
+    tree_object_release(o);
+    Py_TYPE(o)->tp_free((PyObject *) o);
+}
+
+static PyMethodDef tree_methods[] = {
+    {"find", (PyCFunction) py_find, METH_VARARGS, find_doc},
+    {"stat", (PyCFunction) py_stat, METH_VARARGS, stat_doc},
+    {"read_file", (PyCFunction) (void (*)(void)) py_read_file, METH_VARARGS | METH_KEYWORDS, read_file_doc},
+    {"read_many", (PyCFunction) (void (*)(void)) py_read_many, METH_VARARGS | METH_KEYWORDS, read_many_doc},
+    {"changed", (PyCFunction) py_changed, METH_NOARGS, "changed() -> bool: the archive changed in place since open."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(tree_doc,
+"Tree(mapping, fd, guard, records, data_records, entries, sections, check_once, name, log_fd=2,\n"
+"     pieces=None, xattrs=None, pages=None, codecs=None)\n\n"
+"An open archive as the format library reads it, over what packfs.core holds: the\n"
+"archive's map, its descriptor (duplicated), the map's packfs._sigbus slot or -1, and\n"
+"the spans of its sections (as packfs._lowlevel.Tree takes them), each checked again.");
+
+static PyTypeObject TreeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "packfs.core._format.Tree",
+    .tp_basicsize = sizeof(TreeObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = tree_doc,
+    .tp_new = tree_object_new,
+    .tp_init = (initproc) tree_init,
+    .tp_dealloc = (destructor) tree_dealloc,
+    .tp_methods = tree_methods,
+};
+
+static struct PyModuleDef module_definition = {
+    PyModuleDef_HEAD_INIT, "packfs.core._format",
+    "The C format library for Python readers, without FUSE (see packfs/cpython/_format_module.c).",
+    -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__format(void)
+{
+    PyObject *errors = PyImport_ImportModule("packfs.errors");
+    if (errors == NULL)
+        return NULL;
+    struct {
+        PyObject **slot;
+        const char *name;
+    } classes[] = {{&PathNotFoundError, "PathNotFoundError"}, {&NotAFileError, "NotAFileError"},
+                   {&TooLargeToReadError, "TooLargeToReadError"}, {&ArchiveChangedError, "ArchiveChangedError"},
+                   {&ChecksumError, "ChecksumError"}, {&FormatError, "FormatError"},
+                   {&ArchiveIOError, "ArchiveIOError"}};
+    for (size_t k = 0; k < sizeof classes / sizeof classes[0]; k++) {
+        if ((*classes[k].slot = PyObject_GetAttrString(errors, classes[k].name)) == NULL) {
+            Py_DECREF(errors);
+            return NULL;
+        }
+    }
+    Py_DECREF(errors);
+    if (PyType_Ready(&TreeType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_definition);
+    if (module == NULL)
+        return NULL;
+    pthread_atfork(decoded_before_fork, decoded_after_fork, decoded_after_fork);
+    Py_INCREF(&TreeType);
+    if (PyModule_AddObject(module, "Tree", (PyObject *) &TreeType) != 0
+        || PyModule_AddIntConstant(module, "ZSTD_VERSION", zstd_version()) != 0) {
+        Py_DECREF(&TreeType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

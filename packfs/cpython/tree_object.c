@@ -1,0 +1,181 @@
+/* A format library Tree held by a Python object, and the constructor's arguments, from Python: the archive's map and descriptor, the
+ * SIGBUS guard's slot, and the spans packfs.core found at open (format sections 1-4f),
+ * converted to a TreeSpans for tree_open, which checks every one of them again.  This
+ * file reads no byte of the archive. */
+
+#include "tree_object.h"
+
+#include "../_sigbus.h"
+
+#include <stdio.h>
+
+PyObject *os_error(int error)
+{
+    errno = error;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+PyObject *stat_tuple(const struct stat *st)
+{
+    /* The mtime in ns again: through the next second when it is before 1970, since the
+     * earliest (tv_sec -9223372037) times 10**9 is below INT64_MIN, a signed overflow. */
+    long long seconds = st->st_mtim.tv_sec, nanoseconds = st->st_mtim.tv_nsec;
+    if (seconds < 0 && nanoseconds > 0) {
+        seconds += 1;
+        nanoseconds -= 1000000000;
+    }
+    return Py_BuildValue("{s:K,s:I,s:K,s:I,s:I,s:L,s:L,s:L}", "st_ino", (unsigned long long) st->st_ino,
+                         "st_mode", (unsigned) st->st_mode, "st_nlink", (unsigned long long) st->st_nlink,
+                         "st_uid", (unsigned) st->st_uid, "st_gid", (unsigned) st->st_gid,
+                         "st_size", (long long) st->st_size, "st_blocks", (long long) st->st_blocks,
+                         "st_mtime_ns", seconds * 1000000000LL + nanoseconds);
+}
+
+/* ``count`` (start, end) pairs from a sequence of ``count`` pairs (a Python error and
+ * -1 otherwise; the values are checked by tree_open). */
+static int spans_from(PyObject *sequence, uint64_t (*span)[2], Py_ssize_t count, const char *what,
+                      const char *wrong_count)
+{
+    PyObject *items = PySequence_Fast(sequence, what);
+    if (items == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(items) != count) {
+        Py_DECREF(items);
+        PyErr_SetString(PyExc_ValueError, wrong_count);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        unsigned long long start, end;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, k), "KK", &start, &end)) {
+            Py_DECREF(items);
+            return -1;
+        }
+        span[k][0] = start;
+        span[k][1] = end;
+    }
+    Py_DECREF(items);
+    return 0;
+}
+
+/* Format 1.4's page checks (Archive.page_checks: page_size, the regions' (start, end),
+ * their page CRCs as bytes, and data_end); ``crcs`` holds the CRCs' buffer. */
+static int pages_from(TreeSpans *spans, PyObject *pages, Py_buffer *crcs, unsigned paged_regions)
+{
+    unsigned long long page_size, data_end;
+    PyObject *regions;
+    if (!PyArg_ParseTuple(pages, "KOy*K", &page_size, &regions, crcs, &data_end))
+        return -1;
+    spans->has_pages = 1;
+    spans->page_size = page_size;
+    spans->data_end = data_end;
+    spans->page_crcs = crcs->buf;
+    spans->page_crc_bytes = (uint64_t) crcs->len;
+    Py_ssize_t count = PySequence_Length(regions);
+    if (count < 0)
+        return -1;
+    if (count != (Py_ssize_t) paged_regions) {  /* tree_open says so */
+        spans->region_count = (unsigned) (count < PAGED_REGIONS_CODECS ? count : PAGED_REGIONS_CODECS + 1);
+        return 0;
+    }
+    spans->region_count = paged_regions;
+    return spans_from(regions, spans->regions, count, "pages: the regions, a sequence of (start, end)",
+                      "pages: the page size or the number of regions is wrong");
+}
+
+int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args, PyObject *kwargs,
+                          const char *type_name)
+{
+    static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
+                               "check_once", "name", "log_fd", "pieces", "xattrs", "pages", "codecs",
+                               "check_always", NULL};
+    PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None, *pages = Py_None, *codecs = Py_None;
+    TreeSpans spans;
+    memset(&spans, 0, sizeof spans);
+    spans.name = "archive";
+    spans.log_fd = 2;
+    unsigned long long records, data_records, entries;
+    char format[64];
+    if (*have_map) {
+        PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
+        return -1;
+    }
+    snprintf(format, sizeof format, "OiiKKKOp|siOOOOp:%s", type_name);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &mapping, &spans.fd, &spans.guard, &records,
+                                     &data_records, &entries, &sections, &spans.check_once, &spans.name,
+                                     &spans.log_fd, &pieces, &xattrs, &pages, &codecs, &spans.check_always))
+        return -1;
+    if (PyObject_GetBuffer(mapping, map, PyBUF_SIMPLE) != 0)
+        return -1;
+    *have_map = 1;
+    spans.base = map->buf;
+    spans.size = (uint64_t) map->len;
+    spans.records = records;
+    spans.data_records = data_records;
+    spans.entries = entries;
+    if (spans.guard >= 0) {
+        PackfsSigbusAPI *api = PyCapsule_Import(PACKFS_SIGBUS_CAPSULE, 0);
+        if (api == NULL)
+            return -1;
+        spans.guard_check = api->check;
+    }
+    if (spans_from(sections, spans.sections, SECTIONS, "sections: a sequence of (start, end)",
+                   "expected 15 sections") != 0)
+        return -1;
+    spans.has_pieces = pieces != Py_None;
+    if (spans.has_pieces && spans_from(pieces, spans.pieces, 3, "pieces: three (start, end)",
+                                             "pieces: expected three spans") != 0)
+        return -1;
+    spans.has_xattrs = xattrs != Py_None;
+    if (spans.has_xattrs && spans_from(xattrs, spans.xattrs, 3, "xattrs: three (start, end)",
+                                             "xattrs: expected three spans") != 0)
+        return -1;
+    spans.has_codecs = codecs != Py_None;
+    if (spans.has_codecs && spans_from(codecs, spans.codecs, 2, "codecs: two (start, end)",
+                                             "codecs: expected two spans") != 0)
+        return -1;
+    Py_buffer crcs = {0};
+    if (pages != Py_None
+        && pages_from(&spans, pages, &crcs, spans.has_codecs ? PAGED_REGIONS_CODECS : PAGED_REGIONS) != 0) {
+        if (crcs.obj != NULL)
+            PyBuffer_Release(&crcs);
+        return -1;
+    }
+    int error = tree_open(t, &spans);
+    if (crcs.obj != NULL)
+        PyBuffer_Release(&crcs);
+    if (error == 0)
+        return 0;
+    if (error == EINVAL)
+        PyErr_SetString(PyExc_ValueError, spans.error);
+    else if (error == ENOMEM)
+        PyErr_NoMemory();
+    else
+        os_error(error);
+    return -1;
+}
+
+PyObject *tree_object_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    TreeObject *o = (TreeObject *) type->tp_alloc(type, 0);
+    if (o != NULL)
+        tree_prepare(&o->tree);
+    return (PyObject *) o;
+}
+
+void tree_object_release(TreeObject *o)
+{
+    tree_close(&o->tree);
+    if (o->have_map)
+        PyBuffer_Release(&o->map);
+    o->have_map = 0;
+}
+
+Tree *tree_ready(PyObject *self)
+{
+    Tree *t = &((TreeObject *) self)->tree;
+    if (!t->initialised) {  /* also after an __init__ that failed half-way */
+        PyErr_SetString(PyExc_ValueError, "the Tree is not initialised");
+        return NULL;
+    }
+    return t;
+}

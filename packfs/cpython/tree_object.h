@@ -1,0 +1,37 @@
+/* tree_object.c: a format library Tree held by a Python object (packfs._lowlevel.Tree
+ * and packfs.core._format.Tree), opened from the arguments packfs.core hands it. */
+
+#ifndef PACKFS_CPYTHON_TREE_OBJECT_H
+#define PACKFS_CPYTHON_TREE_OBJECT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../cformat/table.h"
+
+/* The object: the Tree over the map it holds. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer map;                 /* the whole archive, mapped by packfs.source.LocalFile */
+    int have_map;
+    Tree tree;
+} TreeObject;
+
+/* tp_new: a Tree that owns nothing yet. */
+PyObject *tree_object_new(PyTypeObject *type, PyObject *args, PyObject *kwargs);
+/* What tp_dealloc frees (then tp_free): the Tree's memory, descriptor and map. */
+void tree_object_release(TreeObject *o);
+/* The Tree of an initialised Tree object, or NULL with ValueError. */
+Tree *tree_ready(PyObject *self);
+
+/* Open ``t`` (prepared) from a Tree constructor's ``args`` and ``kwargs``: ``map``
+ * receives the archive's buffer (*have_map 1 once it must be released).  0, or -1
+ * with a Python error (ValueError for spans that break a rule). */
+int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args, PyObject *kwargs,
+                          const char *type_name);
+/* OSError with ``error`` as its errno. */
+PyObject *os_error(int error);
+/* An entry's attributes as a dict of st_* (os.stat_result's names). */
+PyObject *stat_tuple(const struct stat *st);
+
+#endif
