@@ -6,7 +6,9 @@ keep (the FUSE daemons' inode is ``entry + 1``; every name of a hard-linked file
 reports its first name's, :meth:`Archive.inode`).  Paths are looked up once and then
 forgotten: listing, attributes and reads all take entry numbers.
 
-The checksum policy is decided here, once, for every front end (``checksums``):
+The checksum policy is decided here, once, for every front end (``checksums``; kept
+and applied by :class:`~packfs.core.checkpolicy.ChecksumPolicy`, and every record read,
+checked and decoded by :class:`~packfs.core.recordreader.RecordReader`):
 
 - ``"always"``: every read of a file checks its record's CRC (a read of part of a
   file checks the whole record first, so front ends that read in parts open a file

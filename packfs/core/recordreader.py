@@ -67,13 +67,16 @@ class RecordReader:
         """A file's whole contents: its record read once (copied out of a guarded map
         when small), checked under the policy, and decoded."""
         container, policy = self._container, self._policy
-        check = policy.must_check(record, where)  # one that failed before is not read again
         if container.guarded and end - start < MAP_COPY_BYTES:
+            # A small copy out of the map: one call to the policy (a record that failed
+            # before was copied again, which costs less than a second call would).
             stored = container.mapping[start:end]
+            policy.check_if_due(record, stored, where)
         else:
+            check = policy.must_check(record, where)  # one that failed before is not read again
             stored = container.pread(start, end)
-        if check:
-            policy.check(record, stored, where)
+            if check:
+                policy.check(record, stored, where)
         return self._codecs.decode(row, record, stored, size, where) if row.codec else stored
 
     def decode_whole(self, record: int, stored: Union[bytes, memoryview], size: int, row: Optional[CodecRow],
