@@ -11,35 +11,17 @@ from typing import Callable
 import pytest
 import zstandard
 
-import packfs
 from packfs import ChecksumError, FormatError
 from packfs.core import Archive, Container
 from packfs.format import FRAME_ROW, crc32
 from tests.conftest import bytes_read_by_this_thread
-from tests.test_codecs import FRAME, _flipped, _rewritten, _row, _section_start, make_codec_tree
+# The archive of every kind of file section 4f stores, as test_codecs packs it.
+from tests.test_codecs import FRAME, _flipped, _rewritten, _row, _section_start
+from tests.test_codecs import codec_tree, coded, files  # noqa: F401  (fixtures)
 
 BIG = "logs/big.log"  # 3 frames of 1 MiB and a short fourth
 SHARED = ("same/one.txt", "same/two.txt", "other/three.txt")  # three files, one record
 SPARSE = "disk.img"  # 20 MiB: data at 1 MiB, 9 MiB and its last 5 bytes; holes between
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
-    root = tmp_path_factory.mktemp("recordreader") / "src"
-    root.mkdir()
-    return root, make_codec_tree(root)
-
-
-@pytest.fixture(scope="module")
-def coded(tree: tuple[Path, dict[str, bytes]], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("recordreader-archive") / "coded.ffr"
-    packfs.pack_folder(tree[0], out, compress="zstd:3", dictionary="auto", dedup=True)
-    return out
-
-
-@pytest.fixture
-def files(tree: tuple[Path, dict[str, bytes]]) -> dict[str, bytes]:
-    return tree[1]
 
 
 def _every_read(archive: Archive, path: str, offset: int = 0, size: int = -1) -> dict[str, Callable[[], object]]:
