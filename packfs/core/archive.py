@@ -660,16 +660,15 @@ class Archive:
             if self._coded:
                 return self._read_coded(entry, entry, offset, size)
             record, start, end = self._file_span(entry)
-            if offset or size >= 0:
+            if not (offset or size >= 0) and end - start < MAP_COPY_BYTES:
+                # A small file whole, one call to the policy (a record that failed before
+                # is read again: a small pread costs less than a second call would).
+                data = container.pread(start, end)
+                self._policy.check_if_due(record, data, entry)
+            else:
                 begin = min(max(offset, 0), end - start)
                 stop = end - start if size < 0 else min(end - start, begin + size)
                 data = self._reader.read_stored(record, start, end, begin, stop, entry)
-            else:
-                policy = self._policy
-                check = policy.must_check(record, entry)  # one that failed before is not read again
-                data = container.pread(start, end)
-                if check:
-                    policy.check(record, data, entry)
         except PackfsError:
             container.changed_instead()
             raise
