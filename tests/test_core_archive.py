@@ -468,9 +468,10 @@ def test_always_raises_on_every_read_of_a_damaged_file(archive: Path, tmp_path: 
 def test_once_raises_on_a_damaged_file_at_every_read_checking_it_once_and_a_sound_one_once(
         archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import packfs.core.archive as archive_module
+    import packfs.core.checkpolicy as policy_module
 
     bad = corrupted_copy(archive, tmp_path / "bad.ffr")
-    whole: list[int] = []  # CRCs computed over a whole file read
+    whole: list[int] = []  # CRCs computed over a whole file read (by read_path inline, or the policy)
     spans: list[int] = []  # records checked from the source (partial reads, check, open)
     real_crc32, real_crc_ok = archive_module.crc32, Container.record_crc_ok
 
@@ -484,6 +485,7 @@ def test_once_raises_on_a_damaged_file_at_every_read_checking_it_once_and_a_soun
 
     with Archive(bad, checksums="once") as opened:
         monkeypatch.setattr(archive_module, "crc32", counting_crc32)
+        monkeypatch.setattr(policy_module, "crc32", counting_crc32)
         monkeypatch.setattr(Container, "record_crc_ok", counting_crc_ok)
         # The damaged file: every way of reading it raises, the first time and every
         # time after (a bad record is never remembered as sound) ...
@@ -492,7 +494,7 @@ def test_once_raises_on_a_damaged_file_at_every_read_checking_it_once_and_a_soun
                 with pytest.raises(ChecksumError, match=CORRUPT):
                     read()
         # ... but it is checked once: the first read's CRC failed, and is remembered
-        # (read_batch checks in packfs.core.files, not counted here).
+        # (by every read call: read_batch asks the same policy).
         assert (len(whole), len(spans)) == (1, 0)
         # A sound file: checked on its first read only, however it is read next.
         sound = opened.find(SOUND.encode())

@@ -6,7 +6,9 @@ keep (the FUSE daemons' inode is ``entry + 1``; every name of a hard-linked file
 reports its first name's, :meth:`Archive.inode`).  Paths are looked up once and then
 forgotten: listing, attributes and reads all take entry numbers.
 
-The checksum policy is decided here, once, for every front end (``checksums``):
+The checksum policy is decided here, once, for every front end (``checksums``; kept
+and applied by :class:`~packfs.core.checkpolicy.ChecksumPolicy`, and every record read,
+checked and decoded by :class:`~packfs.core.recordreader.RecordReader`):
 
 - ``"always"``: every read of a file checks its record's CRC (a read of part of a
   file checks the whole record first, so front ends that read in parts open a file
@@ -33,38 +35,36 @@ from __future__ import annotations
 
 import operator
 import os
-import threading
 import weakref
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     import numpy as np
 
-from ..errors import (ChecksumError, ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
+from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
                       RecordFileError)
-from ..format import (CODEC_FRAMES, CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD, FOOTER_SIZE, PIECE_SIZE, S_IFDIR,
+from ..format import (CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD, FOOTER_SIZE, S_IFDIR,
                       S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for, symlink_length_problem,
                       symlink_target_problem, unpack_footer)
 from ..source import ByteSource, with_cache_dir
 from . import legacy, recordfile
-from .codecs import CodecRow, CodecTable, check_in_memory
+from .checkpolicy import CHECKSUM_POLICIES, ChecksumPolicy
+from .codecs import STORED_ROW, CodecRow, CodecTable
 from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, DecodedFile, MemoryFile, PackedFile, StreamFile,
                     read_entries, read_spans)
 from .paths import PathArg, lookup_key, resolve_path
 from .pathtable import PathTable
-from .pieces import NO_PIECES, PieceTable
+from .pieces import PieceTable
+from .recordreader import RecordReader
 from .tail import prefetch_pages
 from .xattrs import XattrTable
 from .verify import VerifyReport, verify_archive
 
 __all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED"]
 
-CHECKSUM_POLICIES = ("always", "once", "never")
 ROOT = 0
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
-_REMOTE_WINDOW = 64 << 20  # read_chunks' read-ahead from a remote source
 
 
 def _zeros(count: int, chunk_size: int) -> Iterator[bytes]:
@@ -191,10 +191,6 @@ class Archive:
             self._coded = self._codecs.active
             if self._coded:
                 self._table.codecs = self._codecs
-                # Per thread, the frame a part read decoded last (record, frame, bytes; a
-                # zstd file is frame -1): a mount reads a 1 MiB frame in 128 KiB
-                # requests, each would decode all of it.
-                self._last_frame = threading.local()
         except RecordFileError:
             container.close()
             raise
@@ -205,22 +201,11 @@ class Archive:
         except BaseException:
             container.close()
             raise
-        self._check_every_read = checksums == "always"
-        # One bit per data record, set once it was checked and found sound: bounded by
-        # the archive's size (an eighth of a byte per file).
-        self._checked = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
-        # And one per record that failed: a damaged record is read and checked once, and
-        # every later read of it fails at once (a 1 GiB one took seconds a read).
-        self._failed = bytearray((self.data_records + 7) // 8) if checksums == "once" else None
-        # The same two per piece CRC (format section 4b), bounded by the archive's size too.
-        self._pieces_checked = (bytearray((self._pieces.piece_total + 7) // 8)
-                                if checksums == "once" else None)
-        self._pieces_failed = (bytearray((self._pieces.piece_total + 7) // 8)
-                               if checksums == "once" else None)
-        # Records being checked from the source now, under "once" (at most one entry per
-        # thread): the threads that want the same record wait for the one checking it.
-        self._checks_in_progress: dict[int, threading.Lock] = {}
-        self._checks_lock = threading.Lock()
+        # When contents are checked, and what the checks found (bitmaps bounded by the
+        # archive's size); and the one reader of records that asks it.
+        label = _weak_label(self)
+        self._policy = policy = ChecksumPolicy(checksums, container, self._pieces, self.footer.data_records, label)
+        self._reader = RecordReader(container, self._codecs, policy, self._pieces, label)
         # The hot paths' direct item access (read_path, read_view): memoryviews of the
         # header's and the table's columns, each value checked before it is used, set
         # on first use (__getattr__): with a tail, the sections are checked then.
@@ -416,7 +401,7 @@ class Archive:
         from :meth:`open` and views from :meth:`read_view` keep working until closed.
         """
         self._table = self._container = self._pieces = self._xattrs = CLOSED  # type: ignore[assignment]
-        self._codecs = CLOSED  # type: ignore[assignment]
+        self._codecs = self._policy = self._reader = CLOSED  # type: ignore[assignment]
         # The item views too (they export the map, which would stay open while this
         # object lives).
         self._offset_items = self._crc_items = self._mode_items = CLOSED  # type: ignore[assignment]
@@ -602,78 +587,6 @@ class Archive:
             entry = self.lookup_kind(path, S_IFREG)
         return self._file_span(entry)
 
-    def _needs_check(self, record: int, where: int | PathArg) -> bool:
-        """Whether record ``record`` is to be checked before its bytes are used (under
-        "once": not checked yet); ChecksumError naming ``where`` if it failed before."""
-        checked = self._checked
-        if checked is None:
-            return self._check_every_read
-        if checked[record >> 3] & (1 << (record & 7)):
-            return False
-        self._raise_if_failed(record, where)
-        return True
-
-    def _raise_if_failed(self, record: int, where: int | PathArg) -> None:
-        """Under "once", ChecksumError if record ``record`` failed its check at an
-        earlier read (it is not read again)."""
-        failed: bytearray = self._failed  # type: ignore[assignment]
-        if failed[record >> 3] & (1 << (record & 7)):
-            raise self._container.checksum_error(record, self._label(where))
-
-    def _checked_sound(self, record: int, data: bytes | memoryview | None, where: int | PathArg) -> None:
-        """Check record ``record``'s CRC (over ``data`` if it is the whole record, else
-        read from the source); under the "once" policy remember the outcome, sound or
-        failed (a record that failed before raises without a check).  A ChecksumError
-        names ``where``: an entry (its path is built only then, O(depth)) or the path
-        the caller was given."""
-        container = self._container
-        failed = self._failed
-        if failed is not None:
-            self._raise_if_failed(record, where)
-        if data is None and self._checked is not None:
-            self._check_once_from_source(record, where)
-            return
-        if data is None:
-            if not container.record_crc_ok(record):
-                raise container.checksum_error(record, self._label(where))
-        elif crc32(data) != self._crc_items[record]:
-            if failed is not None:
-                failed[record >> 3] |= 1 << (record & 7)
-            container.check_crc(record, data, self._label(where))  # raises, with details
-        if self._checked is not None:
-            self._checked[record >> 3] |= 1 << (record & 7)
-
-    def _check_once_from_source(self, record: int, where: int | PathArg) -> None:
-        """Under "once", check a record read from the source with one thread at a time:
-        a large file's first READs arrive several at once (the kernel's readahead and
-        the worker threads), and each used to read and check all of the record itself.
-        The others wait, then find it marked sound or failed (a damaged record is never
-        marked sound: it is marked failed, and every later read fails without reading it)."""
-        with self._checking(record):
-            checked: bytearray = self._checked  # type: ignore[assignment]  # "once": bitmaps
-            failed: bytearray = self._failed  # type: ignore[assignment]
-            bit = 1 << (record & 7)
-            if not checked[record >> 3] & bit:
-                container = self._container
-                if failed[record >> 3] & bit or not container.record_crc_ok(record):
-                    failed[record >> 3] |= bit
-                    raise container.checksum_error(record, self._label(where))
-                checked[record >> 3] |= bit
-
-    @contextmanager
-    def _checking(self, key: int) -> Iterator[None]:
-        """Hold the lock of check ``key`` (a record, or below 0 a piece): the threads
-        that want the same check wait for the one doing it."""
-        with self._checks_lock:
-            lock = self._checks_in_progress.setdefault(key, threading.Lock())
-        with lock:
-            try:
-                yield
-            finally:
-                with self._checks_lock:
-                    if self._checks_in_progress.get(key) is lock:
-                        del self._checks_in_progress[key]
-
     def _label(self, where: int | PathArg) -> str:
         if isinstance(where, int):
             where = self._table.full_path(where)
@@ -705,21 +618,24 @@ class Archive:
         # cost more than the lookup itself for small files.
         try:
             record, start, end = self._path_span(path)
-            # _needs_check and _checked_sound, inlined: on 4 KiB files each call cost
-            # about 3% of the read.
-            checked = self._checked
+            # The one place the checksum policy is read inline rather than asked
+            # (ChecksumPolicy.check_if_due, packfs.core.checkpolicy, is the rule): on 4 KiB
+            # files each call cost about 3% of the read.  A check that is due, or that
+            # fails, is the policy's.
+            policy = self._policy
+            checked = policy.checked
             unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
             if unchecked:
-                self._raise_if_failed(record, path)  # not read again
+                policy.raise_if_failed(record, path)  # not read again
             if container.guarded and end - start < MAP_COPY_BYTES:
                 data = container.mapping[start:end]
             else:
                 data = container.pread(start, end)
             if checked is None:
-                if self._check_every_read and crc32(data) != self._crc_items[record]:
-                    self._checked_sound(record, data, path)  # raises
+                if policy.every_read and crc32(data) != self._crc_items[record]:
+                    policy.check(record, data, path)  # raises
             elif unchecked:
-                self._checked_sound(record, data, path)
+                policy.check(record, data, path)
         except PackfsError:
             container.changed_instead()
             raise
@@ -744,94 +660,27 @@ class Archive:
         if not container.guarded:
             container.check_size()
         try:
-            # Datasets read whole files by entry, a small file per call: the type check,
-            # the policy and the CRC compare are inlined, as in read_path.
+            # Datasets read whole files by entry, a small file per call: the type check is
+            # inlined, as in read_path.
             if not 0 <= entry < self._entry_count or self._mode_items[entry] & S_IFMT != S_IFREG:
                 self._regular_file(entry)  # raises, saying what the entry is
             if self._coded:
                 return self._read_coded(entry, entry, offset, size)
             record, start, end = self._file_span(entry)
-            if offset or size >= 0:
-                data = self._read_part(entry, record, start, end, offset, size)
-            else:
-                checked = self._checked
-                unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
-                if unchecked:
-                    self._raise_if_failed(record, entry)  # not read again
+            if not (offset or size >= 0) and end - start < MAP_COPY_BYTES:
+                # A small file whole, one call to the policy (a record that failed before
+                # is read again: a small pread costs less than a second call would).
                 data = container.pread(start, end)
-                if checked is None:
-                    if self._check_every_read and crc32(data) != self._crc_items[record]:
-                        self._checked_sound(record, data, entry)  # raises
-                elif unchecked:
-                    self._checked_sound(record, data, entry)
+                self._policy.check_if_due(record, data, entry)
+            else:
+                begin = min(max(offset, 0), end - start)
+                stop = end - start if size < 0 else min(end - start, begin + size)
+                data = self._reader.read_stored(record, start, end, begin, stop, entry)
         except PackfsError:
             container.changed_instead()
             raise
         container.check_unchanged()
         return data
-
-    def _read_part(self, entry: int, record: int, start: int, end: int, offset: int, size: int) -> bytes:
-        """:meth:`read` of ``size`` bytes at ``offset`` of a file at [start, end)."""
-        begin = start + min(max(offset, 0), end - start)
-        stop = end if size < 0 else min(end, begin + size)
-        if self._needs_check(record, entry):
-            if begin == start and stop == end:
-                # The whole file: one pread serves both the check and the reply.
-                data = self._container.pread(start, end)
-                self._checked_sound(record, data, entry)
-                return data
-            first = self._pieces.first_piece(record, end - start)
-            if first != NO_PIECES:
-                return self._read_pieces(first, start, end, begin, stop, entry)
-            self._checked_sound(record, None, entry)
-        return self._container.pread(begin, stop, end) if begin < stop else b""
-
-    def _read_pieces(self, first: int, start: int, end: int, begin: int, stop: int, entry: int) -> bytes:
-        """Bytes [begin, stop) of a record at [start, end) whose piece CRCs start at
-        ``first``: the pieces they cover are read once, checked, and the reply cut from
-        them, so the bytes returned are the bytes checked.  Under "once" a piece is
-        checked by one thread at a time and then remembered."""
-        if begin >= stop:
-            return b""
-        low, high = (begin - start) // PIECE_SIZE, (stop - start - 1) // PIECE_SIZE + 1
-        checked = self._pieces_checked
-        if checked is not None:
-            pieces = range(first + low, first + high)
-            if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):
-                return self._container.pread(begin, stop, end)
-            with self._checking(-1 - first - low):  # below 0: never a record's key
-                self._raise_for_failed_piece(first, low, high, start, end, entry)  # failed while we waited
-                if all(checked[p >> 3] & (1 << (p & 7)) for p in pieces):  # checked while we waited
-                    return self._container.pread(begin, stop, end)
-                return self._check_pieces(first, start, end, low, high, begin, stop, entry)
-        return self._check_pieces(first, start, end, low, high, begin, stop, entry)
-
-    def _raise_for_failed_piece(self, first: int, low: int, high: int, start: int, end: int, entry: int) -> None:
-        """Under "once", raise ChecksumError if a piece in [low, high) failed at an earlier read."""
-        failed: bytearray = self._pieces_failed  # type: ignore[assignment]
-        for p in range(low, high):
-            if failed[(first + p) >> 3] & (1 << ((first + p) & 7)):
-                raise self._piece_error(p, start, end, entry)
-
-    def _piece_error(self, p: int, start: int, end: int, entry: int) -> ChecksumError:
-        return ChecksumError(f"{self.path!r}: {self._label(entry)}: checksum mismatch in bytes "
-                             f"[{p * PIECE_SIZE}, {min(end - start, (p + 1) * PIECE_SIZE)})")
-
-    def _check_pieces(self, first: int, start: int, end: int, low: int, high: int, begin: int, stop: int,
-                      entry: int) -> bytes:
-        span_start = start + low * PIECE_SIZE
-        data = self._container.pread(span_start, min(end, start + high * PIECE_SIZE), end)
-        view = memoryview(data)
-        checked, failed, pieces = self._pieces_checked, self._pieces_failed, self._pieces
-        for p in range(low, high):
-            at = (p - low) * PIECE_SIZE
-            if crc32(view[at: at + PIECE_SIZE]) != pieces.crc(first + p):
-                if failed is not None:
-                    failed[(first + p) >> 3] |= 1 << ((first + p) & 7)
-                raise self._piece_error(p, start, end, entry)
-            if checked is not None:
-                checked[(first + p) >> 3] |= 1 << ((first + p) & 7)
-        return data[begin - span_start: stop - span_start]
 
     def _regular_file(self, entry: int) -> int:
         if not 0 <= entry < self.footer.entry_count or self._table.file_type(entry) != S_IFREG:
@@ -847,8 +696,7 @@ class Archive:
             return
         try:
             record = self._file_span(self._regular_file(entry))[0]
-            if self._needs_check(record, entry):
-                self._checked_sound(record, None, entry)
+            self._policy.check_if_due(record, None, entry)
         except PackfsError:
             container.changed_instead()
             raise
@@ -868,12 +716,7 @@ class Archive:
         try:
             record, start, end = self._path_span(path)
             view = container.view[start:end]
-            checked = self._checked  # the policy, inlined as in read_path
-            if checked is None:
-                if self._check_every_read and crc32(view) != self._crc_items[record]:
-                    self._checked_sound(record, view, path)  # raises
-            elif not checked[record >> 3] & (1 << (record & 7)):
-                self._checked_sound(record, view, path)
+            self._policy.check_if_due(record, view, path)
         except PackfsError:
             container.changed_instead()
             raise
@@ -895,14 +738,15 @@ class Archive:
             container.check_size()
         try:
             record, start, end = self._file_span(self._regular_file(entry))
-            check = self._needs_check(record, name or entry)
+            policy = self._policy
+            check = policy.must_check(record, name or entry)
             data = None
             if end - start <= (SMALL_FILE_BYTES if check else UNCHECKED_SMALL_FILE_BYTES):
                 data = container.pread(start, end)
                 if check:
-                    self._checked_sound(record, data, name or entry)
+                    policy.check(record, data, name or entry)
             elif check:
-                self._checked_sound(record, None, name or entry)
+                policy.check(record, None, name or entry)
         except PackfsError:
             container.changed_instead()
             raise
@@ -928,7 +772,8 @@ class Archive:
         if not container.guarded:
             container.check_size()
         try:
-            yield from read_entries(self, self._table, container, entries, self._codecs if self._coded else None)
+            yield from read_entries(self, self._table, container, entries, self._reader,
+                                    self._codecs if self._coded else None)
         except PackfsError:
             container.changed_instead()
             raise
@@ -1002,12 +847,8 @@ class Archive:
                 container.check_unchanged()
                 for k, data in zip(group, contents):
                     _, _, record, position = located[k]
-                    if self._needs_check(record, names[position]):
-                        self._checked_sound(record, data, names[position])
-                    if coded:
-                        size, row = coded_rows.pop(position)
-                        data = self._codecs.decode(row, record, data, size, names[position])
-                    yield position, data
+                    size, row = coded_rows.pop(position) if coded else (0, None)
+                    yield position, self._reader.decode_whole(record, data, size, row, names[position])
         except PackfsError:
             container.changed_instead()
             raise
@@ -1057,27 +898,7 @@ class Archive:
             yield from self._coded_chunks(entry, chunk_size)
             return
         record, begin, end = container.checked(self._file_span, self._regular_file(entry))
-        yield from self._stored_chunks(entry, record, begin, end, chunk_size)
-
-    def _stored_chunks(self, entry: int, record: int, begin: int, end: int, chunk_size: int) -> Iterator[bytes]:
-        """Record ``record`` at [begin, end) in chunks, its CRC compared after the last."""
-        container = self._container
-        # From a source without a map (a remote one), read ahead in windows of several
-        # chunks, which it fetches as ranged parts in parallel: one request per chunk would
-        # cost a round trip each (1 MiB per 20 ms).  A quarter of its memory cap at most.
-        window = chunk_size if container.zero_copy else max(
-            chunk_size, min(_REMOTE_WINDOW, getattr(container.source, "memory_cap", _REMOTE_WINDOW) // 4))
-        value, position = 0, begin
-        while position < end:
-            block = container.pread(position, min(end, position + window))
-            container.check_unchanged()
-            for at in range(0, len(block), chunk_size):
-                chunk = block if len(block) <= chunk_size else block[at : at + chunk_size]
-                value = crc32(chunk, value)
-                position += len(chunk)
-                yield chunk
-        if value != container.stored_crc(record):
-            raise container.checksum_error(record, repr(os.fsdecode(self._table.full_path(entry))))
+        yield from self._reader.stored_chunks(record, begin, end, entry, chunk_size)
 
     # -- reading with codecs (format 1.5, section 4f) -------------------------------------
 
@@ -1104,9 +925,10 @@ class Archive:
         return container.checked(lambda: self._coded_span(self._regular_file(entry), entry)[4])
 
     def _read_coded(self, entry: int, where: int | PathArg, offset: int = 0, size: int = -1) -> bytes:
-        """:meth:`read` (and :meth:`read_path`) in an archive with codecs: the stored
-        bytes checked under the policy, then decoded and checked (section 4f).  A part
-        of a frames or sparse file reads and decodes only the frames or extents it covers."""
+        """:meth:`read` (and :meth:`read_path`) in an archive with codecs: the record
+        located and its row checked here, read, checked and decoded by the
+        :class:`~packfs.core.recordreader.RecordReader`.  A part of a frames or sparse
+        file reads and decodes only the frames or extents it covers."""
         container = self._container
         if not container.guarded:
             container.check_size()
@@ -1122,110 +944,49 @@ class Archive:
                 self._table.record(entry)  # raises, naming the rule
             length = self._size_items[entry]
             row = self._codecs.file_row(record, length, end - start, where)
+            reader = self._reader
             if offset or size >= 0:
-                data = self._read_coded_part(entry, where, record, start, end, length, row, offset, size)
+                begin = min(max(offset, 0), length)
+                stop = length if size < 0 else min(length, begin + size)
+                data = reader.read_range(record, start, end, length, row, where, begin, stop, reader.recent())
             else:
-                checked = self._checked  # the policy, inlined as in read_path
-                unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
-                if unchecked:
-                    self._raise_if_failed(record, where)
-                if container.guarded and end - start < MAP_COPY_BYTES:
-                    stored = container.mapping[start:end]
-                else:
-                    stored = container.pread(start, end)
-                if checked is None:
-                    if self._check_every_read and crc32(stored) != self._crc_items[record]:
-                        self._checked_sound(record, stored, where)  # raises
-                elif unchecked:
-                    self._checked_sound(record, stored, where)
-                data = self._codecs.decode(row, record, stored, length, where) if row.codec else stored
+                data = reader.read_whole(record, start, end, length, row, where)
         except PackfsError:
             container.changed_instead()
             raise
         container.check_unchanged()
         return data
 
-    def _read_coded_part(self, entry: int, where: int | PathArg, record: int, start: int, end: int, length: int,
-                         row: CodecRow, offset: int, size: int) -> bytes:
-        begin = min(max(offset, 0), length)
-        stop = length if size < 0 else min(length, begin + size)
-        codec = row.codec
-        if codec == CODEC_STORED:
-            return self._read_part(entry, record, start, end, begin, stop - begin)
-        if begin >= stop:
-            return b""
-        codecs = self._codecs
-        # This thread's last decoded frame (a zstd file is one), reused but under
-        # "always", where every read checks what it returns.
-        last = self._last_frame.__dict__ if not self._check_every_read else {}
-        if codec == CODEC_ZSTD:
-            if last.get("key") != (record, -1):
-                last["key"], last["bytes"] = (record, -1), self._read_coded(entry, where)
-            data = last["bytes"]
-            return data if begin == 0 and stop == length else data[begin:stop]
-        if begin == 0 and stop == length:
-            return self._read_coded(entry, where)
-        if codec == CODEC_FRAMES:
-            check_in_memory(stop - begin, self.path)
-            frame_size = 1 << row.frame_log2
-            parts = []
-            for k in range(begin // frame_size, (stop - 1) // frame_size + 1):
-                if last.get("key") == (record, k):
-                    decoded = last["bytes"]
-                else:
-                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, where)
-                    frame = self._container.pread(start + low, start + high, end)
-                    decoded = codecs.decode_frame(row, length, k, frame, stored_crc, decoded_crc, where)
-                    last["key"], last["bytes"] = (record, k), decoded
-                at = k * frame_size
-                parts.append(decoded[max(begin - at, 0) : stop - at])
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-        layout = codecs.sparse_layout(row, record, length, end - start, where)
-        return codecs.sparse_range(layout, begin, stop,
-                                   lambda low, high: self._read_part(entry, record, start, end, low, high - low))
-
     def _check_coded(self, entry: int) -> None:
-        """:meth:`check` of a file whose record is not stored as it is, in bounded
-        memory: a zstd file (at most 1 MiB) decoded and checked; a frames or sparse
-        file's record checked under the policy (read in chunks), and a sparse file's
-        extent list; a frame's own CRCs are checked when it is decoded."""
-        container = self._container
-        try:
-            record, start, end, length, row = self._coded_span(self._regular_file(entry), entry)
-            if row.codec == CODEC_ZSTD:
-                self._read_coded(entry, entry)
-                return
-            if self._needs_check(record, entry):
-                self._checked_sound(record, None, entry)
-            if row.codec == CODEC_SPARSE:
-                self._codecs.sparse_layout(row, record, length, end - start, entry)
-        except PackfsError:
-            container.changed_instead()
-            raise
-        container.check_unchanged()
+        """:meth:`check` of a file whose record is not stored as it is (in bounded memory)."""
+        self._container.checked(lambda: self._reader.check_record(*self._coded_span(self._regular_file(entry), entry),
+                                                                  entry))
 
     def _open_coded(self, entry: int, name: str) -> PackedFile:
         """:meth:`open` of a file whose record is not stored as it is: a zstd file, or a
         frames or sparse file of at most SMALL_FILE_BYTES, decoded whole here (a
-        MemoryFile); a larger one a DecodedFile, which decodes only the frames or reads
-        only the extents a read covers (a sparse file's record checked here, under the
-        policy; each frame against its own CRCs as it is decoded)."""
+        MemoryFile); a larger one a DecodedFile, whose reads decode only the frames or
+        read only the extents they cover (a sparse file's record checked here, under
+        the policy; each frame against its own CRCs as it is decoded)."""
         where = name or entry
         container = self._container
         try:
             record, start, end, length, row = self._coded_span(self._regular_file(entry), where)
             if row.codec == CODEC_ZSTD or length <= SMALL_FILE_BYTES:
-                return MemoryFile(self._read_coded(entry, where), name)
-            layout = None
-            if row.codec == CODEC_SPARSE:
-                if self._needs_check(record, where):
-                    self._checked_sound(record, None, where)
-                layout = self._codecs.sparse_layout(row, record, length, end - start, where)
+                data = self._reader.read_whole(record, start, end, length, row, where)
+            else:
+                data = None
+                layout = None
+                if row.codec == CODEC_SPARSE:
+                    self._policy.check_if_due(record, None, where)
+                    layout = self._codecs.sparse_layout(row, record, length, end - start, where)
         except PackfsError:
             container.changed_instead()
             raise
         container.check_unchanged()
-        return DecodedFile(container, self._codecs, row, start, end, length, layout, name, where)
+        if data is not None:
+            return MemoryFile(data, name)
+        return DecodedFile(container, self._reader, record, start, end, length, row, layout, name, where)
 
     def _coded_chunks(self, entry: int, chunk_size: int) -> Iterator[bytes]:
         """:meth:`read_chunks` of a file whose record is not stored as it is: its
@@ -1249,59 +1010,12 @@ class Archive:
         then: a caller publishes what it wrote only once the iterator is exhausted)."""
         container = self._container
         entry = self._regular_file(entry)
-        record, start, end, length, row = container.checked(self._coded_span, entry, entry) if self._coded else (
-            *container.checked(self._file_span, entry), self._table.size(entry), None)
-        codec = row.codec if row is not None else CODEC_STORED
-        codecs = self._codecs
-        if codec == CODEC_ZSTD:
-            stored = container.pread(start, end)
-            container.check_unchanged()
-            if crc32(stored) != container.stored_crc(record):
-                raise container.checksum_error(record, self._label(entry))
-            yield 0, codecs.decode(row, record, stored, length, entry)
-            return
-        if codec == CODEC_FRAMES:
-            frame_size, count = 1 << row.frame_log2, -(-length // (1 << row.frame_log2))
-            # Frames read a window at a time (from a remote source, windows of parallel
-            # ranged parts as read_chunks reads: one GET per frame cost a round trip each).
-            window = chunk_size if container.zero_copy else max(
-                chunk_size, min(_REMOTE_WINDOW, getattr(container.source, "memory_cap", _REMOTE_WINDOW) // 4))
-            k = 0
-            while k < count:
-                frames = [(k, *codecs.frame_span(row, k, end - start, entry))]
-                while k + len(frames) < count and frames[-1][2] - frames[0][1] < window:
-                    frames.append((k + len(frames), *codecs.frame_span(row, k + len(frames), end - start, entry)))
-                base = frames[0][1]
-                block = memoryview(container.pread(start + base, start + frames[-1][2], end))
-                container.check_unchanged()
-                for index, low, high, stored_crc, decoded_crc in frames:
-                    frame = block[low - base : high - base]
-                    if crc32(frame) != stored_crc:
-                        raise container.checksum_error(record, f"{self._label(entry)}: frame {index}")
-                    decoded = codecs.decode_frame(row, length, index, frame, stored_crc, decoded_crc, entry, False)
-                    for at in range(0, len(decoded), chunk_size):
-                        yield (index * frame_size + at,
-                               decoded[at : at + chunk_size] if len(decoded) > chunk_size else decoded)
-                k += len(frames)
-            return
-        stored_chunks = self._stored_chunks(entry, record, start, end, chunk_size)
-        if codec == CODEC_STORED:
-            position = 0
-            for chunk in stored_chunks:
-                yield position, chunk
-                position += len(chunk)
-            return
-        layout = codecs.sparse_layout(row, record, length, end - start, entry)
-        j, within = 0, 0  # the extent the next stored byte belongs to, and how far into it
-        for chunk in stored_chunks:
-            at = 0
-            while at < len(chunk):
-                take = min(len(chunk) - at, layout.lengths[j] - within)
-                yield layout.offsets[j] + within, chunk[at : at + take] if take < len(chunk) else chunk
-                at += take
-                within += take
-                if within == layout.lengths[j]:
-                    j, within = j + 1, 0
+        if self._coded:
+            record, start, end, length, row = container.checked(self._coded_span, entry, entry)
+        else:
+            record, start, end = container.checked(self._file_span, entry)
+            length, row = end - start, STORED_ROW
+        yield from self._reader.extents(record, start, end, length, row, entry, chunk_size)
 
     def readlink(self, entry: int, check: bool | None = None) -> bytes:
         """Symlink ``entry``'s target as stored; CRC-checked under the policy (or
@@ -1319,8 +1033,10 @@ class Archive:
         problem = symlink_length_problem(table.size(entry))
         if problem is None:
             target = container.checked(container.record_bytes, record)
-            if self._needs_check(record, where) if check is None else check:
-                self._checked_sound(record, target, where)
+            if check is None:
+                self._policy.check_if_due(record, target, where)
+            elif check:
+                self._policy.check(record, target, where)
             problem = symlink_target_problem(target)
         if problem:
             raise FormatError(f"{self.path!r}: {self._label(where)}: symlink with {problem}")

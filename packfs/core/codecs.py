@@ -199,8 +199,8 @@ class CodecTable:
                                    f"each of the {self._data_records} data records")
             self._rows, self._data, self._data_length, self.spans = rows, data, len(data), spans
             if isinstance(rows, memoryview):
-                unpack_from = CODEC_ROW.unpack_from
-                self._row_at = lambda at: unpack_from(rows, at)
+                # A partial, not a lambda: one Python frame less on every read of a row.
+                self._row_at = functools.partial(CODEC_ROW.unpack_from, rows)
             else:  # a remote archive's section, read page by page
                 unpack = CODEC_ROW.unpack
                 self._row_at = lambda at: unpack(rows[at : at + CODEC_ROW.size])  # type: ignore[index]

@@ -5,7 +5,6 @@ from a URL with ranged GETs in flight at once)."""
 from __future__ import annotations
 
 import io
-import os
 from typing import TYPE_CHECKING, Iterator, List, NoReturn, Sequence, Tuple
 
 if TYPE_CHECKING:
@@ -14,9 +13,10 @@ if TYPE_CHECKING:
     from .archive import Archive
     from .codecs import CodecRow, CodecTable, SparseLayout
     from .pathtable import PathTable
+    from .recordreader import RecordReader
 
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
-from ..format import CODEC_FRAMES, CODEC_STORED, S_IFMT, S_IFREG, crc32
+from ..format import CODEC_STORED, S_IFMT, S_IFREG
 from ..source import ByteSource
 from .codecs import check_in_memory
 from .container import Container
@@ -131,12 +131,13 @@ class DecodedFile(PackedFile, io.BufferedReader):
     section 4f) whose record is zstd frames or a sparse file's extents: io.BufferedReader
     over reads that decode only the frames (or read only the extents) they cover, so a
     seek and a small read of a 10 GiB file decodes one frame.  It holds at most one
-    decoded frame besides the buffer.  Each frame is checked against its own CRCs as it
-    is decoded; a sparse file's record was checked at open under the policy."""
+    decoded frame besides the buffer.  Each read is the archive's
+    :class:`~packfs.core.recordreader.RecordReader`'s: a frame checked against its own
+    CRCs as it is decoded; a sparse file's record was checked at open under the policy."""
 
-    def __init__(self, container: Container, codecs: CodecTable, row: CodecRow, start: int, end: int, size: int,
-                 layout: SparseLayout | None, name: str, where: object) -> None:
-        super().__init__(_DecodedReader(container, codecs, row, start, end, size, layout, name, where),
+    def __init__(self, container: Container, reader: RecordReader, record: int, start: int, end: int, size: int,
+                 row: CodecRow, layout: SparseLayout | None, name: str, where: object) -> None:
+        super().__init__(_DecodedReader(container, reader, record, start, end, size, row, layout, name, where),
                          STREAM_BUFFER_BYTES)
 
 
@@ -232,17 +233,16 @@ class _RecordReader(io.RawIOBase):
 
 
 class _DecodedReader(_RecordReader):
-    """DecodedFile's raw file: a position in the decoded contents, each read served
-    from the frame (or the extents) under it."""
+    """DecodedFile's raw file: a position in the decoded contents, each read served by
+    the archive's RecordReader (the one decoder), with this file's last decoded frame."""
 
-    def __init__(self, container: Container, codecs: CodecTable, row: CodecRow, start: int, end: int, size: int,
-                 layout: SparseLayout | None, name: str, where: object) -> None:
+    def __init__(self, container: Container, reader: RecordReader, record: int, start: int, end: int, size: int,
+                 row: CodecRow, layout: SparseLayout | None, name: str, where: object) -> None:
         super().__init__(container, start, end, name)
         self._length = size  # the decoded size: seeks and reads are in its terms
         self._end = end
-        self._codecs, self._row, self._layout, self._where = codecs, row, layout, where
-        self._frame = -1  # the frame last decoded, kept: BufferedReader refills in smaller steps
-        self._frame_bytes = b""
+        self._reader, self._record, self._row, self._layout, self._where = reader, record, row, layout, where
+        self._recent: dict = {}  # the frame last decoded: BufferedReader refills in smaller steps
 
     def readall(self) -> bytes:
         check_in_memory(self._length - min(self._position, self._length), self.name)
@@ -260,22 +260,10 @@ class _DecodedReader(_RecordReader):
         stop = min(self._length, begin + len(buffer))
         if stop <= begin:
             return 0
-        start, end, codecs, row, where = self._start, self._end, self._codecs, self._row, self._where
         try:
-            if row.codec == CODEC_FRAMES:
-                frame_size = 1 << row.frame_log2
-                k = begin >> row.frame_log2
-                if k != self._frame:
-                    low, high, stored_crc, decoded_crc = codecs.frame_span(row, k, end - start, where)
-                    frame = container.pread(start + low, start + high, end)
-                    self._frame_bytes = codecs.decode_frame(row, self._length, k, frame, stored_crc, decoded_crc,
-                                                            where)
-                    self._frame = k
-                at = begin - k * frame_size
-                data: bytes | memoryview = memoryview(self._frame_bytes)[at : at + stop - begin]
-            else:
-                data = codecs.sparse_range(self._layout, begin, stop,  # type: ignore[arg-type]
-                                           lambda low, high: container.pread(start + low, start + high, end))
+            data = self._reader.read_range(self._record, self._start, self._end, self._length, self._row,
+                                           self._where, begin, stop, self._recent, self._layout,  # type: ignore[arg-type]
+                                           record_checked=True)
         except PackfsError:
             container.changed_instead()
             raise
@@ -286,11 +274,12 @@ class _DecodedReader(_RecordReader):
         return count
 
 
-def read_entries(archive: Archive, table: PathTable, container: Container,
-                 entries: Sequence[int] | np.ndarray, codecs: CodecTable | None = None) -> Iterator[tuple[int, bytes]]:
+def read_entries(archive: Archive, table: PathTable, container: Container, entries: Sequence[int] | np.ndarray,
+                 reader: RecordReader, codecs: CodecTable | None = None) -> Iterator[tuple[int, bytes]]:
     """Archive.read_batch's work, for its ``table`` and ``container`` (which it checks
-    around this call); with ``codecs`` (an archive with codecs, format 1.5) each file's
-    row is checked with the rest of the batch and its stored bytes decoded."""
+    around this call): each record read here (a run of small ones joined), checked and
+    decoded by ``reader``; with ``codecs`` (an archive with codecs, format 1.5) each
+    file's row is checked with the rest of the batch."""
     import numpy as np
 
     entries = np.asarray(entries, dtype=np.int64)
@@ -329,9 +318,9 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
         raise FormatError(f"{archive.path!r}: entry {bad}'s record is not a valid data record")
     order = np.argsort(starts, kind="stable")
     starts_list, ends_list, order_list = starts[order].tolist(), ends[order].tolist(), order.tolist()
-    # Checked under "once" as under "always": a batch reads its records whole, so a
-    # check costs only the CRC.
-    stored = container.crcs[records].tolist() if archive.checksums != "never" else None
+    record_list = records.tolist()
+    size_list, entry_list = declared.tolist(), entries.tolist()
+    decode_whole = reader.decode_whole
     i, count = 0, len(order_list)
     while i < count:
         run_start, run_end, j = starts_list[i], ends_list[i], i + 1
@@ -345,13 +334,8 @@ def read_entries(archive: Archive, table: PathTable, container: Container,
         for k in range(i, j):
             position = order_list[k]
             data = block if j == i + 1 else bytes(view[starts_list[k] - run_start : ends_list[k] - run_start])
-            if stored is not None and crc32(data) != stored[position]:
-                container.check_crc(int(records[position]), data,
-                                    repr(os.fsdecode(table.full_path(int(entries[position])))))
-            if rows and rows[position] is not None:
-                data = codecs.decode(rows[position], record_list[position], data,  # type: ignore[union-attr]
-                                     size_list[position], entry_list[position])
-            yield position, data
+            yield position, decode_whole(record_list[position], data, size_list[position],
+                                         rows[position] if rows else None, entry_list[position])
         view.release()
         i = j
 
