@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import io
 import os
-from typing import TYPE_CHECKING, Iterator, List, NoReturn, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, List, NoReturn, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .archive import Archive
     from .codecs import CodecRow, CodecTable, SparseLayout
     from .pathtable import PathTable
 
@@ -22,7 +21,7 @@ from .codecs import check_in_memory
 from .container import Container
 
 __all__ = ["PackedFile", "MemoryFile", "StreamFile", "DecodedFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
-           "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE"]
+           "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE", "BatchOwner"]
 
 # Archive.open reads a file of at most SMALL_FILE_BYTES whole, with one pread, checks
 # those bytes and serves them from memory, where its CRC is checked at open ("always",
@@ -286,7 +285,20 @@ class _DecodedReader(_RecordReader):
         return count
 
 
-def read_entries(archive: Archive, table: PathTable, container: Container,
+class BatchOwner(Protocol):
+    """What :func:`read_entries` asks of the archive it reads for (an :class:`Archive
+    <packfs.core.Archive>`): its name for messages, its checksum policy, and a read that
+    raises the error a bad record deserves.  Named here, since archive.py imports this
+    module and this module does not import it back."""
+
+    path: str
+    checksums: str
+
+    def read(self, entry: int, offset: int = 0, size: int = -1) -> bytes:
+        """Bytes of file ``entry``."""
+
+
+def read_entries(archive: BatchOwner, table: PathTable, container: Container,
                  entries: Sequence[int] | np.ndarray, codecs: CodecTable | None = None) -> Iterator[tuple[int, bytes]]:
     """Archive.read_batch's work, for its ``table`` and ``container`` (which it checks
     around this call); with ``codecs`` (an archive with codecs, format 1.5) each file's
