@@ -38,7 +38,7 @@ __all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pac
 log = logging.getLogger("packfs")
 
 _CHUNK = 1 << 20
-# Bytes of memory the table's layout may hold (None: packfs.core.tablestream's default);
+# Bytes of memory the table's layout may hold (None: packfs.write.tablestream's default);
 # more entries are sorted in runs on disk and merged.  Tests make it tiny so that small
 # packs spill.
 _TABLE_MEMORY: int | None = None
@@ -141,7 +141,7 @@ class _ArchiveBuilder:
         self.progress = progress
         self.with_xattrs = xattrs  # the writer's record count has room for section 4c
         # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
-        from ..core.tablestream import DEFAULT_BUDGET, TableStream
+        from .tablestream import DEFAULT_BUDGET, TableStream
 
         self.rows = TableStream(str(writer.out.parent), DEFAULT_BUDGET if _TABLE_MEMORY is None else _TABLE_MEMORY)
         self.dirs = 0  # known once the table is laid out
@@ -217,7 +217,7 @@ class _ArchiveBuilder:
         crc, offset = (0, 0) if record == NO_RECORD else self.writer.record_span(record)
         encoded = b""
         if xattrs:
-            from ..core.xattrs import encode_xattrs
+            from .xattrs import encode_xattrs
 
             try:
                 encoded = encode_xattrs({os.fsencode(name): bytes(value) for name, value in xattrs.items()})
@@ -359,7 +359,7 @@ class _ArchiveBuilder:
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
-        from ..core.indexbuild import build_paged_tail
+        from .indexbuild import build_paged_tail
 
         table = self.rows.finish()
         try:

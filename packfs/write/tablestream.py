@@ -3,7 +3,7 @@ the writer's entries in bounded memory, whatever their number.
 
 The entries are sorted in runs by their path with ``/`` replaced by NUL (names hold no
 NUL, so this compares paths component by component: depth-first order, siblings sorted
-bytewise) and merged (:mod:`packfs.core.spill`).  Walking that order with a stack of
+bytewise) and merged (:mod:`packfs.write.spill`).  Walking that order with a stack of
 the open directories gives each entry its parent and each directory its children (they
 follow it, and every entry of the same depth after them follows them), and adds the
 directories no entry named.  Breadth-first order is depth-first order stably sorted by
@@ -14,7 +14,7 @@ lookup index, sorted by (path hash, entry), are sorted in runs and merged by num
 
 What stays in memory grows with the number of hard links and of entries with extended
 attributes only.  The output is byte for byte what :func:`packfs.core.tablebuild.
-build_tables` and :func:`packfs.core.indexbuild.build_lookup_index` lay out.
+build_tables` and :func:`packfs.write.indexbuild.build_lookup_index` lay out.
 """
 
 from __future__ import annotations
@@ -456,7 +456,7 @@ class StreamedTable:
     def pages(self, page_size: int) -> list[tuple[int, int, int]]:
         """(first_hash, start, end) of each page of the index of at most ``page_size``
         bytes (one longer row is a page alone), never splitting a run of equal hashes:
-        what :meth:`packfs.core.indexbuild.LookupIndex.pages` gives."""
+        what :meth:`packfs.write.indexbuild.LookupIndex.pages` gives."""
         if page_size not in self._page_cache:
             self._page_cache[page_size] = self._pages(page_size)
         return self._page_cache[page_size]
