@@ -133,6 +133,11 @@ class Planned(NamedTuple):
     size: int
     data: None = None
 
+    @property
+    def key(self) -> bytes:
+        """The item's key, as :attr:`Entry.key <packfs.write.Entry.key>` (its path already is one)."""
+        return self.path
+
 
 def _plan(items: Any, root: str | None, client: Any) -> list[Planned]:
     """Every item to pack, in pack order, with the files' sizes (measured on the
@@ -190,7 +195,7 @@ def _pack_partition(root: str | None, partition: Opaque, xattrs: bool, directory
     directories: dict[bytes, Entry] = {}
     root_entry = None
     if root is not None and entries:
-        key = archive_key(entries[0].path)
+        key = entries[0].key
         while b"/" in key:
             key = key.rpartition(b"/")[0]
             directories[key] = _directory_entry(root, key, xattrs)

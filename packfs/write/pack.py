@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import marshal
 import os
@@ -100,6 +101,22 @@ class Entry:
     # typing.get_type_hints() on Python 3.9 would.
     xattrs: Optional[Mapping[Union[str, bytes], bytes]] = None
 
+    # The keys are worked out once, on first use, and kept with the entry (the cache is
+    # the instance's __dict__, which a frozen dataclass leaves writable to
+    # cached_property): every step of a pack (shards, the table, the codec's choice)
+    # asks for them.  Not at construction: an Entry with a path the format forbids
+    # is refused by pack_entries, as a PackError, not where it is made.
+    @functools.cached_property
+    def key(self) -> bytes:
+        """``path`` as the archive stores it (:func:`packfs.core.archive_key`): bytes, no
+        leading, trailing or doubled slashes; PackError for a path the format forbids."""
+        return archive_key(self.path)
+
+    @functools.cached_property
+    def target_key(self) -> bytes:
+        """For a hard link, the key of the file it names (``target`` as ``key`` is ``path``)."""
+        return archive_key(self.target or b"")
+
 
 @dataclass(frozen=True)
 class PackStats:
@@ -169,7 +186,7 @@ class _ArchiveBuilder:
         if isinstance(entry, TreeFile):
             self._add_tree_file(entry)
             return
-        key = archive_key(entry.path)
+        key = entry.key
         kind = entry.kind
         if kind not in _TYPE_BITS:
             raise ValueError(f"Entry.kind must be file, dir, symlink or hardlink, got {kind!r}")
@@ -201,7 +218,7 @@ class _ArchiveBuilder:
             # Every name of a file has its attributes: readers show the first name's
             # (format section 4, first_link) under all of them.  The table takes them
             # from the file's entry, which must be an earlier one.
-            link_to = archive_key(entry.target)
+            link_to = entry.target_key
             record, size, mode = NO_RECORD, 0, S_IFREG
         else:
             record, size = self._write_file(entry, label)
@@ -299,7 +316,7 @@ class _ArchiveBuilder:
         self._new_record()
         encoder = self.encoder
         if encoder is not None:
-            encoder.begin(_kind(archive_key(entry.path)))
+            encoder.begin(_kind(entry.key))
             write = encoder.write
         else:
             write = self.writer.write
@@ -512,7 +529,7 @@ def _entry_dictionaries(entries: Sequence[Entry], compression: Compression) -> l
             return bytes(buffer[:got])
         return None
 
-    return train_dictionaries([(_kind(archive_key(entry.path)), size_of(entry)) for entry in files], read,
+    return train_dictionaries([(_kind(entry.key), size_of(entry)) for entry in files], read,
                               compression.level or 3)
 
 
