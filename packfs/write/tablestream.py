@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import PackError
 from ..format import INDEX_ROW, NO_RECORD, S_IFDIR, S_IFMT, S_IFREG, SECTIONS, crc32
+from ..core.tablebuild import xattr_columns
 from .spill import KeyedRuns, RowRuns, gather, ranges, temporary_file
 
 __all__ = ["TableStream", "StreamedTable", "DEFAULT_BUDGET"]
@@ -399,14 +400,7 @@ class StreamedTable:
             by_owner[first if nlink > 1 and first else entry] = data
         nlink_file.seek(0, os.SEEK_END)
         first_file.seek(0, os.SEEK_END)
-        owners = sorted(by_owner)
-        starts_out = [0]
-        data_out = bytearray()
-        for owner in owners:
-            data_out += by_owner[owner]
-            starts_out.append(len(data_out))
-        self.xattr_columns = {"xattr_entry": np.array(owners, "<u4"), "xattr_start": np.array(starts_out, "<u8"),
-                              "xattr_data": np.frombuffer(bytes(data_out), np.uint8)}
+        self.xattr_columns = xattr_columns(by_owner)
 
     def add_index(self, index: KeyedRuns) -> None:
         """Merge the index rows: sections path_hash, path_entry and 21."""
