@@ -811,13 +811,16 @@ def pack_folder(
     xattrs
         Keep extended attributes (those this user can read: trusted.* needs root).
     jobs
-        Processes reading the files (default: the cores this process may run on,
+        Files read at once (default: the cores this process may run on,
         ``os.sched_getaffinity``).  With more than one, worker processes read, check
-        and write the files into their places while this one counts them in order:
-        the archive has the same bytes whatever ``jobs`` is, and files that change,
-        vanish or cannot be read are reported the same.  The scan and the table are
-        written by this process.  (With ``compress``, ``dedup`` or ``sparse`` the files
-        are read and encoded by this process.)
+        and write the files into their places while this one counts them in order;
+        with ``compress``, ``dedup`` or ``sparse`` (encoded sizes, which the scan
+        cannot know, so no place to write at) ``jobs`` threads read and encode the
+        files ahead of this one (those of at most ``AHEAD_FILE_MAX``, 4 MiB; larger
+        ones this one encodes as it streams them).  Either way the archive has the
+        same bytes whatever ``jobs`` is, and files that change, vanish or cannot be
+        read are reported the same.  The scan and the table are written by this
+        process.
     compress
         ``"zstd"`` or ``"zstd:LEVEL"`` (1-22; default level DEFAULT_LEVEL): each file
         stored as zstd where that saves at least 1/16 of it, else as it is (format
