@@ -174,6 +174,6 @@ def table_image(tables: dict[str, np.ndarray]) -> tuple[bytearray, dict[str, tup
     for name, _ in SECTIONS:
         image += bytes(-len(image) % SECTION_ALIGNMENT)
         start = len(image)
-        image += memoryview(tables[name]).cast("B")
+        image += tables[name].data.cast("B")
         spans[name] = (start, len(image))
     return image, spans

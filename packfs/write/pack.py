@@ -46,6 +46,9 @@ _TABLE_MEMORY: int | None = None
 
 PathLike = PathArg
 Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], None]
+# Extended attributes by name, the names all str or all bytes (a Mapping is invariant in
+# its keys: Mapping[str | bytes, bytes] would refuse a dict of bytes names).
+Xattrs = Union[Mapping[str, bytes], Mapping[bytes, bytes]]
 
 
 class PackProgress(Protocol):
@@ -99,7 +102,7 @@ class Entry:
     size: int | None = None
     # Optional[...] rather than "X | None": dataclasses evaluate no annotation, but
     # typing.get_type_hints() on Python 3.9 would.
-    xattrs: Optional[Mapping[Union[str, bytes], bytes]] = None
+    xattrs: Optional[Xattrs] = None
 
     # The keys are worked out once, on first use, and kept with the entry (the cache is
     # the instance's __dict__, which a frozen dataclass leaves writable to
@@ -229,7 +232,7 @@ class _ArchiveBuilder:
                       None if kind == "hardlink" else entry.xattrs, link_to)
 
     def _add_row(self, key: bytes, label: str, mode: int, uid: int, gid: int, mtime_ns: int, size: int,
-                 record: int, xattrs: Mapping[Union[str, bytes], bytes] | None = None, link_to: bytes = b"") -> None:
+                 record: int, xattrs: Xattrs | None = None, link_to: bytes = b"") -> None:
         """Give the table an entry (with its record's CRC and offset)."""
         crc, offset = (0, 0) if record == NO_RECORD else self.writer.record_span(record)
         encoded = b""

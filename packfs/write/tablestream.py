@@ -368,7 +368,7 @@ class StreamedTable:
             "name_end": name_end.astype("<u8"), "nlink": nlink, "first_link": first_link, "names": names,
         }
         for name in _COLUMNS:
-            self._files[name].write(memoryview(np.ascontiguousarray(columns[name])).cast("B"))
+            self._files[name].write(np.ascontiguousarray(columns[name]).data.cast("B"))
         has_record = ~is_dir
         linked = (mode & S_IFMT == S_IFREG) & (nlink > 1) & (first_link > 0)
         fixed = np.zeros(count, _INDEX_FIXED)
@@ -416,16 +416,16 @@ class StreamedTable:
                 fixed, lengths = block[at:end], block_lengths[at:end]
                 data = block_data[data_start : int(block_ends[end - 1])]
                 at = end
-                self._files["path_hash"].write(memoryview(np.ascontiguousarray(fixed["path_hash"])).cast("B"))
-                self._files["path_entry"].write(memoryview(np.ascontiguousarray(fixed["entry"])).cast("B"))
+                self._files["path_hash"].write(np.ascontiguousarray(fixed["path_hash"]).data.cast("B"))
+                self._files["path_entry"].write(np.ascontiguousarray(fixed["entry"]).data.cast("B"))
                 row_lengths = lengths + size
                 ends = np.cumsum(row_lengths)
                 starts = ends - row_lengths
                 out = np.empty(int(ends[-1]), np.uint8)
                 out[(starts[:, None] + np.arange(size)).ravel()] = fixed.view(np.uint8).reshape(-1)
                 out[ranges(starts + size, lengths)] = data
-                self._files["index"].write(memoryview(out).cast("B"))
-                self._files["index_ends"].write(memoryview((ends + row_end).astype("<u8")).cast("B"))
+                self._files["index"].write(out.data.cast("B"))
+                self._files["index_ends"].write((ends + row_end).astype("<u8").data.cast("B"))
                 row_end += int(ends[-1])
         self.index_length = row_end
         for file in self._files.values():
@@ -434,7 +434,7 @@ class StreamedTable:
     def section(self, name: str) -> Iterator[bytes]:
         """The bytes of section ``name`` (a table column, or "index"), a chunk at a time."""
         if name in self.xattr_columns:
-            yield memoryview(self.xattr_columns[name]).cast("B").tobytes()
+            yield self.xattr_columns[name].tobytes()
             return
         if name.startswith("xattr_"):
             yield (bytes(8) if name == "xattr_start" else b"")  # no attributes: one start, 0
