@@ -414,9 +414,12 @@ def _source_options(function: Callable[..., Any]) -> Callable[..., Any]:
                      help="Pack the rest when paths cannot be read (unreadable, vanished, changing while read): "
                           "each is printed as 'skipped: PATH (why)' and the exit status is 3."),
         click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Processes reading a directory's files (default: the cores available to packfs). "
-                          "The archive has the same bytes whatever N. A tar or zip is one stream, read by one "
-                          "process whatever N."),
+                     help="A directory's files read at once (default: the cores available to packfs): N "
+                          "processes read them into their places, or, with --compress, --dedup or --sparse "
+                          "(sizes the scan cannot know), N threads read and encode them ahead of the writer "
+                          "(files over 4 MiB are encoded by the writer, frame by frame). The archive has the "
+                          "same bytes whatever N. A tar or zip is one stream, read by one process whatever "
+                          "N; a shard set (--shard-size, --shards) is packed by one process, and takes no -j."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary."),
         _progress_option,
         click.option("--no-xattrs", "no_xattrs", is_flag=True,
@@ -477,6 +480,9 @@ def pack(src: str, out: str, follow_symlinks: bool, exclude: tuple[str, ...], fo
         raise click.UsageError("--shard-size and --shards cannot be used together")
     if (shard_size is not None or shards is not None) and keep_going:
         raise click.UsageError("--keep-going does not apply to a shard set (written whole or not at all)")
+    if (shard_size is not None or shards is not None) and jobs is not None:
+        # Said rather than ignored: -j would promise parallel reads a set's packer does not make.
+        raise click.UsageError("-j does not apply to a shard set (its shards are packed by one process)")
     if shard_size is not None or shards is not None:
         _check_source_options(src, follow_symlinks, exclude, keep_going)
         progress = _TerminalProgress("packing", quiet, force_progress)

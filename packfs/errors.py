@@ -7,11 +7,8 @@ keep writing ``except FileNotFoundError`` (the pattern zarr uses).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
-
-if TYPE_CHECKING:
-    from .extract import UnpackStats
-    from .write import SkippedPath
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
 __all__ = [
     "PackfsError",
@@ -39,7 +36,46 @@ __all__ = [
     "UnpackDamagedError",
     "MountError",
     "missing_dependency",
+    "SkippedPath",
+    "UnpackStats",
 ]
+
+
+# The values two errors carry.  They live here, at the bottom, so that this module
+# imports nothing of packfs: packfs.write and packfs.extract re-export them.
+
+class SkippedPath(NamedTuple):
+    """A path a pack left out of the archive, and why.
+
+    ``failed`` is True for a path that was to be packed but could not be read whole
+    (unreadable, vanished, or changing while it was read: only with ``keep_going``),
+    False for what an archive does not hold (FIFOs, sockets, devices, symlink loops,
+    unsafe tar or zip members).
+    """
+
+    path: str
+    reason: str
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class UnpackStats:
+    """What unpack wrote, and what it left out."""
+
+    files: int
+    dirs: int
+    symlinks: int
+    hardlinks: int
+    bytes: int
+    existing: int = 0  # files and symlinks already in the destination (skip_existing), left as they were
+    damaged: tuple[tuple[str, str], ...] = ()  # (path, why) of each entry left out because of damage
+    xattrs: int = 0  # extended attributes restored
+    xattrs_not_restored: int = 0  # refused by DEST (not permitted, or not supported), each warned about
+
+    @property
+    def skipped(self) -> int:
+        """How many entries were left out as damaged."""
+        return len(self.damaged)
 
 
 class PackfsError(Exception):

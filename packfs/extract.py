@@ -50,10 +50,9 @@ import os
 import re
 import secrets
 import stat as stat_module
-from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from .errors import ArchiveChangedError, ChecksumError, FormatError, UnpackDamagedError, UnpackError
+from .errors import ArchiveChangedError, ChecksumError, FormatError, UnpackDamagedError, UnpackError, UnpackStats
 from .folder import PackedFolder, PathArg
 from .format import CODEC_SPARSE, S_IFDIR, S_IFLNK, S_IFREG
 from .write.temporaries import abandoned, register, unregister
@@ -75,26 +74,6 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 _TEMPORARY_MARKER = ".packfs-unpack-"
 # Names without "<pid>-" were made by packfs before it put the pid in them: leftovers too.
 _TEMPORARY_NAME = re.compile(r"\.packfs-unpack-(?:([0-9]+)-)?[0-9a-f]{12}\Z")
-
-
-@dataclass(frozen=True)
-class UnpackStats:
-    """What unpack wrote, and what it left out."""
-
-    files: int
-    dirs: int
-    symlinks: int
-    hardlinks: int
-    bytes: int
-    existing: int = 0  # files and symlinks already in the destination (skip_existing), left as they were
-    damaged: tuple[tuple[str, str], ...] = ()  # (path, why) of each entry left out because of damage
-    xattrs: int = 0  # extended attributes restored
-    xattrs_not_restored: int = 0  # refused by DEST (not permitted, or not supported), each warned about
-
-    @property
-    def skipped(self) -> int:
-        """How many entries were left out as damaged."""
-        return len(self.damaged)
 
 
 class _Damaged(Exception):

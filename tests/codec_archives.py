@@ -24,7 +24,7 @@ import zstandard
 
 import packfs
 from packfs import RecordWriter
-from packfs.core.indexbuild import build_lookup_index, page_crcs
+from packfs.write.indexbuild import build_lookup_index, page_crcs
 from packfs.format import (CODEC_DICTIONARY, CODEC_FRAMES, CODEC_ROW, CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD,
                            EXTENT, EXTENT_COUNT, FOOTER_SIZE, FRAME_ROW, INDEX_PAGE, NO_RECORD, PIECE_SIZE,
                            SECTION_ALIGNMENT, SECTIONS, SEEKABLE_MAGIC, SKIPPABLE_SEEK_TABLE_MAGIC, TABLE_PAGE_MIN,

@@ -15,7 +15,7 @@ import pytest
 
 import packfs
 from packfs import RecordReader, RecordWriter
-from packfs.core.indexbuild import LookupIndex, build_lookup_index, build_tail, page_crcs
+from packfs.write.indexbuild import LookupIndex, build_lookup_index, build_tail, page_crcs
 from packfs.format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, MAGIC, PIECE_SECTIONS, SECTION_ALIGNMENT,
                            SECTION_COUNT, SECTIONS, TAIL_HEADER, XATTR_SECTIONS, TAIL_MAGIC, TAIL_SPAN, TAIL_SPAN_COUNT, crc32,
                            header_size, record_count_for, section_count_for, tail_crc)

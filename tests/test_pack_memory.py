@@ -13,15 +13,15 @@ import pytest
 
 import packfs.write.pack as pack_module
 from packfs import Entry, PackedFolder, pack_entries, pack_folder
-from packfs.core import spill
-from packfs.core.indexbuild import build_lookup_index
+from packfs.write import spill
+from packfs.write.indexbuild import build_lookup_index
 from packfs.core.tablebuild import TableRows, build_tables
-from packfs.core.tablestream import TableStream
-from packfs.core.xattrs import encode_xattrs
+from packfs.write.tablestream import TableStream
+from packfs.write.xattrs import encode_xattrs
 from packfs.errors import PackError
 from packfs.format import NO_RECORD, S_IFDIR, S_IFLNK, S_IFREG, SECTIONS
 
-# Small enough that a few hundred entries fill a run (packfs.core.tablestream's costs).
+# Small enough that a few hundred entries fill a run (packfs.write.tablestream's costs).
 TINY = 200_000
 
 

@@ -327,6 +327,8 @@ def test_the_cutter_never_cuts_before_the_first_file() -> None:
     (["--shard-size", "lots"], "is not a size"),
     (["--shards", "2", "--shard-size", "1M"], "cannot be used together"),
     (["--shards", "2", "--keep-going"], "--keep-going does not apply"),
+    (["--shards", "2", "-j", "2"], "-j does not apply to a shard set"),
+    (["--shard-size", "1M", "--jobs", "1"], "-j does not apply to a shard set"),
 ])
 def test_bad_shard_options_are_usage_errors(wide: Path, tmp_path: Path, options: list[str], message: str) -> None:
     result = packfs_cli("pack", wide, tmp_path / "x.ffr", *options)

@@ -13,7 +13,7 @@ import pytest
 import packfs
 from packfs import ChecksumError, FormatError
 from packfs.core import Archive
-from packfs.core.indexbuild import LookupIndex, tail_page_size
+from packfs.write.indexbuild import LookupIndex, tail_page_size
 from packfs.format import FOOTER_SIZE, INDEX_ROW, INDEX_SINCE_MINOR, MAGIC, TABLE_PAGE_MIN, TAIL_MAX, TAIL_SPAN_COUNT
 from tests.conftest import BLUEPRINT, HARDLINK, SYMLINKS, as_version, read_records, write_records
 from tests.test_core_archive import BytesSource

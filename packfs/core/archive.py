@@ -47,7 +47,7 @@ from ..format import (CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD, FOOTER_SIZE, S_IFD
                       S_IFLNK, S_IFMT, S_IFREG, crc32, record_count_for, symlink_length_problem,
                       symlink_target_problem, unpack_footer)
 from ..source import ByteSource, with_cache_dir
-from . import legacy, recordfile
+from . import legacy, recordfile, tablecheck
 from .checkpolicy import CHECKSUM_POLICIES, ChecksumPolicy
 from .codecs import STORED_ROW, CodecRow, CodecTable
 from .container import MAP_COPY_BYTES, Container, explain_foreign
@@ -1115,7 +1115,7 @@ class Archive:
         writes.  FormatError names the first entry that breaks a rule."""
         container = self._container
         container.check_offsets()
-        total = self._table.check_records()
+        total = tablecheck.check_records(self._table)
         if total > container.file_size:  # implied by the rules above; the invariant itself
             raise FormatError(f"{self.path!r}: its records add up to {total} bytes, more than the "
                               f"archive's {container.file_size}")

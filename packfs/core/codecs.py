@@ -31,7 +31,7 @@ import struct
 import threading
 from array import array
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, NoReturn, Union
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, NoReturn, Protocol, Union
 
 import zstandard
 
@@ -44,9 +44,18 @@ from .container import Container
 from .sections import open_sections
 
 if TYPE_CHECKING:
-    from .pathtable import PathTable
+    import numpy as np
 
-__all__ = ["CodecTable", "CodecRow", "SparseLayout", "SIZE_MAX", "STORED_ROW"]
+__all__ = ["CodecTable", "CodecRow", "SparseLayout", "SIZE_MAX", "STORED_ROW", "TableColumns"]
+
+
+class TableColumns(Protocol):
+    """What ``verify``'s and ``info``'s codec checks read of a path table: its columns
+    whole (a :class:`packfs.core.PathTable` is one).  Named here so that this module,
+    which the path table uses, does not import it back."""
+
+    def column(self, name: str) -> np.ndarray:
+        """Section ``name`` as a numpy array."""
 
 SIZE_MAX = 2**63 - 1  # section 4f: the largest size a frames or sparse file may declare
 
@@ -548,7 +557,7 @@ class CodecTable:
 
     # -- verify ----------------------------------------------------------------------------
 
-    def problems(self, table: PathTable, limit: int = 20) -> list[str]:
+    def problems(self, table: TableColumns, limit: int = 20) -> list[str]:
         """Every rule of section 4f that ``verify`` checks, [] if all hold: every row; each
         file's size against its row; every file decoded whole (a frames file frame by
         frame, in bounded memory) and its CRCs checked, whatever the checksum policy; a
@@ -623,7 +632,7 @@ class CodecTable:
 
     # -- summary (packfs info) ----------------------------------------------------------------
 
-    def summary(self, table: PathTable, top: int = 5) -> dict[str, object]:
+    def summary(self, table: TableColumns, top: int = 5) -> dict[str, object]:
         """What the codecs did to an archive's regular files, for ``packfs info``:
         ``stored_bytes`` (the data records its files name, each once) against
         ``file_bytes`` (their sizes, each hard-linked file once: what an unpack

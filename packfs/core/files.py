@@ -5,24 +5,23 @@ from a URL with ranged GETs in flight at once)."""
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Iterator, List, NoReturn, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, List, NoReturn, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .archive import Archive
     from .codecs import CodecRow, CodecTable, SparseLayout
     from .pathtable import PathTable
-    from .recordreader import RecordReader
 
 from ..errors import ClosedArchiveError, FormatError, NotAFileError, PackfsError
 from ..format import CODEC_STORED, S_IFMT, S_IFREG
 from ..source import ByteSource
 from .codecs import check_in_memory
 from .container import Container
+from .recordreader import RecordReader
 
 __all__ = ["PackedFile", "MemoryFile", "StreamFile", "DecodedFile", "SMALL_FILE_BYTES", "UNCHECKED_SMALL_FILE_BYTES",
-           "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE"]
+           "STREAM_BUFFER_BYTES", "read_entries", "read_spans", "BATCH_GROUP_SHARE", "BatchOwner"]
 
 # Archive.open reads a file of at most SMALL_FILE_BYTES whole, with one pread, checks
 # those bytes and serves them from memory, where its CRC is checked at open ("always",
@@ -274,7 +273,19 @@ class _DecodedReader(_RecordReader):
         return count
 
 
-def read_entries(archive: Archive, table: PathTable, container: Container, entries: Sequence[int] | np.ndarray,
+class BatchOwner(Protocol):
+    """What :func:`read_entries` asks of the archive it reads for (an :class:`Archive
+    <packfs.core.Archive>`): its name for messages and a read that raises the error a
+    bad record deserves.  Named here, since archive.py imports this module and this
+    module does not import it back."""
+
+    path: str
+
+    def read(self, entry: int, offset: int = 0, size: int = -1) -> bytes:
+        """Bytes of file ``entry``."""
+
+
+def read_entries(archive: BatchOwner, table: PathTable, container: Container, entries: Sequence[int] | np.ndarray,
                  reader: RecordReader, codecs: CodecTable | None = None) -> Iterator[tuple[int, bytes]]:
     """Archive.read_batch's work, for its ``table`` and ``container`` (which it checks
     around this call): each record read here (a run of small ones joined), checked and

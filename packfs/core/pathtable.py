@@ -58,8 +58,9 @@ class PathTable:
     apart from the CRCs, whatever the number of entries.  The tree rules of format
     section 5 are checked where a value is used: every accessor below checks what it
     reads before anything indexes with it, so a hostile table ends in FormatError,
-    never in IndexError, a loop or a path outside the tree.  ``validate`` checks
-    them all at once (``verify`` does; :mod:`packfs.core.tablecheck`).
+    never in IndexError, a loop or a path outside the tree.
+    :func:`packfs.core.tablecheck.validate` checks them all at once (``verify`` does),
+    from above: this module does not import it, so the two are not one circle.
     """
 
     # Each section's items, as a memoryview set in __init__ (format.SECTIONS): unchecked
@@ -253,20 +254,6 @@ class PathTable:
         broken rule read from a rewritten map is that change's consequence."""
         self.container.changed_instead()
         raise FormatError(f"{self.path!r}: invalid path table: {message}")
-
-    def validate(self) -> None:
-        """Check every rule of format section 5 at once, chunk by chunk (O(N), bounded
-        memory); the first broken rule raises FormatError (:mod:`packfs.core.tablecheck`)."""
-        from .tablecheck import validate
-
-        validate(self)
-
-    def check_records(self) -> int:
-        """Check that the records the entries name are what writing them all out may
-        trust, and return the bytes that writes (:func:`packfs.core.tablecheck.check_records`)."""
-        from .tablecheck import check_records
-
-        return check_records(self)
 
     def release_pages(self) -> None:
         """Unmap the table's and the header's pages from this process (they stay in the

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..format import S_IFDIR, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, crc32
 
-__all__ = ["TableRows", "build_tables", "table_image"]
+__all__ = ["TableRows", "build_tables", "table_image", "xattr_columns"]
 
 
 class TableRows:
@@ -149,6 +149,13 @@ def _xattr_sections(encoded: dict[int, bytes], position: np.ndarray, nlink: np.n
     for row, attributes in encoded.items():
         entry = int(position[row])
         by_owner[int(first_link[entry]) if nlink[entry] > 1 and first_link[entry] else entry] = attributes
+    return xattr_columns(by_owner)
+
+
+def xattr_columns(by_owner: dict[int, bytes]) -> dict[str, np.ndarray]:
+    """Section 4c's three columns from each inode entry's encoded attributes: the
+    entries in order, where each one's list starts, and the lists one after another
+    (also the writer's, :mod:`packfs.write.tablestream`)."""
     owners = sorted(by_owner)
     starts = [0]
     data = bytearray()
@@ -167,6 +174,6 @@ def table_image(tables: dict[str, np.ndarray]) -> tuple[bytearray, dict[str, tup
     for name, _ in SECTIONS:
         image += bytes(-len(image) % SECTION_ALIGNMENT)
         start = len(image)
-        image += memoryview(tables[name]).cast("B")
+        image += tables[name].data.cast("B")
         spans[name] = (start, len(image))
     return image, spans

@@ -16,7 +16,7 @@ from .codecs import CodecTable
 from .container import Container
 from .pathtable import PathTable
 from .pieces import PieceTable
-from .tablecheck import long_names
+from .tablecheck import long_names, validate
 from .tailcheck import tail_problems
 from .xattrs import XattrTable
 
@@ -116,7 +116,7 @@ def verify_archive(
         if sections_bad:
             problems.append(f"path table records {sections_bad} fail their checksums")
         try:
-            table.validate()
+            validate(table)
             # A 1.4 archive's header entries are checked by their pages when first used.
             if table.data_records:
                 container.record_span(0)

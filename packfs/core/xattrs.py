@@ -2,7 +2,8 @@
 
 An archive lists the attributes of the few entries that have any, sorted by entry, so a
 lookup is a binary search and an archive without attributes costs nothing.  Archives
-before 1.3 have none.  The writer's side is ``packfs.core.tablebuild.xattr_sections``.
+before 1.3 have none.  The writer's side is :mod:`packfs.write.xattrs` (one entry's
+attributes encoded) and :mod:`packfs.write.tablestream` (the sections laid out).
 """
 
 from __future__ import annotations
@@ -17,27 +18,7 @@ from .container import Container
 from .tail import PagedColumn
 from .sections import open_sections
 
-__all__ = ["XattrTable", "encode_xattrs", "decode_xattrs"]
-
-
-def encode_xattrs(attributes: dict[bytes, bytes]) -> bytes:
-    """One entry's attributes as section 20 stores them: sorted by name, each an
-    ``XATTR`` header, the name, the value.  ValueError for a name or value the format
-    does not allow (the writer's half of section 4c's rules)."""
-    out = bytearray()
-    listed = 0
-    for name in sorted(attributes):
-        value = attributes[name]
-        problem = xattr_name_problem(name)
-        if problem:
-            raise ValueError(problem)
-        if len(value) > XATTR_SIZE_MAX:
-            raise ValueError(f"the value of {name!r} is {len(value)} bytes, expected at most {XATTR_SIZE_MAX}")
-        listed += len(name) + 1
-        out += XATTR.pack(len(name), len(value)) + name + value
-    if listed > XATTR_LIST_MAX:
-        raise ValueError(f"the names take {listed} bytes, expected at most {XATTR_LIST_MAX}")
-    return bytes(out)
+__all__ = ["XattrTable", "decode_xattrs"]
 
 
 def decode_xattrs(data: bytes | memoryview) -> list[tuple[bytes, bytes]] | str:

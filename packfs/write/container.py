@@ -12,7 +12,7 @@ import secrets
 import sys
 from array import array
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO, Callable, MutableSequence, Sequence
 
 from ..errors import PackError
 from ..format import HEADER_PREFIX, PIECE_SIZE, crc32, header_size
@@ -49,7 +49,7 @@ def _remove_stale_temporaries(out: Path) -> None:
                 pass
 
 
-def carry_piece_crcs(pieces: list[int], piece_crc: int, record_crc: int, data: memoryview, written: int) -> int:
+def carry_piece_crcs(pieces: MutableSequence[int], piece_crc: int, record_crc: int, data: memoryview, written: int) -> int:
     """Carry a record's piece CRCs (format section 4b) over ``data``, which starts
     ``written`` bytes into the record, whose CRC so far is ``record_crc``, and reaches
     past its first PIECE_SIZE bytes: every piece ``data`` completes is appended to

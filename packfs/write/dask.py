@@ -133,6 +133,11 @@ class Planned(NamedTuple):
     size: int
     data: None = None
 
+    @property
+    def key(self) -> bytes:
+        """The item's key, as :attr:`Entry.key <packfs.write.Entry.key>` (its path already is one)."""
+        return self.path
+
 
 def _plan(items: Any, root: str | None, client: Any) -> list[Planned]:
     """Every item to pack, in pack order, with the files' sizes (measured on the
@@ -184,13 +189,16 @@ def _pack_partition(root: str | None, partition: Opaque, xattrs: bool, directory
     those above its first item), pack it into the shard ``name`` through a
     temporary file of this attempt renamed into place; its manifest record."""
     items: list[Planned] = partition.items
-    entries = [describe_file(item.path, item.source, xattrs, item.size) if item.source is not None
-               else _directory_entry(root, item.path, xattrs) for item in items
-               if root is not None or item.kind == "file"]
+    entries = []
+    for item in items:
+        if item.source is not None:  # a file
+            entries.append(describe_file(item.path, item.source, xattrs, item.size))
+        elif root is not None:  # a directory: its attributes are the tree's, when there is one
+            entries.append(_directory_entry(root, item.path, xattrs))
     directories: dict[bytes, Entry] = {}
     root_entry = None
     if root is not None and entries:
-        key = archive_key(entries[0].path)
+        key = entries[0].key
         while b"/" in key:
             key = key.rpartition(b"/")[0]
             directories[key] = _directory_entry(root, key, xattrs)

@@ -62,7 +62,8 @@ class ExcludePatterns:
         """Whether the entry at ``key`` (relative to ``src``), named ``name``, is left
         out by a pattern for any entry, or, with ``directory``, by one for directories
         only (ask again with ``directory=True`` once the entry is known to be one)."""
-        path = base = None
+        path: str | None = None
+        base = ""  # set with path, when a pattern is first tried
         hit = False
         for pattern in self._patterns:
             if pattern.directories_only != directory or (hit and pattern.used):

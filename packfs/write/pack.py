@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import marshal
 import os
@@ -38,13 +39,16 @@ __all__ = ["Entry", "PackStats", "PackProgress", "SkippedPath", "SkipList", "pac
 log = logging.getLogger("packfs")
 
 _CHUNK = 1 << 20
-# Bytes of memory the table's layout may hold (None: packfs.core.tablestream's default);
+# Bytes of memory the table's layout may hold (None: packfs.write.tablestream's default);
 # more entries are sorted in runs on disk and merged.  Tests make it tiny so that small
 # packs spill.
 _TABLE_MEMORY: int | None = None
 
 PathLike = PathArg
 Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], None]
+# Extended attributes by name, the names all str or all bytes (a Mapping is invariant in
+# its keys: Mapping[str | bytes, bytes] would refuse a dict of bytes names).
+Xattrs = Union[Mapping[str, bytes], Mapping[bytes, bytes]]
 
 
 class PackProgress(Protocol):
@@ -98,7 +102,23 @@ class Entry:
     size: int | None = None
     # Optional[...] rather than "X | None": dataclasses evaluate no annotation, but
     # typing.get_type_hints() on Python 3.9 would.
-    xattrs: Optional[Mapping[Union[str, bytes], bytes]] = None
+    xattrs: Optional[Xattrs] = None
+
+    # The keys are worked out once, on first use, and kept with the entry (the cache is
+    # the instance's __dict__, which a frozen dataclass leaves writable to
+    # cached_property): every step of a pack (shards, the table, the codec's choice)
+    # asks for them.  Not at construction: an Entry with a path the format forbids
+    # is refused by pack_entries, as a PackError, not where it is made.
+    @functools.cached_property
+    def key(self) -> bytes:
+        """``path`` as the archive stores it (:func:`packfs.core.archive_key`): bytes, no
+        leading, trailing or doubled slashes; PackError for a path the format forbids."""
+        return archive_key(self.path)
+
+    @functools.cached_property
+    def target_key(self) -> bytes:
+        """For a hard link, the key of the file it names (``target`` as ``key`` is ``path``)."""
+        return archive_key(self.target or b"")
 
 
 @dataclass(frozen=True)
@@ -141,7 +161,7 @@ class _ArchiveBuilder:
         self.progress = progress
         self.with_xattrs = xattrs  # the writer's record count has room for section 4c
         # Imported here: the builder needs numpy, which readers (mount, cat) skip at start-up.
-        from ..core.tablestream import DEFAULT_BUDGET, TableStream
+        from .tablestream import DEFAULT_BUDGET, TableStream
 
         self.rows = TableStream(str(writer.out.parent), DEFAULT_BUDGET if _TABLE_MEMORY is None else _TABLE_MEMORY)
         self.dirs = 0  # known once the table is laid out
@@ -169,7 +189,7 @@ class _ArchiveBuilder:
         if isinstance(entry, TreeFile):
             self._add_tree_file(entry)
             return
-        key = archive_key(entry.path)
+        key = entry.key
         kind = entry.kind
         if kind not in _TYPE_BITS:
             raise ValueError(f"Entry.kind must be file, dir, symlink or hardlink, got {kind!r}")
@@ -201,7 +221,7 @@ class _ArchiveBuilder:
             # Every name of a file has its attributes: readers show the first name's
             # (format section 4, first_link) under all of them.  The table takes them
             # from the file's entry, which must be an earlier one.
-            link_to = archive_key(entry.target)
+            link_to = entry.target_key
             record, size, mode = NO_RECORD, 0, S_IFREG
         else:
             record, size = self._write_file(entry, label)
@@ -212,12 +232,12 @@ class _ArchiveBuilder:
                       None if kind == "hardlink" else entry.xattrs, link_to)
 
     def _add_row(self, key: bytes, label: str, mode: int, uid: int, gid: int, mtime_ns: int, size: int,
-                 record: int, xattrs: Mapping[Union[str, bytes], bytes] | None = None, link_to: bytes = b"") -> None:
+                 record: int, xattrs: Xattrs | None = None, link_to: bytes = b"") -> None:
         """Give the table an entry (with its record's CRC and offset)."""
         crc, offset = (0, 0) if record == NO_RECORD else self.writer.record_span(record)
         encoded = b""
         if xattrs:
-            from ..core.xattrs import encode_xattrs
+            from .xattrs import encode_xattrs
 
             try:
                 encoded = encode_xattrs({os.fsencode(name): bytes(value) for name, value in xattrs.items()})
@@ -299,7 +319,7 @@ class _ArchiveBuilder:
         self._new_record()
         encoder = self.encoder
         if encoder is not None:
-            encoder.begin(_kind(archive_key(entry.path)))
+            encoder.begin(_kind(entry.key))
             write = encoder.write
         else:
             write = self.writer.write
@@ -359,7 +379,7 @@ class _ArchiveBuilder:
         writer = self.writer
         while writer.records_written < self.data_slots:
             writer.write_record(b"")  # reserved slots the entries did not use
-        from ..core.indexbuild import build_paged_tail
+        from .indexbuild import build_paged_tail
 
         table = self.rows.finish()
         try:
@@ -512,7 +532,7 @@ def _entry_dictionaries(entries: Sequence[Entry], compression: Compression) -> l
             return bytes(buffer[:got])
         return None
 
-    return train_dictionaries([(_kind(archive_key(entry.path)), size_of(entry)) for entry in files], read,
+    return train_dictionaries([(_kind(entry.key), size_of(entry)) for entry in files], read,
                               compression.level or 3)
 
 
@@ -794,13 +814,16 @@ def pack_folder(
     xattrs
         Keep extended attributes (those this user can read: trusted.* needs root).
     jobs
-        Processes reading the files (default: the cores this process may run on,
+        Files read at once (default: the cores this process may run on,
         ``os.sched_getaffinity``).  With more than one, worker processes read, check
-        and write the files into their places while this one counts them in order:
-        the archive has the same bytes whatever ``jobs`` is, and files that change,
-        vanish or cannot be read are reported the same.  The scan and the table are
-        written by this process.  (With ``compress``, ``dedup`` or ``sparse`` the files
-        are read and encoded by this process.)
+        and write the files into their places while this one counts them in order;
+        with ``compress``, ``dedup`` or ``sparse`` (encoded sizes, which the scan
+        cannot know, so no place to write at) ``jobs`` threads read and encode the
+        files ahead of this one (those of at most ``AHEAD_FILE_MAX``, 4 MiB; larger
+        ones this one encodes as it streams them).  Either way the archive has the
+        same bytes whatever ``jobs`` is, and files that change, vanish or cannot be
+        read are reported the same.  The scan and the table are written by this
+        process.
     compress
         ``"zstd"`` or ``"zstd:LEVEL"`` (1-22; default level DEFAULT_LEVEL): each file
         stored as zstd where that saves at least 1/16 of it, else as it is (format

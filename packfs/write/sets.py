@@ -18,7 +18,6 @@ from typing import Callable, Iterable, Sequence, TypeVar
 
 from ..core import Archive, ShardSet
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, manifest_bytes, parse_manifest, shard_record
-from ..core.paths import archive_key
 from ..errors import PackError, PathNotFoundError
 from ..format import S_IFDIR
 from . import temporaries
@@ -176,7 +175,7 @@ def tree_paths(src: str, manifest: str, follow_symlinks: bool = False,
         found = [(item.key, item.kind == "dir") for item in items]
     else:
         with archive_entries(src, _Unreported(True), xattrs=False) as (entries, _):
-            found = [(archive_key(entry.path), entry.kind == "dir") for entry in entries]
+            found = [(entry.key, entry.kind == "dir") for entry in entries]
     # A tar or zip need not list the directories above its members (a scan lists them
     # all): each path's are added, up to the first one already known.
     known = {path for path, _ in found}

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key, manifest_bytes, parse_manifest, shard_record
-from ..core.paths import archive_key
 from ..errors import PackError, PackSourceError
 from .archives import archive_entries
 from .container import TEMP_MARKER
@@ -176,7 +175,7 @@ def cut_entries(entries: Iterable[Entry], cutter: ShardCutter) -> Iterator[list[
     pending: list[Entry] = []  # directories whose shard is decided by the next file
     for entry in entries:
         if entry.kind == "dir":
-            if archive_key(entry.path):
+            if entry.key:
                 pending.append(entry)
             continue
         if entry.kind == "file" and cutter.starts_shard(_entry_size(entry)):
@@ -198,8 +197,8 @@ def complete_shard(entries: Sequence[Entry], root: Entry | None, directories: di
     file's entry by key, data and attributes)."""
     head: list[Entry] = [root] if root is not None else []
     if entries:
-        own = {archive_key(entry.path) for entry in entries if entry.kind == "dir"}
-        key = archive_key(entries[0].path)
+        own = {entry.key for entry in entries if entry.kind == "dir"}
+        key = entries[0].key
         above = []
         while b"/" in key:
             key = key.rpartition(b"/")[0]
@@ -210,9 +209,9 @@ def complete_shard(entries: Sequence[Entry], root: Entry | None, directories: di
     in_shard: set[bytes] = set()
     slots = 0
     for entry in entries:
-        key = archive_key(entry.path)
+        key = entry.key
         if entry.kind == "hardlink":
-            target = archive_key(entry.target or b"")
+            target = entry.target_key
             if target not in in_shard:
                 original = files(target)
                 if original is None:
@@ -540,7 +539,7 @@ class _Counts:
         elif entry.kind == "hardlink":
             self.hardlinks += 1
         else:
-            self.dirs.add(archive_key(entry.path))
+            self.dirs.add(entry.key)
 
 
 def _write_planned(entries: list[Entry], directory: str, stem: str, shard_size: int | None, shards: int | None,
@@ -552,11 +551,11 @@ def _write_planned(entries: list[Entry], directory: str, stem: str, shard_size: 
     total = sum(_entry_size(entry) for entry in entries if entry.kind == "file")
     if progress is not None:
         progress.start(counts.files, total)
-    root = next((entry for entry in entries if entry.kind == "dir" and not archive_key(entry.path)), None)
-    directories = {archive_key(entry.path): entry for entry in entries if entry.kind == "dir"}
-    targets = {archive_key(entry.target or b"") for entry in entries if entry.kind == "hardlink"}
-    linked = {archive_key(entry.path): entry for entry in entries
-              if entry.kind == "file" and archive_key(entry.path) in targets}
+    root = next((entry for entry in entries if entry.kind == "dir" and not entry.key), None)
+    directories = {entry.key: entry for entry in entries if entry.kind == "dir"}
+    targets = {entry.target_key for entry in entries if entry.kind == "hardlink"}
+    linked = {entry.key: entry for entry in entries
+              if entry.kind == "file" and entry.key in targets}
     cutter = ShardCutter(shard_size=shard_size, shards=shards, total_bytes=total)
     for number, shard in enumerate(cut_entries(entries, cutter)):
         complete, slots = complete_shard(shard, root, directories, linked.get)
@@ -591,17 +590,17 @@ def _write_streamed(entries: Iterator[Entry], directory: str, stem: str, cutter:
                 head, _ = complete_shard([Entry(entry.path, kind="dir")], root[0] if root else None, directories,
                                          lambda key: None)
                 yield from head[:-1]
-            if entry.kind == "hardlink" and archive_key(entry.target or b"") not in in_shard:
+            if entry.kind == "hardlink" and entry.target_key not in in_shard:
                 entry = _copy_from_earlier(entry, [path for path, _ in written])
             if entry.kind == "file":
-                in_shard.add(archive_key(entry.path))
+                in_shard.add(entry.key)
             yield entry
 
         for entry in carried:
             yield from placed(entry)
         carried.clear()
         for entry in source:
-            key = archive_key(entry.path)
+            key = entry.key
             order = depth_first_key(key)
             if previous is not None and order <= previous:
                 raise PackError(f"{os.fsdecode(key)!r} comes after {os.fsdecode(b'/'.join(previous))!r}: a shard "
@@ -642,7 +641,7 @@ def _copy_from_earlier(link: Entry, shards: Sequence[str]) -> Entry:
     back from it (a stream cannot be read again)."""
     from ..core import Archive
 
-    target = archive_key(link.target or b"")
+    target = link.target_key
     for path in reversed(shards):
         with Archive(path) as archive:
             try:
@@ -654,5 +653,5 @@ def _copy_from_earlier(link: Entry, shards: Sequence[str]) -> Entry:
                 data = archive.read(entry)
                 return Entry(link.path, data, mode=info.mode & 0o7777, uid=info.uid, gid=info.gid,
                              mtime_ns=info.mtime_ns, xattrs=dict(archive.xattrs(entry)) or None)
-    raise PackError(f"hard link {os.fsdecode(archive_key(link.path))!r} points to {os.fsdecode(target)!r}, "
+    raise PackError(f"hard link {os.fsdecode(link.key)!r} points to {os.fsdecode(target)!r}, "
                     "which is not an earlier file entry")

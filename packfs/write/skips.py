@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+
+from ..errors import SkippedPath
 
 __all__ = ["SkippedPath", "SkipList"]
 
 log = logging.getLogger("packfs")
-
-
-class SkippedPath(NamedTuple):
-    """A path a pack left out of the archive, and why.
-
-    ``failed`` is True for a path that was to be packed but could not be read whole
-    (unreadable, vanished, or changing while it was read: only with ``keep_going``),
-    False for what an archive does not hold (FIFOs, sockets, devices, symlink loops,
-    unsafe tar or zip members).
-    """
-
-    path: str
-    reason: str
-    failed: bool = False
 
 
 class SkipList:

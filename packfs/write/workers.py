@@ -209,7 +209,7 @@ def _serve(worker: int, commands: int, results: int,
             return
         start, stop, tag = _COMMAND.unpack(command)
         try:
-            reply = ("ok", work(worker, start, stop, tag))
+            reply: tuple[str, object] = ("ok", work(worker, start, stop, tag))
         except OSError as error:  # sent to the packer, which raises it: rebuilt, to unpickle
             reply = ("raise", OSError(error.errno, error.strerror))
         except Exception as error:

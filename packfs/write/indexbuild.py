@@ -76,8 +76,8 @@ def build_lookup_index(tables: dict[str, np.ndarray], crcs: Sequence[int], offse
     assert fixed.itemsize == INDEX_ROW.size
     fixed["path_hash"] = tables["path_hash"]
     fixed["entry"] = order
-    for name in ("mode", "uid", "gid", "nlink", "mtime_ns", "size"):
-        fixed[name] = tables[name][order]
+    for column in ("mode", "uid", "gid", "nlink", "mtime_ns", "size"):
+        fixed[column] = tables[column][order]
     fixed["inode"] = inode[order]
     ordered_has_record = has_record[order]
     ordered_records = record_index[order]
@@ -133,10 +133,6 @@ def build_tail(*, record_count: int, data_end: int, tail_start: int, spans: Sequ
 
 class PagedIndex(Protocol):
     """What the tail needs of a lookup index: its pages and their CRCs."""
-
-    def page_crc(self, start: int, end: int) -> int:
-        """The CRC of the index's bytes [start, end)."""
-        return crc32(memoryview(self.data)[start:end])
 
     def pages(self, page_size: int) -> list[tuple[int, int, int]]:
         """(first_hash, start, end) of each page of at most ``page_size`` bytes."""

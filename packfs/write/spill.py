@@ -160,7 +160,7 @@ class KeyedRuns:
         run = temporary_file(self.directory)
         # One file a run: keys, then rows, then lengths, then the bytes.
         for array in (keys, rows, lengths, data):
-            run.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            run.write(np.ascontiguousarray(array).data.cast("B"))
         run.flush()
         self.runs.append((run, len(keys), len(data)))
 

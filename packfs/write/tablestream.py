@@ -3,7 +3,7 @@ the writer's entries in bounded memory, whatever their number.
 
 The entries are sorted in runs by their path with ``/`` replaced by NUL (names hold no
 NUL, so this compares paths component by component: depth-first order, siblings sorted
-bytewise) and merged (:mod:`packfs.core.spill`).  Walking that order with a stack of
+bytewise) and merged (:mod:`packfs.write.spill`).  Walking that order with a stack of
 the open directories gives each entry its parent and each directory its children (they
 follow it, and every entry of the same depth after them follows them), and adds the
 directories no entry named.  Breadth-first order is depth-first order stably sorted by
@@ -14,7 +14,7 @@ lookup index, sorted by (path hash, entry), are sorted in runs and merged by num
 
 What stays in memory grows with the number of hard links and of entries with extended
 attributes only.  The output is byte for byte what :func:`packfs.core.tablebuild.
-build_tables` and :func:`packfs.core.indexbuild.build_lookup_index` lay out.
+build_tables` and :func:`packfs.write.indexbuild.build_lookup_index` lay out.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import PackError
 from ..format import INDEX_ROW, NO_RECORD, S_IFDIR, S_IFMT, S_IFREG, SECTIONS, crc32
+from ..core.tablebuild import xattr_columns
 from .spill import KeyedRuns, RowRuns, gather, ranges, temporary_file
 
 __all__ = ["TableStream", "StreamedTable", "DEFAULT_BUDGET"]
@@ -367,7 +368,7 @@ class StreamedTable:
             "name_end": name_end.astype("<u8"), "nlink": nlink, "first_link": first_link, "names": names,
         }
         for name in _COLUMNS:
-            self._files[name].write(memoryview(np.ascontiguousarray(columns[name])).cast("B"))
+            self._files[name].write(np.ascontiguousarray(columns[name]).data.cast("B"))
         has_record = ~is_dir
         linked = (mode & S_IFMT == S_IFREG) & (nlink > 1) & (first_link > 0)
         fixed = np.zeros(count, _INDEX_FIXED)
@@ -399,14 +400,7 @@ class StreamedTable:
             by_owner[first if nlink > 1 and first else entry] = data
         nlink_file.seek(0, os.SEEK_END)
         first_file.seek(0, os.SEEK_END)
-        owners = sorted(by_owner)
-        starts_out = [0]
-        data_out = bytearray()
-        for owner in owners:
-            data_out += by_owner[owner]
-            starts_out.append(len(data_out))
-        self.xattr_columns = {"xattr_entry": np.array(owners, "<u4"), "xattr_start": np.array(starts_out, "<u8"),
-                              "xattr_data": np.frombuffer(bytes(data_out), np.uint8)}
+        self.xattr_columns = xattr_columns(by_owner)
 
     def add_index(self, index: KeyedRuns) -> None:
         """Merge the index rows: sections path_hash, path_entry and 21."""
@@ -422,16 +416,16 @@ class StreamedTable:
                 fixed, lengths = block[at:end], block_lengths[at:end]
                 data = block_data[data_start : int(block_ends[end - 1])]
                 at = end
-                self._files["path_hash"].write(memoryview(np.ascontiguousarray(fixed["path_hash"])).cast("B"))
-                self._files["path_entry"].write(memoryview(np.ascontiguousarray(fixed["entry"])).cast("B"))
+                self._files["path_hash"].write(np.ascontiguousarray(fixed["path_hash"]).data.cast("B"))
+                self._files["path_entry"].write(np.ascontiguousarray(fixed["entry"]).data.cast("B"))
                 row_lengths = lengths + size
                 ends = np.cumsum(row_lengths)
                 starts = ends - row_lengths
                 out = np.empty(int(ends[-1]), np.uint8)
                 out[(starts[:, None] + np.arange(size)).ravel()] = fixed.view(np.uint8).reshape(-1)
                 out[ranges(starts + size, lengths)] = data
-                self._files["index"].write(memoryview(out).cast("B"))
-                self._files["index_ends"].write(memoryview((ends + row_end).astype("<u8")).cast("B"))
+                self._files["index"].write(out.data.cast("B"))
+                self._files["index_ends"].write((ends + row_end).astype("<u8").data.cast("B"))
                 row_end += int(ends[-1])
         self.index_length = row_end
         for file in self._files.values():
@@ -440,7 +434,7 @@ class StreamedTable:
     def section(self, name: str) -> Iterator[bytes]:
         """The bytes of section ``name`` (a table column, or "index"), a chunk at a time."""
         if name in self.xattr_columns:
-            yield memoryview(self.xattr_columns[name]).cast("B").tobytes()
+            yield self.xattr_columns[name].tobytes()
             return
         if name.startswith("xattr_"):
             yield (bytes(8) if name == "xattr_start" else b"")  # no attributes: one start, 0
@@ -456,7 +450,7 @@ class StreamedTable:
     def pages(self, page_size: int) -> list[tuple[int, int, int]]:
         """(first_hash, start, end) of each page of the index of at most ``page_size``
         bytes (one longer row is a page alone), never splitting a run of equal hashes:
-        what :meth:`packfs.core.indexbuild.LookupIndex.pages` gives."""
+        what :meth:`packfs.write.indexbuild.LookupIndex.pages` gives."""
         if page_size not in self._page_cache:
             self._page_cache[page_size] = self._pages(page_size)
         return self._page_cache[page_size]
