@@ -25,20 +25,17 @@ import os
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Optional
 
 from ..errors import ChecksumError
 from ..format import PIECE_SIZE, crc32
+from .codecs import Where
 from .container import Container
 from .pieces import PieceTable
 
 __all__ = ["ChecksumPolicy", "CHECKSUM_POLICIES"]
 
 CHECKSUM_POLICIES = ("always", "once", "never")
-
-# Where a label comes from: an entry number or the path a caller gave, made into a
-# quoted name only when an error needs it (a path costs O(depth) to build).
-Where = Union[int, str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 # Every live policy, so a forked child can replace the locks a parent's thread held at
 # the fork (a lock is copied held, and no thread of the child would release it).

@@ -96,7 +96,7 @@ _CACHED_DICTIONARIES = 64  # dictionaries (at most 1 MiB each) kept per archive,
 
 # Where a label comes from: an entry number or the path a caller gave, made into a
 # quoted name only when an error needs it (a path costs O(depth) to build).
-Where = Union[int, str, bytes]
+Where = Union[int, str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 _frame_content_size = zstandard.frame_content_size
 _ZstdError = zstandard.ZstdError

@@ -70,7 +70,7 @@ class RecordReader:
         if container.guarded and end - start < MAP_COPY_BYTES:
             # A small copy out of the map: one call to the policy (a record that failed
             # before was copied again, which costs less than a second call would).
-            stored = container.mapping[start:end]
+            stored = container.mapping[start:end]  # type: ignore[index]  # guarded: the source's mmap
             policy.check_if_due(record, stored, where)
         else:
             check = policy.must_check(record, where)  # one that failed before is not read again
