@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
 from .core import CLOSED, Archive, ArchiveReader, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
+from .core.inplace import compiled_reader
 from .errors import NotADirectoryPathError, NotASymlinkError, PackfsError, PathNotFoundError
-from .format import FLAG_CODECS, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
+from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .source import absolute_location
 
 __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttributes", "PathArg"]
@@ -30,33 +31,6 @@ _COMPILED_MAX_SIZE = 16 << 10
 # 100 KB): after one, this many reads go straight to the Python path before the library
 # is asked again (a folder of large files pays it once in 64 reads; of small ones, never).
 _AFTER_A_LARGE_FILE = 64
-
-
-def _compiled_reader(archive: ArchiveReader, check_data: bool) -> Any:
-    """packfs.core._format's Tree over ``archive`` (the C format library: a whole file
-    found, read, checked and decoded without the GIL), or None where it is not built or
-    cannot read it in place: a URL, a shard set, an FFRecord packed folder, a format 1.0
-    archive, a map without packfs._sigbus's guard.  Its checksum policy is the
-    archive's: "always" with ``check_data``, else "never"."""
-    try:
-        from .core import _format
-    except ImportError:
-        return None
-    if (type(archive) is not Archive or archive.legacy or archive.footer.version_minor < 1
-            or archive.section_spans is None or getattr(archive.source, "guard_slot", -1) < 0):
-        return None
-    source = archive.source
-    pages = archive.page_checks
-    coded = archive.footer.flags & FLAG_CODECS
-    if coded and (pages is None or not _format.ZSTD_VERSION):
-        return None
-    try:  # log_fd -1: the library logs nothing; the Python path raises what it finds
-        return _format.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
-                            archive.data_records, archive.entry_count, archive.section_spans, check_data,
-                            os.fsdecode(archive.path), -1, pieces=archive.piece_spans, xattrs=archive.xattr_spans,
-                            pages=pages, codecs=tuple(pages[1][-2:]) if coded else None, check_always=True)
-    except (ValueError, OSError):  # spans the library refuses: Python's reader says what is wrong
-        return None
 
 
 @dataclass(frozen=True)
@@ -160,7 +134,7 @@ class PackedFolder:
         self._file_count = -1
         # The C format library's whole-file read, where it is built and reads this archive
         # in place; None: every read takes the Python path.
-        self._compiled = _compiled_reader(self.archive, check_data)
+        self._compiled = compiled_reader(self.archive, check_data)
         self._python_reads_left = 0  # reads the Python path takes before the library is asked again
         if type(self).read_one is PackedFolder.read_one:
             # The hottest call goes straight to the core (a facade's call costs 1-2% of

@@ -15,6 +15,7 @@ import pytest
 from packfs.core import Archive
 from packfs.errors import (ArchiveChangedError, ChecksumError, FormatError, NotAFileError, PackfsError,
                            PathNotFoundError, TooLargeToReadError)
+from packfs.core.inplace import compiled_reader, in_place
 from packfs.format import FLAG_CODECS
 from tests.conftest import BLUEPRINT, HARDLINK, column_changed, damaged_copy
 from tests.test_inodedaemon_codecs import CONTENTS, _build, _hostile
@@ -31,17 +32,14 @@ def _format_module():
 
 
 def format_tree(opened: Archive, log_fd: int | None = None):
-    """The C library's Tree over ``opened``, as packfs.fuse.inodedaemon makes the daemon's."""
+    """The C library's Tree over ``opened``, from the one value the core hands either Tree."""
     module = _format_module()
-    source = opened.source
-    pages = opened.page_checks
-    codecs = tuple(pages[1][-2:]) if opened.footer.flags & FLAG_CODECS else None
+    view = in_place(opened)
+    assert not isinstance(view, str), view
     if log_fd is None:
         log_fd = os.open(os.devnull, os.O_WRONLY)
-    return module.Tree(source.mapping, source.fileno(), source.guard_slot, opened.record_count, opened.data_records,
-                       opened.entry_count, opened.section_spans, opened.checksums != "never",
-                       os.fsdecode(opened.path), log_fd, pieces=opened.piece_spans, xattrs=opened.xattr_spans,
-                       pages=pages, codecs=codecs)
+    positional, keywords = view.tree_arguments(opened.checksums != "never", log_fd)
+    return module.Tree(*positional, **keywords)
 
 
 FILES = {path: data for path, data in BLUEPRINT.items() if data is not None}
@@ -207,3 +205,51 @@ def test_packed_folder_reads_through_the_library_with_the_python_paths_answers(t
                     compiled.read("hello.txt")
     with packfs.PackedFolder(archive, check_data=False) as unchecked:
         assert unchecked._compiled is not None and unchecked.read("hello.txt") == FILES["hello.txt"]
+
+
+def test_one_value_builds_both_compiled_readers_alike(tmp_path: Path, archive: Path) -> None:
+    """core/inplace.py's InPlace is what the daemon's Tree and the core's take: built from
+    it, both answer every file as the Archive does, plain and with codecs."""
+    from packfs.fuse.inodedaemon import tree_for, unavailable
+
+    coded = tmp_path / "coded.ffr"
+    _build(coded)
+    for path, files in ((archive, FILES), (coded, CONTENTS)):
+        with Archive(path, checksums="once") as opened:
+            view = in_place(opened)
+            assert not isinstance(view, str), view
+            assert (view.codecs is not None) == bool(opened.footer.flags & FLAG_CODECS)
+            assert view.sections == opened.section_spans and view.pages == opened.page_checks
+            core_tree = format_tree(opened)
+            for name, data in files.items():
+                assert core_tree.read_file(os.fsencode(name)) == data == opened.read_path(name), name
+            if unavailable(opened) is None:  # the daemon's Tree, where packfs._lowlevel is built
+                daemon_tree = tree_for(opened, os.open(os.devnull, os.O_WRONLY))
+                for name, data in files.items():
+                    inode = opened.inode(opened.find(os.fsencode(name)))
+                    pieces = [daemon_tree.read(inode, offset, 64 << 10) for offset in range(0, len(data) + 1, 64 << 10)]
+                    assert b"".join(pieces) == data, name  # READs as the kernel sends them
+
+
+def test_what_cannot_be_read_in_place_is_said_once_for_every_compiled_reader(tmp_path: Path) -> None:
+    """An FFRecord packed folder and a shard set get no core Tree; the folder's reason is
+    the words the daemon's notice gives."""
+    from packfs.core import open_archive
+    from packfs.fuse.inodedaemon import unavailable
+    from packfs.write.shards import pack_shards
+    from tests.conftest import REPO
+
+    _format_module()
+    legacy = REPO / "tests" / "vectors" / "ffrecord" / "packed_folder.ffr"
+    with Archive(legacy) as opened:
+        reason = in_place(opened)
+        assert isinstance(reason, str) and "FFRecord packed folder" in reason
+        assert compiled_reader(opened, True) is None
+        if unavailable() is None:
+            assert unavailable(opened) == reason
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "f").write_bytes(b"x")
+    (tmp_path / "s").mkdir()
+    pack_shards(tmp_path / "t", tmp_path / "s" / "data.ffr", shards=1)
+    with open_archive(str(tmp_path / "s" / "data.ffrset")) as shards:
+        assert compiled_reader(shards, True) is None

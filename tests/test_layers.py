@@ -30,7 +30,7 @@ CONVENTIONAL = {"_fields", "_make", "_asdict", "_replace", "_exit", "_getframe",
                 "_name",  # ctypes.CDLL's: the library's path
                 "_sigbus",  # packfs's compiled extension modules, imported by packfs.source.local
                 "_lowlevel",  # and by packfs.fuse.inodedaemon
-                "_format"}  # packfs.core's compiled format library, imported by packfs.folder
+                "_format"}  # packfs.core's compiled format library, imported by packfs.core.inplace
 
 
 def modules() -> list[Path]:

@@ -23,9 +23,9 @@ import threading
 from typing import Any, Iterator
 
 from ..core import Archive, ShardSet
+from ..core.inplace import in_place
 from ..errors import MountError
-from ..format import FLAG_CODECS
-from ..source import is_url, shown_location
+from ..source import shown_location
 from .libfuse import CapturedStderr, options_error
 
 __all__ = ["LOWLEVEL", "unavailable", "compiled_libfuse_version", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
@@ -108,19 +108,10 @@ def _descriptors_for(shards: int) -> str | None:
 
 
 def _archive_unavailable(archive: Archive) -> str | None:
-    if archive.legacy:
-        return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
-    if archive.footer.version_minor < 1:
-        return f"the archive is format {archive.version} (packfs convert writes the current version, with inode numbers stored)"
-    source = archive.source
-    if is_url(source.name):
-        return ("the archive is a URL: the Python daemon reads it with ranged requests (the compiled one reads "
-                "local files in place)")
-    if archive.section_spans is None or not hasattr(source, "guard_slot"):
-        return "the archive is not a local file read in place"
-    if source.guard_slot < 0:
-        return "the archive's map is not guarded against truncation (packfs._sigbus is not built)"
-    if archive.footer.flags & FLAG_CODECS:
+    view = in_place(archive)
+    if isinstance(view, str):
+        return view
+    if view.codecs is not None:
         from .. import _lowlevel
 
         if not _lowlevel.ZSTD_VERSION:
@@ -181,25 +172,11 @@ def tree_for(archive: Archive | ShardSet, log_fd: int = 2) -> Any:
 def _tree(archive: Archive, log_fd: int) -> Any:
     from .. import _lowlevel
 
-    source = archive.source
-    pages = archive.page_checks
-    return _lowlevel.Tree(source.mapping, source.fileno(), source.guard_slot, archive.record_count,
-                          archive.data_records, archive.entry_count, archive.section_spans,
-                          archive.checksums != "never", os.fsdecode(archive.path), log_fd,
-                          pieces=archive.piece_spans, xattrs=archive.xattr_spans, pages=pages,
-                          codecs=_codec_spans(archive, pages))
-
-
-def _codec_spans(archive: Archive, pages: tuple[int, tuple[tuple[int, int], ...], Any, int] | None
-                 ) -> tuple[tuple[int, int], ...] | None:
-    """Where a 1.5 archive's record_codec and codec_data sections lie (format section 4f),
-    or None without codecs: the last two of its paged regions (section 4e: after the
-    header's two arrays and sections 0-20 come sections 22 and 23)."""
-    if not archive.footer.flags & FLAG_CODECS:
-        return None
-    if pages is None:  # every 1.5 archive has a tail; one not read in place is not served here
-        raise MountError(f"the compiled daemon cannot serve {archive.path!r}: its codec sections are not in place")
-    return tuple(pages[1][-2:])
+    view = in_place(archive)
+    if isinstance(view, str):  # a shard of a set: unavailable() asked only of the set
+        raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {view}")
+    positional, keywords = view.tree_arguments(archive.checksums != "never", log_fd)
+    return _lowlevel.Tree(*positional, **keywords)
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:
