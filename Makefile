@@ -87,9 +87,11 @@ $(STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
 # processes keep two cores busy.  TEST_WORKERS=0 runs one process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# The slowest tests of each pass are listed at its end: where CI's time goes.
+DURATIONS := --durations=25
 
 test: setup
-	$(PY) -m pytest -rs $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -rs $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-lowest
 
 # Types checked (mypy, the dev extra) over core, source, write and fuse; the modules not
@@ -117,7 +119,7 @@ test-lowest: system-packages build-packages
 	  PACKFS_TEST_BINDING=mfusepy $(PY) -m pytest -rs -m fuse -q $(XDIST) $(PYTEST_ARGS); \
 	else $(MAKE) --no-print-directory $(LOWEST_STAMP) && \
 	  echo "the suite on $$($(LOWEST_VENV)/bin/python --version), the lowest Python packfs declares, mounting with the Python daemon:" && \
-	  PACKFS_TEST_BINDING=mfusepy PACKFS_TEST_WITHOUT_EXTRAS=torch $(LOWEST_VENV)/bin/python -m pytest -rs -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS); \
+	  PACKFS_TEST_BINDING=mfusepy PACKFS_TEST_WITHOUT_EXTRAS=torch $(LOWEST_VENV)/bin/python -m pytest -rs -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(PYTEST_ARGS); \
 	fi
 
 $(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_SOURCES)
