@@ -138,6 +138,47 @@ def test_a_hostile_index_row_is_a_format_error(archive: Path, tmp_path: Path) ->
         assert not local.verify().ok
 
 
+def _row_paths(rows: bytes):
+    """(offset of the row, its path) for every row of one index page."""
+    position = 0
+    while position < len(rows):
+        length = struct.unpack_from("<I", rows, position + INDEX_ROW.size - 4)[0]
+        yield position, bytes(rows[position + INDEX_ROW.size: position + INDEX_ROW.size + length])
+        position += INDEX_ROW.size + length
+
+
+@pytest.mark.parametrize("forged, problem", [
+    (b"zz/yy/leaf.txt", "does not name its directory's path"),  # the right name under another directory
+    (b"xx/yy/leaf.tx_", "not a path ending in its name"),
+    (b"/x/yy/leaf.txt", "does not name its directory's path"),  # an absolute path, as long
+])
+def test_verify_finds_an_index_row_that_names_another_path(tmp_path: Path, forged: bytes, problem: str) -> None:
+    """verify matches each row's path with the table by its last name and its parent's
+    row (not by building every path, which cost minutes 10,000 levels deep): a row that
+    names a path of the same length, its page CRC and hash resealed, is still found."""
+    src = tmp_path / "src"
+    for directory in ("xx/yy", "zz/yy"):
+        (src / directory).mkdir(parents=True)
+        (src / directory / "leaf.txt").write_bytes(directory.encode())
+    archive = tmp_path / "good.ffr"
+    packfs.pack_folder(src, archive)
+    records = read_records(archive)
+    data_records = struct.unpack_from("<Q", records[-1], 24)[0]
+    index = data_records + 2 * (TAIL_SPAN_COUNT - 1) + 1
+    rows = bytearray(records[index])
+    at = next(position for position, path in _row_paths(bytes(rows)) if path == b"xx/yy/leaf.txt")
+    rows[at + INDEX_ROW.size: at + INDEX_ROW.size + len(forged)] = forged
+    struct.pack_into("<I", rows, at, packfs.format.crc32(forged))  # the row's path hash, as a forger would
+    records[index] = bytes(rows)
+    bad = write_records(tmp_path / "bad.ffr", records, rebuild_index=False)  # every CRC matches
+    with Archive(bad) as damaged:
+        report = damaged.verify()
+    assert not report.ok
+    assert any(problem in found for found in report.problems), report.problems
+    with Archive(archive) as good:
+        assert good.verify().ok
+
+
 def test_a_damaged_tail_or_footer_is_refused_at_open(archive: Path, tmp_path: Path) -> None:
     data = archive.read_bytes()
     for offset in (len(data) - FOOTER_SIZE - 100, len(data) - FOOTER_SIZE + 40):  # in the tail; tail_size
