@@ -126,7 +126,7 @@ $(LOWEST_STAMP): pyproject.toml setup.py packfs/_sigbus.c packfs/_sigbus.h $(C_S
 	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" $(LOWEST_VENV)/bin/python -m pip install -q -e ".[fsspec,demo,remote,dask]" \
-	  "pytest>=7" "pytest-xdist>=3.3" "pandas>=1.5" "pillow>=9" "moto[server]>=5" "boto3>=1.26"
+	  "pytest>=7.3" "pytest-xdist>=3.3" "pandas>=1.5" "pillow>=9" "moto[server]>=5" "boto3>=1.26"
 	touch $(LOWEST_STAMP)
 
 demo: setup

@@ -55,7 +55,7 @@ def mixed(tmp_path: Path) -> Path:
     (src / "empty").write_bytes(b"")
     (src / "tiny").write_bytes(b"abc")
     with open(src / "sparse.img", "wb") as f:
-        f.truncate(1 << 30)
+        f.truncate(64 << 20)  # holes; 1 GiB wrote a GiB per unsparse pack or tar
         f.seek(7 << 20)
         f.write(b"data" * 10_000)
     os.symlink("big.txt", src / "link")
@@ -102,7 +102,7 @@ def test_every_codec_round_trips(mixed: Path, tmp_path: Path) -> None:
     assert files[b"sparse.img"][1] == "sparse"
     assert files[b"empty"][1] == files[b"tiny"][1] == "stored"
     assert {files[path][1] for path in files if path.startswith(b"json/")} == {"zstd+dictionary"}
-    assert out.stat().st_size < 3 << 20  # 1 GiB of holes, 4 MiB of text, 2 MiB of noise
+    assert out.stat().st_size < 3 << 20  # 64 MiB of holes, 4 MiB of text, 2 MiB of noise
     dictionaries = [r for r in range(archive.footer.data_records) if archive.row(r)[0] == CODEC_DICTIONARY]
     assert len(dictionaries) == 1
 
@@ -248,7 +248,8 @@ def test_tar_zip_and_convert(mixed: Path, tmp_path: Path) -> None:
     squeezed = tmp_path / "squeezed.ffr"
     convert(plain, squeezed, compress="zstd:3")
     _check_round_trip(squeezed, mixed)
-    assert squeezed.stat().st_size < plain.stat().st_size / 100
+    assert plain.stat().st_size > 70 << 20  # the holes written out
+    assert squeezed.stat().st_size < 3 << 20  # holes and text gone; the 2 MiB of noise stays
 
 
 def test_shard_sets_compress_each_shard(mixed: Path, tmp_path: Path) -> None:
