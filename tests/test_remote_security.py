@@ -19,8 +19,8 @@ import pytest
 
 from packfs.errors import RemoteArchiveError
 from tests.conftest import daemon_pid, mounted, packfs_cli, require_extra
-from tests.test_remote_source import BLOB as NGINX_BLOB, require_server
-from tests.test_remote_source import nginx  # noqa: F401 (the fixture: a real nginx, stopped at the end)
+from tests.test_remote_source import BLOB as NGINX_BLOB
+from tests.test_remote_source import moto, nginx, s3_env  # noqa: F401 (the fixtures: real servers, stopped at the end)
 
 REPO = Path(__file__).resolve().parent.parent
 BLOB = bytes((k * 13 + (k >> 9)) & 0xFF for k in range(1 << 20))
@@ -229,45 +229,20 @@ S3_KEYS = ["dir/a#frag", "dir/a", "q?x=1", "q", "p%2Fq", "p/q", "%41", "A", "/le
            "two/slashes", "sp ace+plus", "ünï/cödé", "x#y?z%20w", "up/../down", "down", "./dot", "dot", ".."]
 
 
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory):
-    require_extra("urllib3", "remote")
-    from tests.remote_servers import MotoServer
-
-    server = MotoServer(tmp_path_factory.mktemp("moto"))
-    try:
-        server.__enter__()
-    except (FileNotFoundError, RuntimeError) as error:
-        require_server("moto_server", error)
-    try:
-        yield server
-    finally:
-        server.__exit__()
-
-
 @pytest.fixture
-def s3_env(moto, monkeypatch, tmp_path):
-    from tests.remote_servers import S3_KEY, S3_REGION, S3_SECRET
-
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
+def s3_uncached(s3_env, monkeypatch):  # noqa: F811
+    """moto's S3 as a user sets it up (tests.test_remote_source), without the disk cache:
+    what these tests count is each request the source sends."""
     monkeypatch.setenv("PACKFS_CACHE_DIR", "off")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    monkeypatch.setenv("AWS_REGION", S3_REGION)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
-    return moto
+    return s3_env
 
 
-def test_s3_keys_are_literal_each_reads_its_own_object(s3_env) -> None:
+def test_s3_keys_are_literal_each_reads_its_own_object(s3_uncached) -> None:
     """s3://BUCKET/KEY takes KEY literally, as `aws s3` does: each of these keys reads
     its own object, never its neighbour's."""
     from packfs.source import open_source
 
-    client = s3_env.client()
+    client = s3_uncached.client()
     client.create_bucket(Bucket="keys")
     for k, key in enumerate(S3_KEYS):
         client.put_object(Bucket="keys", Key=key, Body=f"object {k}: {key}".encode())
@@ -278,12 +253,12 @@ def test_s3_keys_are_literal_each_reads_its_own_object(s3_env) -> None:
         source.close()
 
 
-def test_an_s3_endpoint_with_a_password_is_refused(s3_env) -> None:
+def test_an_s3_endpoint_with_a_password_is_refused(s3_uncached) -> None:
     """A user and password in endpoint_url would be sent in Host: (and signed): refused,
     saying where credentials go, without the password."""
     from packfs.source import open_source
 
-    endpoint = s3_env.endpoint.replace("http://", "http://user:hunter2secret@")
+    endpoint = s3_uncached.endpoint.replace("http://", "http://user:hunter2secret@")
     with pytest.raises(RemoteArchiveError) as raised:
         open_source("s3://keys/A", storage_options={"endpoint_url": endpoint})
     assert "user or password" in str(raised.value) and "hunter2secret" not in str(raised.value)
@@ -292,13 +267,13 @@ def test_an_s3_endpoint_with_a_password_is_refused(s3_env) -> None:
 # -- the disk cache: one object per endpoint ----------------------------------------------------
 
 
-def test_the_same_bucket_and_key_on_another_endpoint_is_not_served_from_the_cache(s3_env, tmp_path) -> None:
+def test_the_same_bucket_and_key_on_another_endpoint_is_not_served_from_the_cache(s3_uncached, tmp_path) -> None:
     """Another S3 endpoint (a test server, MinIO, a hostile one) with the same bucket,
     key, ETag, size and last bytes, but other bytes in the middle: what one endpoint's
     reads put in the node's cache is never served for the other's."""
     from packfs.source import open_source
 
-    client = s3_env.client()
+    client = s3_uncached.client()
     client.create_bucket(Bucket="same")
     client.put_object(Bucket="same", Key="blob.bin", Body=BLOB)
     etag = client.head_object(Bucket="same", Key="blob.bin")["ETag"]
