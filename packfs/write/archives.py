@@ -33,7 +33,9 @@ from typing import Any, BinaryIO, Callable, Iterator, cast
 from ..errors import PackError
 from ..format import MAX_SYMLINK_TARGET, path_name_problem, symlink_length_problem, symlink_target_problem
 from ..source import url_error
-from .pack import Entry, PackProgress, PackStats, PathLike, SkipList, pack_entries
+from .entry import Entry, PackProgress, PackStats, PathLike
+from .pack import pack_entries
+from .skips import SkipList
 
 __all__ = ["archive_kind", "archive_entries", "pack_archive"]
 

@@ -45,7 +45,9 @@ from ..errors import PackError, PackSourceError
 from .archives import archive_entries
 from .container import TEMP_MARKER
 from .exclude import ExcludePatterns
-from .pack import Entry, PackProgress, PathLike, SkipList, SkippedPath, pack_entries
+from .entry import Entry, PackProgress, PathLike
+from .pack import pack_entries
+from .skips import SkipList, SkippedPath
 from .scan import open_beneath, scan_tree
 from .sets import remove_abandoned_temporaries, temporary_name
 from .temporaries import register, unregister
