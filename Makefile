@@ -30,7 +30,7 @@ setup: system-packages build-packages $(STAMP) $(MANPAGE)
 
 man: $(MANPAGE)
 
-$(MANPAGE): packfs/cli.py packfs/manpage.py packfs/__init__.py | $(STAMP)
+$(MANPAGE): $(wildcard packfs/cli/*.py) packfs/manpage.py packfs/__init__.py | $(STAMP)
 	@mkdir -p $(MANDIR)
 	$(PY) -m packfs.manpage > $@.tmp && mv $@.tmp $@
 
