@@ -14,7 +14,7 @@ import os
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import pytest
 
@@ -55,7 +55,8 @@ def _entries(uid: int = UID, gid: int = GID) -> list[Entry]:
         elif kind == "dir":
             entries.append(Entry(path, None, "dir", mode=mode, uid=uid, gid=gid, mtime_ns=MTIME * 10**9))
         else:
-            entries.append(Entry(path, None, kind, target=data.decode(), mode=mode, uid=uid, gid=gid,  # type: ignore[arg-type]
+            link: Literal["symlink", "hardlink"] = "symlink" if kind == "symlink" else "hardlink"
+            entries.append(Entry(path, None, link, target=data.decode(), mode=mode, uid=uid, gid=gid,
                                  mtime_ns=MTIME * 10**9))
     return entries
 
@@ -197,3 +198,35 @@ def test_a_set_made_of_archives_keeps_their_bytes(tmp_path: Path) -> None:
     make_set(str(tmp_path / "s" / "all.ffrset"), [str(tmp_path / "s" / "one.ffr"), str(tmp_path / "s" / "two.ffr")])
     after = _set_bytes(tmp_path / "s")
     assert {name: digest for name, digest in after.items() if name != "all.ffrset"} == before
+
+
+class _ReadintoOnly:
+    """A stream with the one read a pack makes of an Entry's data: readinto (and close)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data, self._at = data, 0
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        size = min(len(buffer), len(self._data) - self._at)
+        buffer[:size] = self._data[self._at : self._at + size]
+        self._at += size
+        return size
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stream_read_only_with_readinto_packs_from_an_iterator_as_from_a_list(tmp_path: Path) -> None:
+    """An iterator of unknown length is spooled first; the spool reads a stream as the
+    builder does, with readinto (shutil.copyfileobj, which wants read, refused one)."""
+    def entries() -> Iterator[Entry]:
+        for entry in _entries():
+            data = entry.data
+            if entry.kind == "file" and isinstance(data, bytes):
+                yield Entry(entry.path, (lambda data=data: _ReadintoOnly(data)), mode=entry.mode, uid=entry.uid,
+                            gid=entry.gid, mtime_ns=entry.mtime_ns)
+            else:
+                yield entry
+
+    pack_entries(entries(), tmp_path / "streamed.ffr")
+    assert _digest(tmp_path / "streamed.ffr") == ENTRIES

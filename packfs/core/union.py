@@ -69,7 +69,7 @@ class SetFooter(NamedTuple):
 
 
 
-def open_archive(spec: Union[PathArg, Sequence[PathArg], ByteSource], checksums: str = "always",
+def open_archive(spec: Union[PathArg, list[PathArg], tuple[PathArg, ...], ByteSource], checksums: str = "always",
                  storage_options: Optional[Mapping[str, Any]] = None,
                  cache_dir: Union[PathArg, bool, None] = None) -> Union[Archive, "ShardSet"]:
     """Open what ``spec`` names: one archive (a path, a URL, a byte source), or a shard
@@ -697,6 +697,7 @@ class ShardSet:
             if archive.file_type(found) != S_IFDIR:
                 continue
             base = self._bases[shard]
+            numbers: Sequence[int]
             if inodes:
                 part, names, modes, numbers = archive.listing_with_inodes(found)
             else:

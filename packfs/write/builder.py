@@ -24,7 +24,7 @@ from ..format import (CODECS_SINCE_MINOR, INDEX_SINCE_MINOR, NO_RECORD, S_IFDIR,
 from .container import ContainerWriter
 from .encode import SPARSE_MIN_HOLES, Compression, RecordEncoder, may_have_holes
 from .encodeahead import EncodeAhead
-from .entry import Entry, PackProgress, PackStats, Xattrs
+from .entry import Entry, PackProgress, PackStats, Xattrs, close_stream, readinto_of
 from .parallel import FileStamp, Placer
 from .skips import SkippedPath
 from .treefile import CannotPack, TreeFile, read_stable
@@ -154,13 +154,14 @@ class ArchiveBuilder:
         of the file, read again while it changes; return (record, size, the stat of
         that state, which is what the entry stores).  A file that cannot be packed
         raises CannotPack, its record dropped."""
+        info: os.stat_result | FileStamp
         if self.placer is not None:  # read by a worker process: placed in order here
             record, size, info, changed, nbytes = self.placer.place(source)
             if self.progress is not None:
                 self.progress.advance(0, nbytes)
         else:
             ahead = self.ahead.take(source) if self.ahead is not None else None
-            if ahead is not None:
+            if ahead is not None and self.encoder is not None:  # encoded ahead: only with codecs
                 encoded, info, changed = ahead
                 self._new_record()
                 record, size = self.encoder.commit(encoded), len(encoded.raw)
@@ -228,10 +229,11 @@ class ArchiveBuilder:
                 self.progress.advance(0, size)
         else:
             source = data() if callable(data) else data
+            readinto = readinto_of(source)
             size = 0
             try:
                 while True:
-                    got = source.readinto(self._buffer)  # type: ignore[attr-defined]
+                    got = readinto(self._buffer)
                     if not got:
                         break
                     write(memoryview(self._buffer)[:got])
@@ -240,7 +242,7 @@ class ArchiveBuilder:
                         self.progress.advance(0, got)
             finally:
                 if callable(data):
-                    source.close()
+                    close_stream(source)
         if entry.size is not None and size != entry.size:
             raise PackError(
                 f"{label!r} changed size while packing: {entry.size} bytes when scanned, "
@@ -333,7 +335,7 @@ def write_archive(entries: Iterable[Entry | TreeFile], out: str, data_slots: int
     sections = section_count_for(CODECS_SINCE_MINOR if encoded else INDEX_SINCE_MINOR)
     with ContainerWriter(out, record_count_for(data_slots, sections), force=force, pieces=True) as writer:
         encoder = None
-        if encoded:
+        if compression is not None and compression.used:
             written = {kind: (writer.write_record(data), data) for kind, data in dictionaries}
             encoder = RecordEncoder(writer, compression, written, str(writer.out.parent))
         builder = ArchiveBuilder(writer, data_slots, progress, xattrs, encoder)

@@ -8,15 +8,44 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Literal, Mapping, Optional, Protocol, Union
+from typing import IO, Callable, Literal, Mapping, Optional, Protocol, Union
 
+from ..core.files import PackedFile
 from ..core.paths import PathArg, archive_key
 from .skips import SkippedPath
 
-__all__ = ["Entry", "PackStats", "PackProgress", "PathLike", "Data", "Xattrs"]
+__all__ = ["Entry", "PackStats", "PackProgress", "PathLike", "Data", "Xattrs", "Readable", "Stream", "readinto_of",
+           "close_stream"]
 
 PathLike = PathArg
-Data = Union[bytes, bytearray, memoryview, BinaryIO, Callable[[], BinaryIO], None]
+class Readable(Protocol):
+    """What a file's data given as a stream must do: the one read a pack makes of it is
+    ``readinto`` (a binary file object, a :class:`~packfs.core.PackedFile`, a tar
+    member all do), and the pack closes what a callable returned."""
+
+    def readinto(self, buffer: bytearray | memoryview) -> int | None:
+        """Fill ``buffer`` from the next bytes: how many (0 at the end)."""
+
+    def close(self) -> None:
+        """Release the stream."""
+
+
+# A PackedFile (an archive's file, as convert copies them) is an io object of one of two
+# kinds; the class the checker sees declares neither readinto nor close.
+Stream = Union[IO[bytes], Readable, PackedFile]
+Data = Union[bytes, bytearray, memoryview, Stream, Callable[[], Stream], None]
+
+
+def readinto_of(source: Stream) -> Callable[[bytearray | memoryview], int | None]:
+    """``source``'s readinto, the one read a pack makes of a stream."""
+    # typeshed's typing.IO declares no readinto, which every binary file object has
+    # (io.RawIOBase, io.BufferedIOBase, a tar member, a zip member, a PackedFile).
+    return source.readinto  # type: ignore[union-attr]
+
+
+def close_stream(source: Stream) -> None:
+    """Close ``source`` (one a callable of an Entry's data returned)."""
+    source.close()  # type: ignore[union-attr]  # PackedFile's close is its io class's, as above
 # Extended attributes by name, the names all str or all bytes (a Mapping is invariant in
 # its keys: Mapping[str | bytes, bytes] would refuse a dict of bytes names).
 Xattrs = Union[Mapping[str, bytes], Mapping[bytes, bytes]]

@@ -12,18 +12,17 @@ import dataclasses
 import logging
 import marshal
 import os
-import shutil
 import stat as stat_module
 import tempfile
 import time
-from typing import BinaryIO, Callable, ContextManager, Iterable, Iterator, NoReturn, Sequence
+from typing import BinaryIO, Callable, ContextManager, Iterable, Iterator, Literal, NoReturn, Sequence
 
 from ..errors import PackError, PackSourceError
 from .builder import CHUNK, file_kind, pack_stats, write_archive
 from .container import TEMP_MARKER, ContainerWriter
 from .encode import Compression, RecordEncoder, may_have_holes
 from .encodeahead import EncodeAhead
-from .entry import Data, Entry, PackProgress, PackStats, PathLike
+from .entry import Data, Entry, PackProgress, PackStats, PathLike, Readable, close_stream, readinto_of
 from .exclude import ExcludePatterns
 from .packverify import verify_written
 from .parallel import Placer, files_on_workers
@@ -146,12 +145,12 @@ def _entry_dictionaries(entries: Sequence[Entry], compression: Compression) -> l
             got = 0
             try:  # readinto, the one read a Data source must have
                 while got < len(buffer):
-                    more = source.readinto(memoryview(buffer)[got:])  # type: ignore[attr-defined]
+                    more = readinto_of(source)(memoryview(buffer)[got:])
                     if not more:
                         break
                     got += more
             finally:
-                source.close()
+                close_stream(source)
             return bytes(buffer[:got])
         return None
 
@@ -171,6 +170,7 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
             tempfile.TemporaryFile(dir=directory, prefix=prefix) as staged:
         block: list[tuple] = []
         count = files = 0
+        buffer = bytearray(CHUNK)
         for entry in entries:
             start = length = -1
             if entry.kind == "file":
@@ -180,11 +180,16 @@ def _pack_spooled(entries: Iterable[Entry], out: PathLike, *, force: bool,
                     spool.write(data or b"")
                 else:
                     source = data() if callable(data) else data
-                    try:
-                        shutil.copyfileobj(source, spool, CHUNK)
+                    readinto = readinto_of(source)
+                    try:  # readinto, the one read a Data source must have (the builder's too)
+                        while True:
+                            got = readinto(buffer)
+                            if not got:
+                                break
+                            spool.write(memoryview(buffer)[:got])
                     finally:
                         if callable(data):
-                            source.close()
+                            close_stream(source)
                 length = spool.tell() - start
                 files += 1
             block.append(_staged_fields(entry, start, length))
@@ -239,9 +244,9 @@ def _unstaged(staged: BinaryIO, spool: BinaryIO) -> Iterator[Entry]:
                         size=size, xattrs=xattrs)
 
 
-def _window_opener(spool: BinaryIO, start: int, length: int) -> Callable[[], BinaryIO]:
-    def reopen() -> BinaryIO:
-        return _Window(spool, start, length)  # type: ignore[return-value]
+def _window_opener(spool: BinaryIO, start: int, length: int) -> Callable[[], Readable]:
+    def reopen() -> Readable:
+        return _Window(spool, start, length)
 
     return reopen
 
@@ -254,7 +259,7 @@ class _Window:
         self._position = start
         self._end = start + length
 
-    def readinto(self, buffer: bytearray) -> int:
+    def readinto(self, buffer: bytearray | memoryview) -> int:
         want = min(len(buffer), self._end - self._position)
         if want <= 0:
             return 0
@@ -423,16 +428,15 @@ def pack_folder(
             if item.kind == "file":
                 yield TreeFile(root, item.key, info, item.xattrs, written - 1)  # stored with the stat it has when read
                 continue
-            common = dict(
-                mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
-                mtime_ns=info.st_mtime_ns, xattrs=item.xattrs,
-            )
+            mode, uid, gid, mtime_ns = stat_module.S_IMODE(info.st_mode), info.st_uid, info.st_gid, info.st_mtime_ns
             if item.kind == "hardlink" and item.target in failed_files:
                 skips.add(os.fsdecode(root + b"/" + item.key), _link_to_failed(root, item.target), failed=True)
-            elif item.kind in ("symlink", "hardlink"):
-                yield Entry(item.key, None, item.kind, target=item.target, **common)  # type: ignore[arg-type]
+            elif item.kind == "symlink" or item.kind == "hardlink":
+                link: Literal["symlink", "hardlink"] = "symlink" if item.kind == "symlink" else "hardlink"
+                yield Entry(item.key, None, link, target=item.target, mode=mode, uid=uid, gid=gid,
+                            mtime_ns=mtime_ns, xattrs=item.xattrs)
             else:
-                yield Entry(item.key, None, "dir", **common)
+                yield Entry(item.key, None, "dir", mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, xattrs=item.xattrs)
 
     def skip_file(failure: CannotPack) -> None:
         skips.add(failure.path, failure.reason, failed=True)
