@@ -383,7 +383,7 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(run, tree: Path, tmp_path
 
 
 def test_terminal_progress_with_an_unknown_total_and_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
-    from packfs.cli import _TerminalProgress
+    from packfs.cli.plumbing import TerminalProgress as _TerminalProgress
 
     progress = _TerminalProgress("packing")
     progress.enabled = True  # as on a terminal
@@ -406,7 +406,7 @@ def test_terminal_progress_with_an_unknown_total_and_a_restart(capsys: pytest.Ca
 
 def test_terminal_progress_shows_a_rate_and_eta_only_after_a_second(capsys: pytest.CaptureFixture[str]) -> None:
     """The first line once said "ETA 109950 s": a rate from the first milliseconds."""
-    from packfs.cli import _TerminalProgress
+    from packfs.cli.plumbing import TerminalProgress as _TerminalProgress
 
     progress = _TerminalProgress("packing")
     progress.enabled = True
@@ -425,7 +425,7 @@ def test_forced_progress_into_a_pipe_is_lines_a_second_apart_then_the_whole_runs
         capsys: pytest.CaptureFixture[str]) -> None:
     """--progress where stderr is no terminal (a job's log): newline-ended lines, never
     redrawn with \\r, at most one a second; the last one with the whole run's rate."""
-    from packfs.cli import _TerminalProgress
+    from packfs.cli.plumbing import TerminalProgress as _TerminalProgress
 
     progress = _TerminalProgress("unpacking", force=True)
     assert progress.enabled and progress.lines  # capsys' stderr is no terminal
@@ -485,7 +485,7 @@ def test_verify_progress_ends_at_100_percent_of_the_archive(run, tmp_path: Path)
 
 
 def test_info_prints_the_fetch_and_cache_counters_a_source_keeps() -> None:
-    from packfs.cli import _fetch_counts
+    from packfs.cli.reading import _fetch_counts
 
     assert _fetch_counts({}) == {}  # a local archive
     remote = {"requests": 3, "bytes_fetched": 4096, "retries": 0, "page_cache_hits": 1}

@@ -363,3 +363,10 @@ def test_every_c_file_is_at_most_1200_lines() -> None:
     """One concept a file (the compiled code's files, as the Python modules are kept)."""
     for path in sorted(PACKAGE.rglob("*.[ch]")):
         assert len(path.read_text().splitlines()) <= 1200, path.relative_to(PACKAGE)
+
+
+def test_every_python_module_is_at_most_1200_lines() -> None:
+    """One concept a module, as for the C files: a module past the bound is split along
+    a seam of what it does (issue 35 split pack.py, union.py and cli.py so)."""
+    for path in modules():
+        assert len(path.read_text().splitlines()) <= 1200, path.relative_to(PACKAGE)

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-import packfs.write.pack as pack_module
+import packfs.write.builder as builder_module
 from packfs import Entry, PackedFolder, pack_entries, pack_folder
 from packfs.write import spill
 from packfs.write.indexbuild import build_lookup_index
@@ -27,7 +27,7 @@ TINY = 200_000
 
 @pytest.fixture
 def tiny_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pack_module, "_TABLE_MEMORY", TINY)
+    monkeypatch.setattr(builder_module, "_TABLE_MEMORY", TINY)
     monkeypatch.setattr(spill, "FAN_IN", 3)  # runs merged in two levels too
 
 
@@ -84,7 +84,7 @@ def _entries(seed: int = 1, count: int = 3000) -> list[Entry]:
 def test_spilled_table_gives_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entries = _entries()
     pack_entries(entries, tmp_path / "memory.ffr")
-    monkeypatch.setattr(pack_module, "_TABLE_MEMORY", TINY)
+    monkeypatch.setattr(builder_module, "_TABLE_MEMORY", TINY)
     monkeypatch.setattr(spill, "FAN_IN", 3)  # runs merged in two levels too
     stats = pack_entries(entries, tmp_path / "spilled.ffr")
     assert (tmp_path / "memory.ffr").read_bytes() == (tmp_path / "spilled.ffr").read_bytes()
@@ -114,7 +114,7 @@ def test_spilled_folder_pack_gives_the_same_bytes(tmp_path: Path, monkeypatch: p
     os.link(src / "c0" / "s0" / "f0", src / "linked")
     os.symlink("c0", src / "link")
     pack_folder(src, tmp_path / "memory.ffr")
-    monkeypatch.setattr(pack_module, "_TABLE_MEMORY", TINY)
+    monkeypatch.setattr(builder_module, "_TABLE_MEMORY", TINY)
     pack_folder(src, tmp_path / "spilled.ffr")
     assert (tmp_path / "memory.ffr").read_bytes() == (tmp_path / "spilled.ffr").read_bytes()
 
@@ -183,7 +183,7 @@ def test_bad_entries_are_refused_when_spilled_too(tmp_path: Path, monkeypatch: p
                                                   entries: list[Entry], message: str) -> None:
     padding = [Entry(f"p/{i:04d}", b"") for i in range(600)]  # enough to spill
     for budget in (None, TINY):
-        monkeypatch.setattr(pack_module, "_TABLE_MEMORY", budget)
+        monkeypatch.setattr(builder_module, "_TABLE_MEMORY", budget)
         with pytest.raises(PackError, match=message):
             pack_entries(padding + entries, tmp_path / "out.ffr")
         assert os.listdir(tmp_path) == []

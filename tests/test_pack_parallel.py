@@ -253,6 +253,7 @@ def _children(pid: int) -> list[int]:
 _SIGNAL_MID_PARALLEL_PACK = """
 import os, signal, sys
 import packfs.cli
+import packfs.cli.plumbing
 pids_file = sys.argv.pop()
 def advance(self, files, nbytes):
     with open(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children") as listing:
@@ -260,7 +261,7 @@ def advance(self, files, nbytes):
     with open(pids_file, "w") as f:
         f.write(children)
     os.kill(os.getpid(), {sig})
-packfs.cli._TerminalProgress.advance = advance
+packfs.cli.plumbing.TerminalProgress.advance = advance
 sys.argv = ["packfs"] + sys.argv[1:]
 packfs.cli.main()
 """

@@ -358,7 +358,7 @@ def test_a_dropped_shard_keeps_serving_the_files_and_views_taken_from_it(four) -
     manifest, shards, files = four
     with packfs.PackedFolder(manifest) as folder:
         shard_set = folder.archive
-        shard_set._open_limit = 1  # the bound open_shard_limit() gives, made tiny
+        shard_set._members.open_limit = 1  # the bound open_shard_limit() gives, made tiny
         paths = sorted(files)
         first, last = paths[0], paths[-1]
         view = folder.read_view(first)

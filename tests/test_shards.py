@@ -352,12 +352,13 @@ def test_the_cli_prints_one_line_for_the_set(wide: Path, tmp_path: Path) -> None
 _SIGNAL_MID_SET = """
 import os, signal, sys
 import packfs.cli
+import packfs.cli.plumbing
 seen = []
 def advance(self, files, nbytes):
     seen.append(1)
     if len(seen) == {after}:
         os.kill(os.getpid(), {sig})
-packfs.cli._TerminalProgress.advance = advance
+packfs.cli.plumbing.TerminalProgress.advance = advance
 sys.argv = ["packfs"] + sys.argv[1:]
 packfs.cli.main()
 """

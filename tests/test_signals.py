@@ -22,12 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 _SIGNAL_MID_PACK = """
 import os, signal, sys
 import packfs.cli
+import packfs.cli.plumbing
 sent = []
 def advance(self, files, nbytes):
     if not sent:
         sent.append(1)
         os.kill(os.getpid(), {sig})
-packfs.cli._TerminalProgress.advance = advance
+packfs.cli.plumbing.TerminalProgress.advance = advance
 sys.argv = ["packfs"] + sys.argv[1:]
 packfs.cli.main()
 """
@@ -129,12 +130,13 @@ def test_a_finished_writer_is_not_touched_by_the_clean_up(tmp_path: Path) -> Non
 _SIGNAL_MID_UNPACK = """
 import os, signal, sys
 import packfs.cli
+import packfs.cli.plumbing
 sent = []
 def add_bytes(self, nbytes):
     if not sent:
         sent.append(1)
         os.kill(os.getpid(), signal.SIGTERM)
-packfs.cli._TerminalProgress.add_bytes = add_bytes
+packfs.cli.plumbing.TerminalProgress.add_bytes = add_bytes
 sys.argv = ["packfs"] + sys.argv[1:]
 packfs.cli.main()
 """
@@ -326,6 +328,7 @@ def test_a_killed_unpacks_temporary_file_goes_with_the_resume(interruptible: tup
 _SIGNAL_AFTER_CALL = """
 import os, sys
 import packfs.cli
+import packfs.cli.plumbing
 call, nth, sig = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 real_open, real_call = os.open, getattr(os, call)
 temporary_fds, hits = set(), []

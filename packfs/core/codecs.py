@@ -339,7 +339,7 @@ class CodecTable:
                              f"({self._data_length} bytes)")
         return count
 
-    def codec_column(self) -> "object":
+    def codec_column(self) -> np.ndarray:
         """Every row's codec byte as a numpy array (one per data record), for summaries
         (``packfs info``) and whole-archive checks; rows are not checked here."""
         import numpy as np

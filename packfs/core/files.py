@@ -245,7 +245,7 @@ class _DecodedReader(_RecordReader):
 
     def readall(self) -> bytes:
         check_in_memory(self._length - min(self._position, self._length), self.name)
-        parts = []
+        parts: list[bytes] = []
         while True:
             part = self.read(1 << 20)
             if not part:

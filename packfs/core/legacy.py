@@ -245,15 +245,15 @@ def legacy_table(container, metadata: bytes, where: str):
 
     file_records = container.record_count - 1
     tree = parse_tree(memoryview(metadata)[len(MAGIC):], where)
-    owner = container.source.owner  # legacy archives hold no owners or times
+    uid, gid, mtime_ns = container.source.owner  # legacy archives hold no owners or times
     rows = TableRows()
-    rows.add(b"", DIR_MODE, *owner, 0, NO_RECORD)
+    rows.add(b"", DIR_MODE, uid, gid, mtime_ns, 0, NO_RECORD)
     for path, kind, record in legacy_rows(tree, file_records, where):
         if kind == "dir":
-            rows.add(path, DIR_MODE, *owner, 0, NO_RECORD)
+            rows.add(path, DIR_MODE, uid, gid, mtime_ns, 0, NO_RECORD)
         else:
             start, end = container.record_span(record)
-            rows.add(path, FILE_MODE, *owner, end - start, record)
+            rows.add(path, FILE_MODE, uid, gid, mtime_ns, end - start, record)
     footer = Footer(1, 0, 0, len(rows), file_records, SECTION_COUNT)
     image, spans = table_image(build_tables(rows))
     # bytes, not the bytearray it was built in: names sliced from it must be bytes, as

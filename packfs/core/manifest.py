@@ -148,14 +148,21 @@ def _shard(item: object, number: int, where: str) -> ShardRecord:
     label = f"{where}: shard {number}"
     if not isinstance(item, dict):
         raise FormatError(f"{label}: not an object")
-    values = []
-    for name, kind in (("file", str), ("size", int), ("footer_crc", int), ("entries", int), ("first", str),
-                       ("last", str)):
+    def text(name: str) -> str:
         value = item.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise FormatError(f"{label}: {name} is missing or not a {kind.__name__}")
-        values.append(value)
-    file, size, footer_crc, entries, first, last = values
+        if not isinstance(value, str):
+            raise FormatError(f"{label}: {name} is missing or not a str")
+        return value
+
+    def whole(name: str) -> int:
+        value = item.get(name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise FormatError(f"{label}: {name} is missing or not a int")
+        return value
+
+    # In this order: the first missing or wrong field is the one named.
+    file, size, footer_crc, entries = text("file"), whole("size"), whole("footer_crc"), whole("entries")
+    first, last = text("first"), text("last")
     problem = shard_file_problem(file)
     if problem:
         raise FormatError(f"{label}: file {file!r} is {problem}")

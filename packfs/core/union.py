@@ -31,46 +31,32 @@ hand out only canonical numbers.  Data records are numbered the same way, over e
 record of the shards in order (what FFRecord's ``FileReader`` over the shard files
 numbers).
 
-Checking.  A path held twice is refused when a list or a glob is opened, and when a
-manifest is written (``packfs pack``, ``set``, ``append`` open the set with
-``check_records=True``): shards whose ranges overlap (different layers) are checked
-against each other, a lookup in one of each path of the other, O(m log n) for the
-smaller, m; and each directory above a shard's first leaf is looked up in the shard
-whose range holds it, which must hold it as a directory if at all (O(shards x depth)).
-Opening a manifest trusts the check made when it was written (its CRC guards it);
-:meth:`ShardSet.verify` makes it again.  Sets packed at once have no overlaps.
+Opening, bounding and checking the shards is :mod:`.members`'s.
 """
 
 from __future__ import annotations
 
 import bisect
-import errno
-import gc
 from bisect import bisect_right as _bisect_right
 import glob as glob_module
 import heapq
 import os
-import threading
-from urllib.parse import unquote
-from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
-from ..errors import (ClosedArchiveError, FormatError, NotADirectoryPathError, NotAFileError, PackfsError,
-                      PathNotFoundError)
+from ..errors import FormatError, NotADirectoryPathError, NotAFileError, PathNotFoundError
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from ..source import (ByteSource, absolute_location, is_url, open_source, settled_cache_dir, shown_location,
-                      with_cache_dir)
+from ..source import ByteSource, is_url, shown_location
 from .archive import CHECKSUM_POLICIES, Archive, EntryStat
 from .files import PackedFile
-from .manifest import (MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, ShardRecord, depth_first_key, footer_crc, leaf_range, looks_like_manifest,
-                       parse_manifest, shard_file_problem, shard_record)
+from .manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key, parse_manifest, shard_record
+from .members import (GLOB_MAGIC, ShardMembers, beside, is_manifest_file, is_shard_set_spec, open_shard_limit,
+                      read_manifest)
 from .paths import PathArg, lookup_key, resolve_path
 from .verify import VerifyReport
 
 __all__ = ["ShardSet", "open_archive", "is_shard_set_spec", "SetFooter", "open_shard_limit"]
 
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
-_GLOB_MAGIC = ("*", "?", "[")
 _CANONICAL_CACHE = 1 << 16  # directories remembered (their canonical number); cleared when full
 
 
@@ -82,96 +68,8 @@ class SetFooter(NamedTuple):
     entry_count: int
 
 
-class _Shard:
-    """One shard: where it is, what the manifest says of it, its archive once opened."""
 
-    __slots__ = ("location", "name", "record", "archive", "first", "last", "first_key", "last_key", "index", "seen")
-
-    def __init__(self, index: int, location: str, record: Optional[ShardRecord]) -> None:
-        self.index = index
-        self.location = location  # what opens it: a URL's user and password too
-        self.name = shown_location(location)  # what messages show
-        self.record = record
-        self.archive: Optional[Archive] = None
-        # (size, entries, footer CRC) when first opened: a re-open (after the shard was
-        # closed to bound descriptors) must find the same bytes.
-        self.seen: Optional[tuple[int, int, int]] = None
-        self.first = self.last = b""
-        self.first_key: tuple[bytes, ...] = ()
-        self.last_key: tuple[bytes, ...] = ()
-
-    def set_range(self, first: bytes, last: bytes) -> None:
-        self.first, self.last = first, last
-        self.first_key, self.last_key = depth_first_key(first), depth_first_key(last)
-
-    @property
-    def empty(self) -> bool:
-        """Holds the root alone: no range, nothing to merge but the root."""
-        return not self.first and not self.last
-
-
-class _Layer:
-    """Shards whose ranges do not overlap, sorted by range."""
-
-    __slots__ = ("shards", "firsts", "ascending")
-
-    def __init__(self) -> None:
-        self.shards: list[_Shard] = []
-        self.firsts: list[tuple[bytes, ...]] = []
-        self.ascending = True  # shard numbers rise with the ranges: the first holder found is the lowest
-
-    def add(self, shard: _Shard) -> None:
-        if self.shards and shard.index < self.shards[-1].index:
-            self.ascending = False
-        self.shards.append(shard)
-        self.firsts.append(shard.first_key)
-
-    def holders(self, key: tuple[bytes, ...]) -> Iterator[_Shard]:
-        """The shards of this layer that may hold ``key``, in range order: the one whose
-        range contains it, then those whose first leaf lies under it (it is then one of
-        their ancestors, a directory)."""
-        shards, firsts = self.shards, self.firsts
-        at = bisect.bisect_right(firsts, key) - 1
-        if at >= 0 and key <= shards[at].last_key:
-            yield shards[at]
-        depth = len(key)
-        for position in range(at + 1, len(shards)):
-            first = firsts[position]
-            if len(first) <= depth or first[:depth] != key:
-                break
-            yield shards[position]
-
-
-def open_shard_limit() -> int:
-    """How many shards a set keeps open at once: a quarter of the soft limit on open
-    files (``RLIMIT_NOFILE``), at least 8; a shard closed to stay within it is opened
-    again (and checked again) when next used."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):
-        return 256
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        soft = 1 << 16
-    return max(8, min(soft, 1 << 20) // 4)
-
-
-def is_shard_set_spec(spec: object) -> bool:
-    """Whether ``spec`` names a shard set rather than one archive: a list or tuple of
-    archives, a name ending in ``.ffrset``, or a local pattern with ``*``, ``?`` or
-    ``[`` that is not itself a file."""
-    if isinstance(spec, (list, tuple)):
-        return True
-    if not isinstance(spec, (str, bytes, os.PathLike)):
-        return False
-    name = os.fsdecode(spec)
-    if name.endswith(MANIFEST_SUFFIX):
-        return True
-    return not is_url(name) and any(c in name for c in _GLOB_MAGIC) and not os.path.exists(name)
-
-
-def open_archive(spec: Union[PathArg, Sequence[PathArg], ByteSource], checksums: str = "always",
+def open_archive(spec: Union[PathArg, list[PathArg], tuple[PathArg, ...], ByteSource], checksums: str = "always",
                  storage_options: Optional[Mapping[str, Any]] = None,
                  cache_dir: Union[PathArg, bool, None] = None) -> Union[Archive, "ShardSet"]:
     """Open what ``spec`` names: one archive (a path, a URL, a byte source), or a shard
@@ -185,60 +83,18 @@ def open_archive(spec: Union[PathArg, Sequence[PathArg], ByteSource], checksums:
         if name.endswith(MANIFEST_SUFFIX):
             return ShardSet.from_manifest(name, checksums=checksums, storage_options=storage_options,
                                           cache_dir=cache_dir)
-        if not is_url(name) and any(c in name for c in _GLOB_MAGIC) and not os.path.exists(name):
+        if not is_url(name) and any(c in name for c in GLOB_MAGIC) and not os.path.exists(name):
             return ShardSet.from_glob(name, checksums=checksums, storage_options=storage_options,
                                       cache_dir=cache_dir)
         try:
             return Archive(name, checksums=checksums, storage_options=storage_options, cache_dir=cache_dir)
         except FormatError:
-            if not _is_manifest_file(name, storage_options, cache_dir):
+            if not is_manifest_file(name, storage_options, cache_dir):
                 raise
         return ShardSet.from_manifest(name, checksums=checksums, storage_options=storage_options,
                                       cache_dir=cache_dir)
     return Archive(spec, checksums=checksums, storage_options=storage_options, cache_dir=cache_dir)
 
-
-def _is_manifest_file(name: str, storage_options: Optional[Mapping[str, Any]],
-                      cache_dir: Union[PathArg, bool, None]) -> bool:
-    try:
-        source = open_source(name, storage_options=with_cache_dir(storage_options, False if is_url(name) else cache_dir))
-    except (OSError, PackfsError):
-        return False
-    try:
-        return looks_like_manifest(source.read(0, min(source.size, 16)))
-    except (OSError, PackfsError):
-        return False
-    finally:
-        source.close()
-
-
-def _read_manifest(name: str, storage_options: Optional[Mapping[str, Any]]) -> bytes:
-    try:
-        # Never from the disk cache: a manifest is replaced in place when a set grows.
-        source = open_source(name, storage_options=with_cache_dir(storage_options, False))
-    except FileNotFoundError:
-        raise PathNotFoundError(f"{shown_location(name)!r}: no such shard-set manifest") from None
-    try:
-        # The size the source reports (a URL's Content-Length) is checked before a byte
-        # is read: a hostile or mistaken claim costs no memory.
-        if source.size > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{shown_location(name)!r}: {source.size} bytes is too large for a shard-set "
-                              f"manifest (at most {MAX_MANIFEST_BYTES})")
-        return source.read(0, source.size)
-    finally:
-        source.close()
-
-
-def _beside(manifest: str, file: str) -> str:
-    """Where a manifest's ``file`` is: in the manifest's directory (or URL prefix)."""
-    if is_url(manifest):
-        # A server decodes %-escapes before it resolves '..': "%2e%2e/x" is "../x" there.
-        problem = shard_file_problem(unquote(file))
-        if problem:
-            raise FormatError(f"{shown_location(manifest)!r}: shard file {file!r} is, %-decoded as a server reads "
-                              f"it, {problem}")
-        return manifest.rsplit("/", 1)[0] + "/" + file
-    return os.path.join(os.path.dirname(manifest), file)
 
 
 class ShardSet:
@@ -261,51 +117,28 @@ class ShardSet:
         if not locations:
             raise PathNotFoundError(f"{where}: a shard set needs at least one archive")
         self.checksums = checksums
-        self.path = where
-        self._options = dict(storage_options or {})
-        # URL shards open when first used: their cache directory, like their locations
-        # below, is settled now (a relative one would move with the working directory).
-        if any(is_url(os.fspath(location)) for location in locations):
-            cache_dir = settled_cache_dir(cache_dir if cache_dir is not None else self._options.get("cache_dir"))
-        self._cache_dir = cache_dir
-        self._lock = threading.Lock()
-        self._closed = False
-        # Shards open at once are bounded (a set may have more shards than the process
-        # may open files): past the bound, the least recently used is dropped.
-        self._open_limit = open_shard_limit()
-        self._recent: OrderedDict[int, None] = OrderedDict()
-        # Shards open when first used, perhaps after the process changed directory (a
-        # mount's daemon serves from /): where they are is settled now.
-        self._shards = [_Shard(i, absolute_location(location), records[i] if records else None)
-                        for i, location in enumerate(locations)]
-        # Each shard's archive once opened (None before): the hot paths' one list index.
-        self._opened: list[Optional[Archive]] = [None] * len(self._shards)
-        try:
-            if records is None:
-                counts = []
-                for shard in self._shards:
-                    archive = self._shard(shard.index)
-                    shard.set_range(*leaf_range(archive))
-                    counts.append(archive.entry_count)
-                    del archive  # closed when the bound on open shards needs its descriptor
-            else:
-                for shard, record in zip(self._shards, records):
-                    shard.set_range(record.first, record.last)
-                counts = [record.entries for record in records]
-            self._bases = [0]
-            for count in counts:
-                self._bases.append(self._bases[-1] + count)
-            self._entry_count = self._bases[-1]
-            self._layers = self._sort_into_layers()
-            self._prepare_lookups()
-            if records is None or check_records:
-                self._check_overlaps()
-                self._check_shared_directories()
-        except BaseException:
-            self.close()
-            raise
+        self._members = members = ShardMembers(locations, records, where, checksums, storage_options, cache_dir,
+                                               check_records)
+        # The members' lists, read by every lookup and read: one attribute away.
+        self._shards = members.shards
+        self._opened = members.opened
+        self._shard = members.archive
+        self._bases = members.bases
+        self._entry_count = self._bases[-1]
+        self._layers = members.layers
+        self._prepare_lookups()
         self._canonical: dict[tuple[int, int], int] = {}
         self._merged_nlink: dict[int, int] = {}
+
+    @property
+    def path(self) -> str:
+        """What the set is called in messages: its manifest, its archives, its glob."""
+        return self._members.path
+
+    @path.setter
+    def path(self, where: str) -> None:
+        """Name the set ``where`` (a glob's set is named by its pattern)."""
+        self._members.path = where
 
     # -- opening -------------------------------------------------------------------------
 
@@ -313,8 +146,8 @@ class ShardSet:
     def from_manifest(cls, manifest: PathArg, **options: Any) -> ShardSet:
         """The set a manifest file (or URL) lists; no shard is opened yet."""
         name = os.fsdecode(manifest)
-        records = parse_manifest(_read_manifest(name, options.get("storage_options")), repr(shown_location(name)))
-        return cls([_beside(name, record.file) for record in records], records, shown_location(name), **options)
+        records = parse_manifest(read_manifest(name, options.get("storage_options")), repr(shown_location(name)))
+        return cls([beside(name, record.file) for record in records], records, shown_location(name), **options)
 
     @classmethod
     def from_list(cls, archives: Sequence[PathArg], **options: Any) -> ShardSet:
@@ -337,132 +170,6 @@ class ShardSet:
         set_.path = pattern
         return set_
 
-    def _shard(self, index: int) -> Archive:
-        """Shard ``index``'s archive, opened (and checked against its manifest) on first
-        use, and again after it was closed to keep the shards open within the bound."""
-        shard = self._shards[index]
-        archive = shard.archive
-        if archive is not None:
-            try:
-                self._recent.move_to_end(index)
-            except KeyError:
-                pass  # dropped by another thread just now; the archive in hand still works
-            return archive
-        with self._lock:
-            if self._closed:
-                raise self._closed_error()
-            archive = shard.archive
-            if archive is None:
-                archive = self._open_shard(shard)
-                shard.archive = self._opened[index] = archive
-                self._recent[index] = None
-                while len(self._recent) > self._open_limit:
-                    dropped, _ = self._recent.popitem(last=False)
-                    # Dropped, not closed: a reader in another thread may hold the archive
-                    # (or a file or view from it), and closing it under that reader would
-                    # fail its call.  The last holder to let go frees the descriptor and
-                    # the map (the source's finalizer), which for an idle shard is now.
-                    self._shards[dropped].archive = self._opened[dropped] = None
-            return archive
-
-    def _closed_error(self) -> ClosedArchiveError:
-        # Worded as a closed Archive's (and a closed file's), which an opened shard raises.
-        return ClosedArchiveError(f"I/O operation on a closed shard set ({self.path!r})")
-
-    def _open_shard(self, shard: _Shard) -> Archive:
-        index = shard.index
-        if shard.record is not None:
-            self._check_inside(shard, None)  # before the open: never open (a FIFO, a device) outside
-        try:
-            try:
-                opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
-                                 cache_dir=self._cache_dir)
-            except OSError as error:
-                if error.errno not in (errno.EMFILE, errno.ENFILE):
-                    raise
-                # Shards dropped but caught in a reference cycle hold their descriptors
-                # until the cyclic collector runs: run it, and try once more.
-                gc.collect()
-                opened = Archive(shard.location, checksums=self.checksums, storage_options=self._options,
-                                 cache_dir=self._cache_dir)
-        except FileNotFoundError:
-            if shard.record is None:
-                raise  # a list's or a glob's archive, named by the user: not there
-            # A damaged set, not a path missing from its tree: a mount answers
-            # EIO and logs this, rather than ENOENT for a path that is listed.
-            raise FormatError(f"{shard.name!r}: shard {index} of {self.path!r} is missing (moved or "
-                              "removed since the manifest was written)") from None
-        try:
-            if shard.record is not None:
-                self._check_inside(shard, opened)  # the file opened, whatever was swapped in meanwhile
-            self._check_against_manifest(shard, opened)
-        except BaseException:
-            opened.close()
-            raise
-        return opened
-
-    def _check_inside(self, shard: _Shard, archive: Optional[Archive]) -> None:
-        """Refuse a manifest's local shard that leads (through a symlink, of the file or
-        of a directory on its way) outside the manifest's directory: a manifest names
-        files in its directory or below it, and a set's directory of links to anywhere
-        would serve whatever they point at.  ``archive``: the file as opened (its
-        descriptor's path), else the name as it resolves now."""
-        location, record = shard.location, shard.record
-        if record is None or is_url(location) or not location.endswith(record.file):
-            return
-        directory = os.path.realpath(location[:len(location) - len(record.file)] or ".")
-        real = None
-        if archive is not None:
-            try:
-                real = os.readlink(f"/proc/self/fd/{archive.source.fileno()}")  # type: ignore[attr-defined]
-            except (OSError, AttributeError, ValueError):
-                real = None
-        if real is None:
-            real = os.path.realpath(location)
-        if not real.startswith(directory.rstrip("/") + "/"):
-            raise FormatError(f"{shard.name!r}: shard {shard.index} of {self.path!r} leads outside the set's "
-                              f"directory {directory!r} (to {real!r}, through a symlink): refused")
-
-    def _check_against_manifest(self, shard: _Shard, archive: Archive) -> None:
-        seen = (archive.size, archive.entry_count, footer_crc(archive))
-        if shard.seen is not None:
-            if seen != shard.seen:
-                raise FormatError(f"{shard.name!r}: shard {shard.index} of {self.path!r} was replaced or "
-                                  "rewritten since the set was opened")
-            return
-        record = shard.record
-        if record is not None:
-            if seen != (record.size, record.entries, record.footer_crc):
-                raise FormatError(
-                    f"{shard.name!r}: not the shard {self.path!r} lists ({archive.size} bytes and "
-                    f"{archive.entry_count} entries, the manifest says {record.size} and {record.entries}, or its "
-                    "footer differs): replaced or rewritten since the manifest was written"
-                )
-            # The manifest's range is what every lookup trusts to find a path's shard: a
-            # range that lies (its CRC valid) would list names twice, or list paths that
-            # no lookup then finds.  O(depth) reads, once per shard.
-            first, last = leaf_range(archive)
-            if (first, last) != (record.first, record.last):
-                raise FormatError(
-                    f"{shard.name!r}: shard {shard.index} of {self.path!r} holds "
-                    f"{os.fsdecode(first)!r} to {os.fsdecode(last)!r}, its manifest says "
-                    f"{os.fsdecode(record.first)!r} to {os.fsdecode(record.last)!r}: the manifest is wrong"
-                )
-        shard.seen = seen
-
-    def _sort_into_layers(self) -> list[_Layer]:
-        layers: list[_Layer] = []
-        for shard in sorted((s for s in self._shards if not s.empty), key=lambda s: (s.first_key, s.index)):
-            for layer in layers:
-                if layer.shards[-1].last_key < shard.first_key:
-                    layer.add(shard)
-                    break
-            else:
-                layer = _Layer()
-                layer.add(shard)
-                layers.append(layer)
-        return layers
-
     def _prepare_lookups(self) -> None:
         # A set of one layer whose shard numbers rise with the ranges (any set packed or
         # appended in order) is searched without generators: two bisects and a find.
@@ -480,61 +187,6 @@ class ShardSet:
         self._candidates = sorted(candidates, key=depth_first_key)
         self._candidate_keys = [depth_first_key(path) for path in self._candidates]
         self._shared_sets: dict[int, frozenset[int]] = {}
-
-    def _check_overlaps(self) -> None:
-        """Refuse a path held by two shards as anything but a directory in both; only
-        shards of different layers whose ranges overlap can."""
-        if len(self._layers) < 2:
-            return
-        shards = [s for s in self._shards if not s.empty]
-        for a_position, a in enumerate(shards):
-            for b in shards[a_position + 1:]:
-                if a.first_key <= b.last_key and b.first_key <= a.last_key:
-                    self._check_pair(a, b)
-
-    def _check_shared_directories(self) -> None:
-        """Refuse a shard whose first leaf lies under a path another shard holds as a
-        file or symlink (the one kind of collision ranges that do not overlap allow):
-        each ancestor of each first leaf is looked up in the shard whose range holds it."""
-        for shard in self._shards:
-            if shard.empty:
-                continue
-            parts = shard.first.split(b"/")[:-1]
-            for depth in range(1, len(parts) + 1):
-                path = b"/".join(parts[:depth])
-                key = depth_first_key(path)
-                for layer in self._layers:
-                    at = bisect.bisect_right(layer.firsts, key) - 1
-                    if at < 0 or key > layer.shards[at].last_key or layer.shards[at] is shard:
-                        continue
-                    other = layer.shards[at]
-                    archive = self._shard(other.index)
-                    entry = archive.find(path)
-                    if entry >= 0 and archive.file_type(entry) != S_IFDIR:
-                        raise FormatError(
-                            f"{os.fsdecode(path)!r} is in both {other.name!r} (not as a directory) and "
-                            f"{shard.name!r} (a directory): the archives of a set must not hold the same path "
-                            "(but directories)"
-                        )
-
-    def _check_pair(self, a: _Shard, b: _Shard) -> None:
-        small, large = sorted((a, b), key=lambda s: self._shard(s.index).entry_count)
-        small_archive, large_archive = self._shard(small.index), self._shard(large.index)
-        low, high = max(a.first_key, b.first_key), min(a.last_key, b.last_key)
-        modes = small_archive.column("mode")
-        for entry in range(1, small_archive.entry_count):
-            path = small_archive.path_of(entry)
-            key = depth_first_key(path)
-            if not low <= key <= high:
-                continue
-            other = large_archive.find(path)
-            if other < 0:
-                continue
-            if int(modes[entry]) & S_IFMT != S_IFDIR or large_archive.file_type(other) != S_IFDIR:
-                raise FormatError(
-                    f"{os.fsdecode(path)!r} is in both {small.name!r} and {large.name!r}: the archives of a "
-                    "set must not hold the same path (but directories)"
-                )
 
     # -- what the set is -----------------------------------------------------------------
 
@@ -559,14 +211,13 @@ class ShardSet:
         that holds every shard's descriptor itself (the compiled daemon's Forest, whose
         trees read each shard's descriptor and map by number), which must not see the
         set drop a shard (and its descriptor) under it."""
-        with self._lock:
-            self._open_limit = max(self._open_limit, len(self._shards))
+        self._members.keep_every_shard_open()
 
     @property
     def open_shards(self) -> int:
         """How many shards the set holds open now (at most :func:`open_shard_limit`,
         unless :meth:`keep_every_shard_open` was called)."""
-        return len(self._recent)
+        return len(self._members.recent)
 
     def shard(self, index: int) -> Archive:
         """Shard ``index``'s archive (opened, and checked against the manifest, on first use)."""
@@ -745,16 +396,12 @@ class ShardSet:
 
     def close(self) -> None:
         """Close every shard opened."""
-        with self._lock:
-            self._closed = True
-            for shard in self._shards:
-                if shard.archive is not None:
-                    shard.archive.close()
+        self._members.close()
 
     @property
     def closed(self) -> bool:
         """Whether close() was called."""
-        return self._closed
+        return self._members.closed
 
     def __enter__(self) -> ShardSet:
         return self
@@ -804,8 +451,8 @@ class ShardSet:
         """(shard, entry) of ``key`` in the lowest shard that holds it, or (-1, -1):
         in a layer whose shard numbers rise with its ranges the first hit is its lowest."""
         if not key:
-            if self._closed:  # the root is found without asking a shard, which would say so
-                raise self._closed_error()
+            if self._members.closed:  # the root is found without asking a shard, which would say so
+                raise self._members.closed_error()
             return 0, 0
         path_key = tuple(key.split(b"/"))
         fast = self._fast
@@ -1050,6 +697,7 @@ class ShardSet:
             if archive.file_type(found) != S_IFDIR:
                 continue
             base = self._bases[shard]
+            numbers: Sequence[int]
             if inodes:
                 part, names, modes, numbers = archive.listing_with_inodes(found)
             else:
@@ -1243,8 +891,8 @@ class ShardSet:
             for a_position, a in enumerate(self._shards):
                 for b in self._shards[a_position + 1:]:
                     if not (a.empty or b.empty) and a.first_key <= b.last_key and b.first_key <= a.last_key:
-                        self._check_pair(a, b)
-            self._check_shared_directories()
+                        self._members.check_pair(a, b)
+            self._members.check_shared_directories()
         except FormatError as error:
             problems.append(str(error))
         return VerifyReport(records, bytes_checked, tuple(bad_paths), tuple(bad_records), tuple(problems),

@@ -16,6 +16,7 @@ one (zero-copy), and otherwise through ``read``.
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any, Hashable, Mapping, Optional, Protocol, Union
 
@@ -91,7 +92,8 @@ def with_cache_dir(storage_options: Optional[Mapping[str, Any]], cache_dir: obje
     return {**(storage_options or {}), "cache_dir": cache_dir}
 
 
-def settled_cache_dir(cache_dir: object) -> object:
+def settled_cache_dir(cache_dir: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", bool, None]
+                      ) -> Union[str, bool]:
     """``cache_dir`` as it must be kept by a reader that opens URLs later, perhaps after
     the process changed directory (a mount's daemon serves from ``/``): a path made
     absolute now, the default (None) decided now (:func:`packfs.source.cache.default_cache_dir`,
@@ -104,7 +106,9 @@ def settled_cache_dir(cache_dir: object) -> object:
         cache_dir = default_cache_dir()
         if cache_dir is None:
             return False
-    return os.path.abspath(os.fspath(cache_dir))  # type: ignore[arg-type]
+    if cache_dir is True:
+        raise TypeError("cache_dir=True: give a directory, None (the default) or False (none)")
+    return os.path.abspath(os.fsdecode(cache_dir))
 
 
 def _size(value: object, name: str) -> int:
@@ -136,12 +140,31 @@ class ByteSource(Protocol):
     :meth:`close`.
     """
 
-    name: str  # the path or URL, for messages
-    size: int  # bytes, at open
-    identity: Hashable  # equal for two opens of the same bytes
-    owner: tuple[int, int, int]  # (uid, gid, mtime_ns) for entries without their own
-    mapping: Union[bytes, memoryview, object, None]  # a zero-copy buffer of every byte, or None
-    guarded: bool  # reading ``mapping`` cannot kill the process (see packfs.source.local)
+    # Read-only here (properties): each source keeps them as it likes (attributes set at
+    # open, or properties), and a narrower type (a tuple for ``identity``) still fits.
+    @property
+    def name(self) -> str:
+        """The path or URL, for messages."""
+
+    @property
+    def size(self) -> int:
+        """Bytes, at open."""
+
+    @property
+    def identity(self) -> Hashable:
+        """Equal for two opens of the same bytes."""
+
+    @property
+    def owner(self) -> tuple[int, int, int]:
+        """(uid, gid, mtime_ns) for entries without their own."""
+
+    @property
+    def mapping(self) -> Union[bytes, memoryview, mmap.mmap, None]:
+        """A zero-copy buffer of every byte, or None."""
+
+    @property
+    def guarded(self) -> bool:
+        """Reading ``mapping`` cannot kill the process (see packfs.source.local)."""
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes [start, end)."""

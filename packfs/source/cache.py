@@ -464,7 +464,7 @@ class CachedSource:
         base = chunk * BLOCKS_PER_CHUNK
         low, high = members[0] - base, members[-1] - base + 1
         table = os.pread(fd, (high - low) * SLOT.size, low * SLOT.size)
-        found = set()
+        found: set[int] = set()
         for run in _runs(members):
             first, last = run[0] - base, run[-1] - base + 1
             slots = []

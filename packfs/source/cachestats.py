@@ -250,7 +250,9 @@ def cached_archives(root: str, dir_fd: Optional[int] = None, shown: Optional[str
                 except OSError:
                     continue  # removed meanwhile
             found.append(CachedArchive(url, tag, size, entry.name, os.path.join(shown or root, entry.name), cached,
-                                       count, *(counts[name] for name in COUNTERS), first, max(last, touched)))
+                                       count, counts["cache_hits"], counts["cache_misses"], counts["cache_waits"],
+                                       counts["readahead_bytes"], counts["requests"], counts["bytes_fetched"],
+                                       counts["retries"], first, max(last, touched)))
     finally:
         os.close(layout)
     return sorted(found, key=lambda a: (a.url, a.first_used))

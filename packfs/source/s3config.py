@@ -73,7 +73,8 @@ def s3_settings(storage_options: Optional[Mapping[str, object]] = None,
     # from a file would be two different identities' halves.
     places = ("storage_options", "the environment (AWS_ACCESS_KEY_ID)",
               f"profile {profile!r} in {_credentials_path(environ)!r} or {_config_path(environ)!r}")
-    for source, place in zip((given, from_env, files), places):
+    sources: tuple[Mapping[str, object], ...] = (given, from_env, files)
+    for source, place in zip(sources, places):
         if source.get("access_key_id") or source.get("secret_access_key"):
             for name in ("access_key_id", "secret_access_key", "session_token"):
                 settings[name] = source.get(name) or None

@@ -9,7 +9,9 @@ from .archives import pack_archive
 from .container import TEMP_MARKER, ContainerWriter
 from .convert import convert
 from .exclude import ExcludePatterns
-from .pack import Entry, PackProgress, PackStats, SkipList, SkippedPath, pack_entries, pack_folder
+from .entry import Entry, PackProgress, PackStats
+from .pack import pack_entries, pack_folder
+from .skips import SkipList, SkippedPath
 from .temporaries import remove_unfinished
 
 __all__ = ["Entry", "PackProgress", "PackStats", "SkippedPath", "SkipList", "pack_entries", "pack_folder",

@@ -22,18 +22,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import functools
 import logging
 import os
 import stat as stat_module
 import tarfile
 import time
 import zipfile
-from typing import Any, BinaryIO, Callable, Iterator, cast
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, cast
 
 from ..errors import PackError
 from ..format import MAX_SYMLINK_TARGET, path_name_problem, symlink_length_problem, symlink_target_problem
 from ..source import url_error
-from .pack import Entry, PackProgress, PackStats, PathLike, SkipList, pack_entries
+from .entry import Entry, PackProgress, PackStats, PathLike
+from .pack import pack_entries
+from .skips import SkipList
 
 __all__ = ["archive_kind", "archive_entries", "pack_archive"]
 
@@ -129,7 +132,7 @@ def _tar_entries(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], skips
         # tarfile keeps every member it has read (for getmembers() and extracting hard
         # links), about 1 KiB each; entries here name their link targets themselves, so
         # the list is let go: a stream of any length is packed in bounded memory.
-        del tar.members[:]
+        del tar.members[:]  # type: ignore[attr-defined]  # typeshed omits TarFile.members (getmembers' list)
         name = _safe_name(member.name, skips)
         if name is not None:
             yield from _tar_entry(tar, member, name, skips, xattrs)
@@ -227,7 +230,7 @@ def _zip_entries(archive: zipfile.ZipFile, skips: SkipList) -> Iterator[Entry]:
             if _storable_target(target, info.filename, skips):
                 yield Entry(name, kind="symlink", target=target, mtime_ns=mtime_ns)
         elif kind in (0, stat_module.S_IFREG):
-            yield Entry(name, lambda info=info: archive.open(info), size=info.file_size,
+            yield Entry(name, functools.partial(archive.open, info), size=info.file_size,
                         mode=(unix_mode & 0o7777) or 0o644, mtime_ns=mtime_ns)
         else:
             skips.add(info.filename, "a device, FIFO or other special member")
@@ -243,7 +246,7 @@ class _CountingReader:
         self.mode = "rb"
 
     def read(self, size: int | None = -1) -> bytes:
-        data = self._raw.read(size)
+        data = self._raw.read(-1 if size is None else size)
         if data:
             self._progress.advance(0, len(data))
         return data
@@ -356,7 +359,12 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
     """
     streamed, kind = _source_kind(source, stdin, "pack_archive")
     skips = SkipList(where=f"{'<stdin>' if source == '-' else source}: ")
-    codecs = dict(compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse, verify=verify)
+
+    def pack(entries: Iterable[Entry], count: int | None = None, progress: PackProgress | None = None,
+             xattrs: bool | None = None) -> PackStats:
+        return pack_entries(entries, out, count=count, force=force, progress=progress, xattrs=xattrs,
+                            compress=compress, dictionary=dictionary, dedup=dedup, sparse=sparse, verify=verify)
+
     spool_for_dictionaries = dictionary == "auto"  # a tar read in place is sampled from the spool
     try:
         with contextlib.ExitStack() as stack:
@@ -370,8 +378,7 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                     # count is known and members stream straight in, without a spool.
                     # (The counting reader already reports the bytes they are read from.)
                     entries = list(_zip_entries(archive, skips))
-                    stats = pack_entries(entries, out, count=sum(entry.kind != "dir" for entry in entries),
-                                         force=force, **codecs)
+                    stats = pack(entries, count=sum(entry.kind != "dir" for entry in entries))
             elif streamed:
                 # A stream: member order.  tarfile reads a stream 10 KiB at a time, and
                 # its stream buffer copies what it holds at every read, so a larger
@@ -379,23 +386,20 @@ def pack_archive(source: str, out: PathLike, *, force: bool = False,
                 # 8,000 JPEGs 4x slower).  A 1 MiB buffer below it keeps the system
                 # calls few instead.
                 with tarfile.open(fileobj=io.BufferedReader(_RawReader(raw), _CHUNK), mode="r|*") as tar:
-                    stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
-                                         progress=progress, **codecs)
+                    stats = pack(_tar_entries(tar, iter(tar), skips, xattrs), progress=progress)
             else:
                 compressed = _compressed(source)
                 with tarfile.open(fileobj=raw, mode="r:*" if compressed else "r:") as tar:
                     if compressed:  # reading a compressed tar out of order would be slow
-                        stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
-                                             progress=progress, **codecs)
+                        stats = pack(_tar_entries(tar, iter(tar), skips, xattrs), progress=progress)
                     elif spool_for_dictionaries:
-                        stats = pack_entries(_tar_entries(tar, iter(tar), skips, xattrs), out, force=force,
-                                             progress=progress, **codecs)
+                        stats = pack(_tar_entries(tar, iter(tar), skips, xattrs), progress=progress)
                     else:
-                        entries, count = _tar_entries_in_pack_order(tar, skips, xattrs)
+                        in_order, count = _tar_entries_in_pack_order(tar, skips, xattrs)
                         # Not spooled: the counting reader already reports every byte copied, and
                         # pack_entries reporting the files too would count them twice.
                         has_xattrs = xattrs and any(_member_xattrs(member) for member in tar.getmembers())
-                        stats = pack_entries(entries, out, count=count, force=force, xattrs=has_xattrs, **codecs)
+                        stats = pack(in_order, count=count, xattrs=has_xattrs)
         return dataclasses.replace(stats, skipped=tuple(skips.paths))
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
         raise PackError(f"cannot read {source!r}: {error}") from None

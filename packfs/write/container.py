@@ -176,7 +176,7 @@ class ContainerWriter:
         self._record_crc = 0
         del self._record_pieces[:]
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` to the record begun with :meth:`begin_record`."""
         if self._behind:  # records were added by add_written_record: one seek past them all
             self._file.seek(self.position)

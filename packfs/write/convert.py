@@ -11,7 +11,8 @@ from ..core import Archive
 from ..core.recordfile import READ_RECORDS_WITH
 from ..errors import PackError, RecordFileError
 from ..format import PIECES_SINCE_MINOR, S_IFDIR, S_IFLNK, S_IFMT
-from .pack import Entry, PackProgress, PackStats, PathLike, pack_entries
+from .entry import Entry, PackProgress, PackStats, PathLike
+from .pack import pack_entries
 
 __all__ = ["convert"]
 

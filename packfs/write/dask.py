@@ -36,7 +36,7 @@ from ..core.manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key
 from ..core.paths import archive_key
 from ..errors import PackError
 from .container import TEMP_MARKER
-from .pack import Entry, PathLike
+from .entry import Entry, PathLike
 from .scan import read_xattrs
 from .shards import (ShardCutter, ShardSetStats, complete_shard, cut_entries, publish_set,
                      remove_abandoned_temporaries, set_names, shard_name, write_shard)

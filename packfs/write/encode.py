@@ -209,6 +209,7 @@ class RecordEncoder:
         found = getattr(self._local, "compressors", None)
         if found is None:
             level = self.compression.level
+            assert level is not None  # asked for only when files are compressed
             found = {None: zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True,
                                                     write_dict_id=False)}
             for record, prepared in self._prepared.items():
@@ -217,7 +218,7 @@ class RecordEncoder:
             self._local.compressors = found
         return found
 
-    def _file(self, kind: str, out: Callable[[bytes | memoryview], None],
+    def _file(self, kind: str, out: Callable[[bytes | bytearray | memoryview], None],
               compress_many: Callable[[list], list] | None = None) -> _FileEncoding:
         dictionary = self._dictionary_of_kind.get(kind, self._dictionary_of_kind.get(""))
         return _FileEncoding(None if self.compression.level is None else self._compressors(), dictionary, out,
@@ -229,7 +230,7 @@ class RecordEncoder:
 
     def encode(self, raw: bytes, kind: str = "") -> Encoded:
         """Encode a whole file's bytes (any thread): what :meth:`commit` writes."""
-        parts: list[bytes | memoryview] = []
+        parts: list[bytes | bytearray | memoryview] = []
         state = self._file(kind, parts.append)
         state.write(raw)
         return Encoded(raw, state.crc, state.finish(), parts)
@@ -252,14 +253,21 @@ class RecordEncoder:
         self._state = self._file(kind, self.writer.write,
                                  None if pool is None else lambda raws: list(pool.map(self.compress_frame, raws)))
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """The file's next bytes."""
-        self._state.write(data)
+        self._begun().write(data)
 
     @property
     def crc(self) -> int:
         """The CRC-32 of the file's bytes written since :meth:`begin` (not what is stored)."""
-        return self._state.crc
+        return self._begun().crc
+
+    def _begun(self) -> _FileEncoding:
+        """The file begun by :meth:`begin` (the builder never writes one it did not begin)."""
+        state = self._state
+        if state is None:
+            raise RuntimeError("RecordEncoder: no file begun")
+        return state
 
     def discard(self) -> None:
         """Forget the file's bytes (the builder discards its record)."""
@@ -268,7 +276,7 @@ class RecordEncoder:
     def end(self) -> int:
         """Finish the streamed file: its record (a new one, or an earlier one with equal
         bytes)."""
-        state, self._state = self._state, None
+        state, self._state = self._begun(), None
         size, crc = state.size, state.crc
         candidate = self._candidate(size, crc)
         small = state.held()  # a file of one frame is encoded at its end: not written yet
@@ -395,9 +403,10 @@ class _FileEncoding:
     into the writer or encoded whole by a thread (the same bytes either way)."""
 
     def __init__(self, compressors: dict[int | None, zstandard.ZstdCompressor] | None, dictionary: int | None,
-                 out: Callable[[bytes | memoryview], None],
+                 out: Callable[[bytes | bytearray | memoryview], None],
                  compress_many: Callable[[list], list] | None = None) -> None:
-        self.compressors = compressors
+        # None: files stored as they are (dedup or sparse without --compress).
+        self.compressors: dict[int | None, zstandard.ZstdCompressor] = compressors or {}
         self.compress_many = compress_many  # frames compressed by several threads at once
         self.dictionary = dictionary
         self.out = out
@@ -407,7 +416,7 @@ class _FileEncoding:
         self.size = 0
         self.crc = 0
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.crc = crc32(data, self.crc)
         self.size += len(data)
         if self.as_is:

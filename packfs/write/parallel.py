@@ -17,7 +17,7 @@ import errno
 import os
 import tempfile
 from array import array
-from typing import BinaryIO, Callable, Iterator, NamedTuple, Sequence
+from typing import BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import PackError
 from ..format import PIECE_SIZE, crc32
@@ -154,8 +154,14 @@ class _PlaceSink:
         return self._base, self._pieces
 
 
+# What a worker reports of one file: (its item's index, then either (size, CRC, piece
+# CRCs, (mode, uid, gid, mtime_ns), whether it changed while read, the worker, where in
+# the worker's side file it is or -1) and None, or None and why it cannot be packed).
+FileReport = Tuple[int, Optional[Tuple[int, int, List[int], Tuple[int, int, int, int], bool, int, int]], Optional[str]]
+
+
 def _read_chunks(root: bytes, items: Sequence[Scanned], offsets: array, out_fd: int, moved_fd: int,
-                 side_fds: Sequence[int]) -> Callable[[int, int, int, int], list]:
+                 side_fds: Sequence[int]) -> Callable[[int, int, int, int], list[FileReport]]:
     """What a worker does with a chunk: read each file into its place (in the output,
     or, for a chunk given with a tag T >= 0, at place - T in the copy of the output's
     end that records moved to: see Placer); report per file
@@ -164,13 +170,13 @@ def _read_chunks(root: bytes, items: Sequence[Scanned], offsets: array, out_fd: 
     or (index, None, why it cannot be packed)."""
     state: dict[str, object] = {}  # per worker process, made on its first chunk
 
-    def read(worker: int, start: int, stop: int, moved_from: int) -> list:
+    def read(worker: int, start: int, stop: int, moved_from: int) -> list[FileReport]:
         if not state:
             state["sink"], state["buffer"] = _PlaceSink(out_fd, side_fds[worker]), bytearray(_CHUNK)
         sink: _PlaceSink = state["sink"]  # type: ignore[assignment]
         buffer: bytearray = state["buffer"]  # type: ignore[assignment]
         sink.target(*((out_fd, 0) if moved_from < 0 else (moved_fd, moved_from)))
-        reports = []
+        reports: list[FileReport] = []
         for index in range(start, stop):
             item = items[index]
             if item.kind == "symlink":
@@ -216,7 +222,7 @@ class Placer:
     output is cut there, and each record that follows is copied back to where it now
     goes.  What is held and copied does not grow with the tree: a few chunks."""
 
-    def __init__(self, writer: ContainerWriter, workers: Workers, offsets: array, chunk_ends: array,
+    def __init__(self, writer: ContainerWriter, workers: Workers[FileReport], offsets: array, chunk_ends: array,
                  out_fd: int, moved_fd: int, side_fds: Sequence[int]) -> None:
         self._writer, self._workers = writer, workers
         self._reports = workers.results()
@@ -234,7 +240,7 @@ class Placer:
         if report is None:  # the records after it move back (unless the pack fails here)
             if self._move_due < 0:
                 self._move_due = self._offsets[index]
-            raise CannotPack(source.path, reason)
+            raise CannotPack(source.path, reason or "")  # a report without a record has its reason
         size, crc, pieces, stamp, changed, worker, side_offset = report
         writer = self._writer
         self._move_if_due()

@@ -45,7 +45,9 @@ from ..errors import PackError, PackSourceError
 from .archives import archive_entries
 from .container import TEMP_MARKER
 from .exclude import ExcludePatterns
-from .pack import Entry, PackProgress, PathLike, SkipList, SkippedPath, pack_entries
+from .entry import Entry, PackProgress, PathLike
+from .pack import pack_entries
+from .skips import SkipList, SkippedPath
 from .scan import open_beneath, scan_tree
 from .sets import remove_abandoned_temporaries, temporary_name
 from .temporaries import register, unregister
@@ -404,14 +406,17 @@ def _directory_entries(src: bytes, follow_symlinks: bool, exclude: Sequence[str]
     entries = []
     for item in items:
         info = item.info
-        common = dict(mode=stat_module.S_IMODE(info.st_mode), uid=info.st_uid, gid=info.st_gid,
-                      mtime_ns=info.st_mtime_ns, xattrs=item.xattrs)
+        mode, uid, gid, mtime_ns = stat_module.S_IMODE(info.st_mode), info.st_uid, info.st_gid, info.st_mtime_ns
         if item.kind == "file":
-            entries.append(Entry(item.key, _file_opener(root, item.key), size=info.st_size, **common))
-        elif item.kind in ("symlink", "hardlink"):
-            entries.append(Entry(item.key, None, item.kind, target=item.target, **common))  # type: ignore[arg-type]
+            entries.append(Entry(item.key, _file_opener(root, item.key), size=info.st_size, mode=mode, uid=uid,
+                                 gid=gid, mtime_ns=mtime_ns, xattrs=item.xattrs))
+        elif item.kind == "symlink" or item.kind == "hardlink":
+            entries.append(Entry(item.key, None, "symlink" if item.kind == "symlink" else "hardlink",
+                                 target=item.target, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns,
+                                 xattrs=item.xattrs))
         else:
-            entries.append(Entry(item.key, None, "dir", **common))
+            entries.append(Entry(item.key, None, "dir", mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns,
+                                 xattrs=item.xattrs))
     return entries
 
 
@@ -495,15 +500,15 @@ def pack_shards(
         else:
             if follow_symlinks or exclude:
                 raise PackError("follow_symlinks and exclude apply to a directory only")
-            with archive_entries(src_text, skips, stdin=stdin, xattrs=xattrs) as (entries, planned):
+            with archive_entries(src_text, skips, stdin=stdin, xattrs=xattrs) as (members, planned):
                 if planned:
-                    _write_planned(list(entries), directory, stem, shard_size, shards, progress, counts, written,
+                    _write_planned(list(members), directory, stem, shard_size, shards, progress, counts, written,
                                    codecs)
                 elif shards is not None:
                     raise PackError(f"{src_text!r}: --shards needs the total size first, and a tar stream or a "
                                     "compressed tar is read once; use --shard-size, or an uncompressed tar file")
                 else:
-                    _write_streamed(entries, directory, stem, ShardCutter(shard_size=shard_size), counts, written,
+                    _write_streamed(members, directory, stem, ShardCutter(shard_size=shard_size), counts, written,
                                     progress, codecs)
         records = publish_set(directory, stem, written, force)
     except BaseException:

@@ -18,7 +18,7 @@ import selectors
 import signal
 import struct
 from collections import deque
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generic, Iterator, Sequence, TypeVar
 
 from ..errors import PackError
 
@@ -39,7 +39,10 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class Workers:
+Result = TypeVar("Result")  # what ``work`` returns a list of, for each chunk
+
+
+class Workers(Generic[Result]):
     """``jobs`` forked processes applying ``work(worker, start, stop, tag)`` to
     ``chunks`` (``(start, stop)`` pairs; ``tag`` is the :attr:`tag` when the chunk was
     given out); :meth:`results` yields each chunk's result list, item by item, in the
@@ -51,7 +54,7 @@ class Workers:
     """
 
     def __init__(self, jobs: int, chunks: Sequence[tuple[int, int]],
-                 work: Callable[[int, int, int, int], list]) -> None:
+                 work: Callable[[int, int, int, int], list[Result]]) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be >= 1, got {jobs!r}")
         self._jobs = jobs
@@ -63,10 +66,10 @@ class Workers:
         self._selector = selectors.DefaultSelector()
         self._pending: deque[int] = deque(range(len(chunks)))  # chunks not given out yet
         self._given: list[deque[int]] = []  # per worker, its chunks not reported yet
-        self._done: dict[int, list] = {}
+        self._done: dict[int, list[Result]] = {}
         self.tag = -1  # given with each chunk from now on
 
-    def __enter__(self) -> Workers:
+    def __enter__(self) -> Workers[Result]:
         try:
             for worker in range(self._jobs):
                 self._start(worker)
@@ -133,7 +136,7 @@ class Workers:
             return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
         return f"exit status {os.waitstatus_to_exitcode(status)}"
 
-    def results(self) -> Iterator[object]:
+    def results(self) -> Iterator[Result]:
         """Every chunk's results, in the chunks' order."""
         for chunk in range(len(self._chunks)):
             while chunk not in self._done:
