@@ -179,9 +179,12 @@ int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode)
 
 
 /* ``count`` bytes at ``at`` into ``buffer``, or EIO (noting the change) when fewer are
- * there: the file is shorter than at open. */
+ * there: the file is shorter than at open.  A remote archive's data area is read by
+ * its remote_read (the node's disk cache, else the server). */
 int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at)
 {
+    if (t->remote_read != NULL && count > 0 && at < t->remote_to && at + count > t->remote_from)
+        return t->remote_read(t->remote_context, buffer, count, at);
     for (uint64_t done = 0; done < count;) {
         ssize_t n = pread(t->fd, buffer + done, count - done, (off_t) (at + done));
         if (n <= 0) {
