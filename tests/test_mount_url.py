@@ -216,3 +216,18 @@ def test_c_and_python_read_the_same_chunk_files(nginx, tmp_path: Path) -> None: 
             _format.read_cached(top_fd, "../elsewhere", salt, size, 0, 10)
     finally:
         source.close()
+
+
+def test_the_crc_c_checks_blocks_with_is_zlibs() -> None:
+    import zlib
+
+    from packfs.core import _format
+
+    data = os.urandom(70_000)
+    for length in range(300):
+        for offset in (0, 1, 7):
+            seed = (length * 0x9E3779B1 + offset) & 0xFFFFFFFF
+            piece = data[offset:offset + length]
+            assert _format.crc32(piece, seed) == zlib.crc32(piece, seed), (length, offset)
+    for length in (BLOCK_BYTES, BLOCK_BYTES - 1, 65536 + 13):
+        assert _format.crc32(data[3:3 + length], 12345) == zlib.crc32(data[3:3 + length], 12345)

@@ -11,6 +11,8 @@
 
 #include "blockcache.h"
 
+#include "crc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,7 +21,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 /* Blocks read and checked with one pread: 1 MiB of scratch at most. */
 #define BLOCKS_AT_ONCE 64
@@ -29,6 +30,8 @@ void blockcache_prepare(BlockCache *c)
 {
     memset(c, 0, sizeof *c);
     c->dir_fd = -1;
+    for (unsigned k = 0; k < CACHE_OPEN_CHUNKS; k++)
+        c->open_fd[k] = -1;
 }
 
 int blockcache_open(BlockCache *c, int dir_fd, const char *relative, uint32_t salt, uint64_t size)
@@ -42,6 +45,12 @@ int blockcache_open(BlockCache *c, int dir_fd, const char *relative, uint32_t sa
     c->touched = calloc(c->chunks, sizeof *c->touched);
     if (c->touched == NULL)
         return ENOMEM;
+    if (pthread_rwlock_init(&c->lock, NULL) != 0) {
+        free(c->touched);
+        c->touched = NULL;
+        return ENOMEM;
+    }
+    c->lock_made = 1;
     c->dir_fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
     if (c->dir_fd < 0) {
         int error = errno;
@@ -57,6 +66,12 @@ int blockcache_open(BlockCache *c, int dir_fd, const char *relative, uint32_t sa
 
 void blockcache_close(BlockCache *c)
 {
+    for (unsigned k = 0; k < CACHE_OPEN_CHUNKS; k++) {
+        if (c->open_fd[k] >= 0)
+            close(c->open_fd[k]);
+    }
+    if (c->lock_made)
+        pthread_rwlock_destroy(&c->lock);
     if (c->dir_fd >= 0)
         close(c->dir_fd);
     free(c->touched);
@@ -66,6 +81,56 @@ void blockcache_close(BlockCache *c)
 uint32_t blockcache_seed(const BlockCache *c, uint64_t block)
 {
     return c->salt ^ (uint32_t) (block * 0x9E3779B1u);
+}
+
+/* Chunk ``chunk``'s kept descriptor, if it is kept and its name still names it. */
+static int kept(BlockCache *c, uint64_t chunk)
+{
+    unsigned k = (unsigned) (chunk % CACHE_OPEN_CHUNKS);
+    struct stat st;
+    if (c->open_fd[k] < 0 || c->open_chunk[k] != chunk || fstat(c->open_fd[k], &st) != 0 || st.st_nlink == 0)
+        return -1;
+    return c->open_fd[k];
+}
+
+/* Chunk ``chunk``'s descriptor, with ``lock`` held shared (release it when done), or -1
+ * (nothing held) when it cannot be opened. */
+static int use_chunk(BlockCache *c, uint64_t chunk)
+{
+    pthread_rwlock_rdlock(&c->lock);
+    int fd = kept(c, chunk);
+    if (fd >= 0)
+        return fd;
+    pthread_rwlock_unlock(&c->lock);
+    pthread_rwlock_wrlock(&c->lock);
+    unsigned k = (unsigned) (chunk % CACHE_OPEN_CHUNKS);
+    if (kept(c, chunk) < 0) {
+        if (c->open_fd[k] >= 0)
+            close(c->open_fd[k]);
+        char name[CACHE_RELATIVE_MAX + 32];
+        snprintf(name, sizeof name, "%s/c%llu", c->relative, (unsigned long long) chunk);
+        c->open_fd[k] = openat(c->dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        c->open_chunk[k] = chunk;
+    }
+    pthread_rwlock_unlock(&c->lock);
+    /* Shared again: another thread may have replaced it meanwhile (then it is a miss). */
+    pthread_rwlock_rdlock(&c->lock);
+    if (c->open_chunk[k] == chunk && c->open_fd[k] >= 0)
+        return c->open_fd[k];
+    pthread_rwlock_unlock(&c->lock);
+    return -1;
+}
+
+/* A block of chunk ``chunk`` was missing or damaged: its descriptor is let go. */
+static void drop_chunk(BlockCache *c, uint64_t chunk)
+{
+    unsigned k = (unsigned) (chunk % CACHE_OPEN_CHUNKS);
+    pthread_rwlock_wrlock(&c->lock);
+    if (c->open_chunk[k] == chunk && c->open_fd[k] >= 0) {
+        close(c->open_fd[k]);
+        c->open_fd[k] = -1;
+    }
+    pthread_rwlock_unlock(&c->lock);
 }
 
 static void touch(BlockCache *c, uint64_t chunk, int fd)
@@ -103,8 +168,7 @@ static int read_blocks(const BlockCache *c, int fd, uint64_t chunk, uint64_t fir
         uint64_t expected = k + 1 < count ? CACHE_BLOCK_BYTES : last_length;
         if (length != expected)
             return ENOENT;  /* not there (0), or not this block's */
-        uLong seed = blockcache_seed(c, first + k);
-        if ((uint32_t) crc32(seed, scratch + k * CACHE_BLOCK_BYTES, (uInt) length) != crc)
+        if (fast_crc32(blockcache_seed(c, first + k), scratch + k * CACHE_BLOCK_BYTES, length) != crc)
             return ENOENT;
     }
     return 0;
@@ -116,36 +180,33 @@ int blockcache_read(BlockCache *c, uint8_t *buffer, uint64_t count, uint64_t at)
         return ENOENT;
     uint64_t end = at + count;
     uint64_t block = at / CACHE_BLOCK_BYTES, last = (end - 1) / CACHE_BLOCK_BYTES;
-    /* Scratch for the blocks a small read touches (under malloc's mmap threshold). */
-    uint64_t most = last - block + 1 < BLOCKS_AT_ONCE ? last - block + 1 : BLOCKS_AT_ONCE;
-    uint8_t *scratch = malloc(most * CACHE_BLOCK_BYTES);
-    if (scratch == NULL)
+    /* Scratch: on the stack for a read of one or two blocks (a small file's), else
+     * malloc'ed for up to BLOCKS_AT_ONCE at a time. */
+    uint8_t small[2 * CACHE_BLOCK_BYTES];
+    uint8_t *scratch = small;
+    if (last - block + 1 > 2 && (scratch = malloc(BLOCKS_AT_ONCE * CACHE_BLOCK_BYTES)) == NULL)
         return ENOENT;
-    int result = 0, fd = -1;
-    uint64_t open_chunk = UINT64_MAX;
+    uint64_t room = scratch == small ? 2 : BLOCKS_AT_ONCE;
+    int result = 0;
     while (result == 0 && block <= last) {
         uint64_t chunk = block / CACHE_BLOCKS_PER_CHUNK;
-        if (chunk != open_chunk) {
-            if (fd >= 0)
-                close(fd);
-            char name[CACHE_RELATIVE_MAX + 32];
-            snprintf(name, sizeof name, "%s/c%llu", c->relative, (unsigned long long) chunk);
-            fd = openat(c->dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-            open_chunk = chunk;
-            if (fd < 0) {
-                result = ENOENT;
-                break;
-            }
-            touch(c, chunk, fd);
+        int fd = use_chunk(c, chunk);
+        if (fd < 0) {
+            result = ENOENT;
+            break;
         }
-        /* A run within this chunk, at most BLOCKS_AT_ONCE blocks. */
+        touch(c, chunk, fd);
+        /* A run within this chunk, at most ``room`` blocks. */
         uint64_t chunk_last = (chunk + 1) * CACHE_BLOCKS_PER_CHUNK - 1;
         uint64_t run_last = last < chunk_last ? last : chunk_last;
-        if (run_last - block + 1 > BLOCKS_AT_ONCE)
-            run_last = block + BLOCKS_AT_ONCE - 1;
-        uint64_t run = run_last - block + 1;
-        if ((result = read_blocks(c, fd, chunk, block, run, scratch)) != 0)
+        if (run_last - block + 1 > room)
+            run_last = block + room - 1;
+        result = read_blocks(c, fd, chunk, block, run_last - block + 1, scratch);
+        pthread_rwlock_unlock(&c->lock);
+        if (result != 0) {
+            drop_chunk(c, chunk);
             break;
+        }
         uint64_t run_start = block * CACHE_BLOCK_BYTES;
         uint64_t from = at > run_start ? at : run_start;
         uint64_t to = (run_last + 1) * CACHE_BLOCK_BYTES;
@@ -154,9 +215,8 @@ int blockcache_read(BlockCache *c, uint8_t *buffer, uint64_t count, uint64_t at)
         memcpy(buffer + (from - at), scratch + (from - run_start), to - from);
         block = run_last + 1;
     }
-    if (fd >= 0)
-        close(fd);
-    free(scratch);
+    if (scratch != small)
+        free(scratch);
     if (result == 0)
         __atomic_fetch_add(&c->hits, last - at / CACHE_BLOCK_BYTES + 1, __ATOMIC_RELAXED);
     else

@@ -9,6 +9,7 @@
 #ifndef PACKFS_CFORMAT_BLOCKCACHE_H
 #define PACKFS_CFORMAT_BLOCKCACHE_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 /* The layout (cache.py's BLOCK_BYTES, CHUNK_BYTES, SLOT): a chunk file c<N> per 64 MiB
@@ -20,6 +21,9 @@
 #define CACHE_SLOTS_BYTES (CACHE_BLOCKS_PER_CHUNK * CACHE_SLOT)
 /* The longest "v1/<key>" directory name kept (the key is a hex digest). */
 #define CACHE_RELATIVE_MAX 200
+/* Chunk files kept open (chunk N in slot N % CACHE_OPEN_CHUNKS): an openat per read cost
+ * more than the rest of a cached read of a small file. */
+#define CACHE_OPEN_CHUNKS 64
 
 typedef struct BlockCache {
     int dir_fd;                    /* our duplicate of the cache's checked directory; -1: no cache */
@@ -28,6 +32,15 @@ typedef struct BlockCache {
     uint64_t size;                 /* the archive's size (a last block is shorter) */
     uint64_t chunks;
     int64_t *touched;              /* per chunk: when (CLOCK_MONOTONIC s) it was last marked used */
+    /* Open chunk files: slot k holds chunk open_chunk[k] as open_fd[k] (-1: none).  One
+     * whose name was removed (evicted, the cache cleared) is closed at its next use,
+     * and one that missed a block is closed too (CachedSource may write that block to
+     * a new file of that name), so a kept descriptor never holds space nor hides
+     * blocks for long.  Readers hold ``lock`` shared while they read through one. */
+    uint64_t open_chunk[CACHE_OPEN_CHUNKS];
+    int open_fd[CACHE_OPEN_CHUNKS];
+    pthread_rwlock_t lock;
+    int lock_made;
     uint64_t hits, misses;         /* blocks served from the cache; ranges not wholly there */
 } BlockCache;
 

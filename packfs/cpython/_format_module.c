@@ -18,6 +18,7 @@
 
 #include "tree_object.h"
 
+#include "../cformat/crc.h"
 #include "../cformat/codecs.h"
 #include "../cformat/lookup.h"
 #include "../cformat/records.h"
@@ -335,7 +336,20 @@ static PyObject *py_read_cached(PyObject *module, PyObject *args)
     return data;
 }
 
+/* The CRC-32 C checks cache blocks with (crc.c), for the test that holds it to zlib's. */
+static PyObject *py_crc32(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32", &data, &value))
+        return NULL;
+    uint32_t crc = fast_crc32(value, data.buf, (size_t) data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
 static PyMethodDef module_methods[] = {
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0) -> int: zlib.crc32's value, as C computes it."},
     {"read_cached", py_read_cached, METH_VARARGS,
      "read_cached(dir_fd, relative, salt, size, at, count) -> bytes or None: ``count`` bytes at ``at``\n"
      "of the archive whose node-cache directory is ``relative`` below ``dir_fd``, read and checked\n"
