@@ -231,3 +231,22 @@ def test_the_crc_c_checks_blocks_with_is_zlibs() -> None:
             assert _format.crc32(piece, seed) == zlib.crc32(piece, seed), (length, offset)
     for length in (BLOCK_BYTES, BLOCK_BYTES - 1, 65536 + 13):
         assert _format.crc32(data[3:3 + length], 12345) == zlib.crc32(data[3:3 + length], 12345)
+
+
+def test_a_set_of_shards_at_urls_is_served_by_the_compiled_daemon(nginx, tmp_path: Path) -> None:  # noqa: F811
+    _require_compiled()
+    from packfs.write.sets import make_set
+    from tests.test_union import _shards, _tree
+
+    files = _tree()
+    (tmp_path / "set").mkdir()
+    shards = _shards(files, tmp_path / "set", 3)
+    manifest = tmp_path / "set" / "data.ffrset"
+    make_set(str(manifest), [str(shard) for shard in shards])
+    for path in [*shards, manifest]:
+        nginx.put(path.name, path.read_bytes())
+    with mounted(nginx.url(manifest.name), tmp_path / "mnt", binding=COMPILED) as mountpoint:
+        for path, contents in files.items():
+            assert (mountpoint / path).read_bytes() == contents
+        assert sorted(os.listdir(mountpoint / "train")) == sorted({path.split("/")[1] for path in files
+                                                                   if path.startswith("train/")})

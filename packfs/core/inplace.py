@@ -194,16 +194,22 @@ class RemoteReader:
             pass
 
 
-def _view_file(directory: Optional[str]) -> int:
-    """A new file nobody else can open: unlinked from the start (O_TMPFILE) where the
-    file system has them, else unlinked right after it is made."""
-    where = directory if directory is not None else tempfile.gettempdir()
-    try:
-        return os.open(where, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    except (AttributeError, OSError):
-        fd, path = tempfile.mkstemp(prefix=".packfs-view-", dir=where)
-        os.unlink(path)
-        return fd
+def _view_file(cache: Optional[tuple[int, str, int]]) -> int:
+    """A new file nobody else can open: unlinked from the start (O_TMPFILE), in the
+    archive's directory of the checked cache (opened relative to its descriptor, as
+    every file of the cache is), else in $TMPDIR; where the file system has no
+    O_TMPFILE, unlinked right after it is made in $TMPDIR."""
+    flags = getattr(os, "O_TMPFILE", 0) | os.O_RDWR | os.O_CLOEXEC
+    if flags & getattr(os, "O_TMPFILE", 0):
+        try:
+            if cache is not None:
+                return os.open(cache[1], flags, 0o600, dir_fd=cache[0])
+            return os.open(tempfile.gettempdir(), flags, 0o600)
+        except OSError:
+            pass
+    fd, path = tempfile.mkstemp(prefix=".packfs-view-")
+    os.unlink(path)
+    return fd
 
 
 def _remote_view(archive: Archive) -> Union[InPlace, str]:
@@ -214,7 +220,7 @@ def _remote_view(archive: Archive) -> Union[InPlace, str]:
     if not 0 < data_start <= data_end <= size:
         return "the archive's data area is not inside it"
     cache = source.node_cache() if hasattr(source, "node_cache") else None
-    fd = _view_file(getattr(source, "directory", None))
+    fd = _view_file(cache)
     try:
         os.ftruncate(fd, size)
         for start, end in ((0, data_start), (data_end, size)):
