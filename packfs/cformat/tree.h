@@ -217,7 +217,7 @@ typedef struct Tree {
      * and table only, and every read that touches the data area [remote_from,
      * remote_to) is remote_read's (0, or an errno for that read alone: a fetch that
      * failed is not a changed archive).  NULL: the descriptor holds every byte. */
-    int (*remote_read)(void *context, uint8_t *buffer, uint64_t count, uint64_t at);
+    int (*remote_read)(void *context, uint8_t *buffer, uint64_t count, uint64_t at, uint64_t limit);
     void *remote_context;
     uint64_t remote_from, remote_to;
 } Tree;

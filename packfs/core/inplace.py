@@ -155,7 +155,7 @@ _COPY_PIECE = 8 << 20
 
 class RemoteReader:
     """What the C library reads a URL archive's data area with when the node cache does
-    not hold (or holds damaged) what it needs: ``reader(at, count)``, the bytes from
+    not hold (or holds damaged) what it needs: ``reader(at, count, limit)``, the bytes from
     the archive's source (the cache's ``read``: fetched, written for the next reader), or
     None for EIO.  What fails is written to ``log_fd`` (the daemon's log), each message
     once: a changed object as the Python daemon says it ("archive changed in place;
@@ -168,9 +168,14 @@ class RemoteReader:
         self._logged: set[str] = set()
         self._lock = threading.Lock()
 
-    def __call__(self, at: int, count: int) -> Optional[bytes]:
+    def __call__(self, at: int, count: int, limit: int = 0) -> Optional[bytes]:
         try:
-            data = self.source.read(at, at + count)
+            # ``limit``: the end of a large file read piece by piece, where read-ahead
+            # stops (Container.pread's rule); 0: a scan may read ahead across files.
+            if limit and getattr(self.source, "reads_ahead", False):
+                data = self.source.read(at, at + count, limit)
+            else:
+                data = self.source.read(at, at + count)
             if len(data) == count:
                 return bytes(data)
             message = f"read of {count} bytes at {at}: {len(data)} came"

@@ -190,14 +190,15 @@ Tree *tree_ready(PyObject *self)
  * which fetches it once per node and writes it to the cache.  Never tree_changed: a
  * failed fetch is EIO for this read alone (the reader logs it; a changed object stays
  * changed in the reader, which then fails every read). */
-static int remote_read(void *context, uint8_t *buffer, uint64_t count, uint64_t at)
+static int remote_read(void *context, uint8_t *buffer, uint64_t count, uint64_t at, uint64_t limit)
 {
     TreeObject *o = context;
     if (blockcache_read(&o->cache, buffer, count, at) == 0)
         return 0;
     int error = EIO;
     PyGILState_STATE state = PyGILState_Ensure();
-    PyObject *data = PyObject_CallFunction(o->reader, "KK", (unsigned long long) at, (unsigned long long) count);
+    PyObject *data = PyObject_CallFunction(o->reader, "KKK", (unsigned long long) at, (unsigned long long) count,
+                                           (unsigned long long) limit);
     if (data == NULL) {
         PyErr_WriteUnraisable(o->reader);  /* a bug of the reader's: it answers None for what it expects */
     } else if (PyBytes_Check(data) && (uint64_t) PyBytes_GET_SIZE(data) == count) {

@@ -17,8 +17,9 @@ typedef struct {
     int have_map;
     Tree tree;
     /* A remote archive (the constructor's ``remote``): the node cache C reads itself,
-     * and the callable that reads what it does not hold (reader(at, count) -> bytes, or
-     * None: EIO, said in the log by the reader). */
+     * and the callable that reads what it does not hold (reader(at, count, limit) ->
+     * bytes, or None: EIO, said in the log by the reader; limit 0 or the end of the
+     * file read, past which nothing is fetched ahead). */
     BlockCache cache;
     PyObject *reader;
 } TreeObject;
