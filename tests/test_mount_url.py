@@ -250,3 +250,20 @@ def test_a_set_of_shards_at_urls_is_served_by_the_compiled_daemon(nginx, tmp_pat
             assert (mountpoint / path).read_bytes() == contents
         assert sorted(os.listdir(mountpoint / "train")) == sorted({path.split("/")[1] for path in files
                                                                    if path.startswith("train/")})
+
+
+def test_a_view_too_large_to_copy_is_left_to_the_python_daemon(nginx, tmp_path: Path,  # noqa: F811
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from packfs.core import Archive, inplace
+    from packfs.fuse.inodedaemon import unavailable
+
+    _, archive = _archive(tmp_path, None)
+    nginx.put(archive.name, archive.read_bytes())
+    monkeypatch.setattr(inplace, "_VIEW_MAX", 1000)  # what a hostile footer's table claims, scaled down
+    with Archive(nginx.url(archive.name)) as opened:
+        reason = inplace.in_place(opened, remote=True)
+        assert isinstance(reason, str) and "more than the compiled daemon copies" in reason
+        assert unavailable(opened) == reason or unavailable(opened).startswith("packfs._lowlevel")
+    # Without remote=True (PackedFolder's hot path) a URL is never read in place.
+    with Archive(nginx.url(archive.name)) as again:
+        assert "URL" in inplace.in_place(again)

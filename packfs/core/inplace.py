@@ -151,6 +151,9 @@ _VIEWS: "weakref.WeakKeyDictionary[Archive, Union[InPlace, str]]" = weakref.Weak
 _VIEWS_LOCK = threading.Lock()
 # What is copied at a time into a URL's view (bounded memory whatever the table's size).
 _COPY_PIECE = 8 << 20
+# The most metadata (header and table) copied into a view: far more than 100 M entries
+# take; a larger claim (a hostile footer) is served by the Python daemon, page by page.
+_VIEW_MAX = 64 << 30
 
 
 class RemoteReader:
@@ -224,8 +227,15 @@ def _remote_view(archive: Archive) -> Union[InPlace, str]:
     data_start, data_end = archive.data_area
     if not 0 < data_start <= data_end <= size:
         return "the archive's data area is not inside it"
+    metadata = data_start + size - data_end
+    if metadata > _VIEW_MAX:
+        return (f"its header and table take {metadata} bytes, more than the compiled daemon copies to a local "
+                f"view ({_VIEW_MAX})")
     cache = source.node_cache() if hasattr(source, "node_cache") else None
-    fd = _view_file(cache)
+    try:
+        fd = _view_file(cache)
+    except OSError as error:
+        return f"no local view of its metadata can be made ({error.strerror or error})"
     try:
         os.ftruncate(fd, size)
         for start, end in ((0, data_start), (data_end, size)):
@@ -235,6 +245,10 @@ def _remote_view(archive: Archive) -> Union[InPlace, str]:
         # Opened as any local archive (the open-time checks run on these bytes), by a
         # name of the descriptor's: the file has none.
         local = Archive(f"/proc/self/fd/{fd}", checksums=archive.checksums)
+    except OSError as error:  # the view's file system: full, no sparse file that large, no /proc
+        if isinstance(error, PackfsError):
+            raise
+        return f"no local view of its metadata can be made ({error.strerror or error})"
     finally:
         os.close(fd)  # the local archive has its own descriptor
     view = in_place(local)
