@@ -353,7 +353,7 @@ def test_dataloader_workers_share_the_cache_and_epoch_two_fetches_nothing(nginx,
 
 @pytest.mark.fuse
 def test_a_mount_reads_a_large_file_ahead(nginx, served, dataset, tmp_path) -> None:  # noqa: F811
-    """A mount of a URL (the Python daemon) reading a 24 MiB file in the kernel's
+    """A mount of a URL (either daemon; PACKFS_TEST_BINDING picks) reading a 24 MiB file in the kernel's
     128 KiB READs: the stream is fetched ahead in growing windows, not one GET per
     READ, and nothing past the file."""
     require_fuse()

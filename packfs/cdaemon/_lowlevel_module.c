@@ -34,7 +34,7 @@
 
 static int tree_init(TreeObject *o, PyObject *args, PyObject *kwargs)
 {
-    if (tree_open_from_python(&o->tree, &o->map, &o->have_map, args, kwargs, "Tree") != 0)
+    if (tree_object_open(o, args, kwargs, "Tree") != 0)
         return -1;
     if (forest_of_one(&o->tree) != 0) {
         o->tree.initialised = 0;
@@ -450,7 +450,15 @@ static PyObject *py_decodes(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(__atomic_load_n(&t->decodes, __ATOMIC_RELAXED));
 }
 
+static PyObject *py_remote_counts(PyObject *self, PyObject *unused)
+{
+    return tree_ready(self) == NULL ? NULL : tree_remote_counts((TreeObject *) self);
+}
+
 static PyMethodDef tree_methods[] = {
+    {"remote_counts", (PyCFunction) py_remote_counts, METH_NOARGS,
+     "remote_counts() -> dict: a remote archive's cache_hits (blocks read from the node cache in C)\n"
+     "and cache_misses (reads handed to the reader)."},
     {"lookup", (PyCFunction) py_lookup, METH_VARARGS, lookup_doc},
     {"getattr", (PyCFunction) py_getattr, METH_VARARGS, getattr_doc},
     {"readdir", (PyCFunction) (void (*)(void)) py_readdir, METH_VARARGS | METH_KEYWORDS, readdir_doc},

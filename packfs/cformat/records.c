@@ -179,9 +179,14 @@ int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode)
 
 
 /* ``count`` bytes at ``at`` into ``buffer``, or EIO (noting the change) when fewer are
- * there: the file is shorter than at open. */
+ * there: the file is shorter than at open.  A remote archive's data area is read by
+ * its remote_read (the node's disk cache, else the server). */
+__thread uint64_t remote_limit;
+
 int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at)
 {
+    if (t->remote_read != NULL && count > 0 && at < t->remote_to && at + count > t->remote_from)
+        return t->remote_read(t->remote_context, buffer, count, at, remote_limit >= at + count ? remote_limit : 0);
     for (uint64_t done = 0; done < count;) {
         ssize_t n = pread(t->fd, buffer + done, count - done, (off_t) (at + done));
         if (n <= 0) {
@@ -394,7 +399,11 @@ int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length, uint64
     uint8_t *buffer = malloc(to - from);
     if (buffer == NULL)
         return ENOMEM;
+    /* A large file read in the kernel's READs: a remote archive's read-ahead stops at
+     * its end (as Python's piece reads tell CachedSource), not past it into others'. */
+    remote_limit = start + length;
     int error = read_exactly(t, buffer, to - from, start + from);
+    remote_limit = 0;
     for (uint64_t p = low; !error && unchecked && p < high; p++) {
         uint64_t piece = first + p;
         if (bit_of(t->piece_checked, piece))

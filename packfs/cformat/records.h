@@ -13,6 +13,9 @@ int record_of(Tree *t, uint64_t entry, uint64_t *record, uint64_t *start, uint64
               uint64_t *size);
 int contents_of(Tree *t, uint64_t entry, unsigned type, uint64_t *record, uint64_t *start, uint64_t *end);
 int inode_of(Tree *t, uint64_t entry, unsigned type, uint64_t *inode);
+/* Where the record being read ends, when its reader wants a remote archive's read-ahead
+ * to stop there (a large file's pieces); 0: read ahead as the cache sees fit (a scan). */
+extern __thread uint64_t remote_limit;
 /* ``count`` bytes at ``at`` with pread, or EIO (noting the change) when fewer are there. */
 int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at);
 int pieces_of(Tree *t, uint64_t entry, uint64_t record, uint64_t length, uint64_t *first);

@@ -213,6 +213,13 @@ typedef struct Tree {
     uint64_t dictionary_count, dictionary_capacity;
     pthread_mutex_t dictionary_lock;
     uint64_t decodes;              /* zstd files and frames decoded (tests: the kept ones are not) */
+    /* A remote archive (a URL): the map and descriptor are a local copy of its header
+     * and table only, and every read that touches the data area [remote_from,
+     * remote_to) is remote_read's (0, or an errno for that read alone: a fetch that
+     * failed is not a changed archive).  NULL: the descriptor holds every byte. */
+    int (*remote_read)(void *context, uint8_t *buffer, uint64_t count, uint64_t at, uint64_t limit);
+    void *remote_context;
+    uint64_t remote_from, remote_to;
 } Tree;
 
 /* Set when the operation running on this thread used a value from a page that failed

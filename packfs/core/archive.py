@@ -322,6 +322,13 @@ class Archive:
         return self._container.source
 
     @property
+    def data_area(self) -> tuple[int, int]:
+        """Where the data records lie in the source's bytes, (start, end): after the
+        header, before the path table's records (format sections 1 and 5)."""
+        container = self._container
+        return container.data_start, container.data_end
+
+    @property
     def section_spans(self) -> tuple[tuple[int, int], ...] | None:
         """Where the path table's columns lie in the source's bytes (format section 4's
         order), for a reader that reads them in place (the compiled daemon); None where

@@ -7,16 +7,32 @@ and ``packfs.core._format.Tree`` (``PackedFolder.read``'s hot path).  Both take 
 same arguments; :func:`in_place` is the one place they are gathered from an
 :class:`~packfs.core.Archive`, and the one place it is decided whether an archive can
 be read in place at all.  :func:`compiled_reader` builds the core's own.
+
+A URL is read in place too, by the daemon (:func:`in_place` with ``remote=True``): its
+metadata (the header, and everything from the end of the data records on: the path
+table's sections, pieces, attributes, tail, codec sections, footer) is copied once
+into a sparse, unlinked file of the archive's size, which is mapped and guarded as a
+local archive's is and opened as one (every open-time check runs on it as on a local
+archive, and the C library checks its pages as it uses them); the data records stay
+holes.  The C library reads the data area through ``remote``: the node-wide disk cache
+of :mod:`packfs.source.cache` (its blocks read and checked in C, packfs/cformat/
+blockcache.c), and what the cache does not hold through :class:`RemoteReader`, which
+reads it with the archive's own source (fetched once per node, written to the cache).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
+import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
+from ..errors import ArchiveChangedError, PackfsError
 from ..format import FLAG_CODECS
-from ..source import is_url
+from ..source import is_url, shown_location
 from .archive import Archive
 
 __all__ = ["InPlace", "in_place", "compiled_reader"]
@@ -45,29 +61,49 @@ class InPlace:
     pages: tuple[int, Spans, memoryview, int] | None
     codecs: Spans | None
     path: str
+    # A URL's: (reader, the node cache's directory descriptor or -1, the archive's
+    # directory below it, the CRC salt, the size, the data area's start and end).
+    remote: Optional[tuple[Any, int, str, int, int, int, int]] = None
 
     def tree_arguments(self, check_data: bool, log_fd: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The positional and keyword arguments of either Tree: ``check_data`` for each
         record's CRC at its first read (False: never), ``log_fd`` for what it finds
         wrong (-1: nothing logged)."""
+        keywords: dict[str, Any] = {"pieces": self.pieces, "xattrs": self.xattrs, "pages": self.pages,
+                                    "codecs": self.codecs}
+        if self.remote is not None:
+            self.remote[0].log_fd = log_fd
+            keywords["remote"] = self.remote
         return ((self.mapping, self.fileno, self.guard_slot, self.record_count, self.data_records,
-                 self.entry_count, self.sections, check_data, self.path, log_fd),
-                {"pieces": self.pieces, "xattrs": self.xattrs, "pages": self.pages, "codecs": self.codecs})
+                 self.entry_count, self.sections, check_data, self.path, log_fd), keywords)
 
 
-def in_place(archive: Archive) -> Union[InPlace, str]:
+def in_place(archive: Archive, remote: bool = False) -> Union[InPlace, str]:
     """``archive`` as a compiled reader reads it in place, or why it cannot be: in words
-    for a one-line notice (a legacy or format 1.0 archive, a URL, a source without a
-    map, a map without packfs._sigbus's guard, a 1.5 archive whose codec sections are
-    not in place)."""
+    for a one-line notice (a legacy or format 1.0 archive, a URL unless ``remote``, a
+    source without a map, a map without packfs._sigbus's guard, a 1.5 archive whose
+    codec sections are not in place).  A URL's view (``remote``: the daemon's) is made
+    once per archive (see the module's docstring) and kept while the archive is.
+
+    Raises
+    ------
+    PackfsError
+        Making a URL's view: its metadata could not be read (RemoteArchiveError), or
+        does not hold together (FormatError, ChecksumError)."""
     if archive.legacy:
         return "the archive is an FFRecord packed folder (packfs convert makes it a native archive)"
     if archive.footer.version_minor < 1:
         return f"the archive is format {archive.version} (packfs convert writes the current version, with inode numbers stored)"
     source = archive.source
     if is_url(source.name):
-        return ("the archive is a URL: the Python daemon reads it with ranged requests (the compiled one reads "
-                "local files in place)")
+        if not remote:
+            return ("the archive is a URL: read with ranged requests (only the mount daemon reads a URL's "
+                    "metadata in place)")
+        with _VIEWS_LOCK:
+            view = _VIEWS.get(archive)
+            if view is None:
+                view = _VIEWS[archive] = _remote_view(archive)
+        return view
     sections = archive.section_spans
     guard_slot = getattr(source, "guard_slot", None)
     if sections is None or guard_slot is None:
@@ -107,3 +143,119 @@ def compiled_reader(archive: object, check_data: bool) -> Any:
         return _format.Tree(*positional, **keywords, check_always=True)
     except (ValueError, OSError):
         return None
+
+
+# A URL archive's view, made once (the daemon asks whether it can serve it, then builds
+# its Tree from it): the archive -> its InPlace or why not.
+_VIEWS: "weakref.WeakKeyDictionary[Archive, Union[InPlace, str]]" = weakref.WeakKeyDictionary()
+_VIEWS_LOCK = threading.Lock()
+# What is copied at a time into a URL's view (bounded memory whatever the table's size).
+_COPY_PIECE = 8 << 20
+# The most metadata (header and table) copied into a view: far more than 100 M entries
+# take; a larger claim (a hostile footer) is served by the Python daemon, page by page.
+_VIEW_MAX = 64 << 30
+
+
+class RemoteReader:
+    """What the C library reads a URL archive's data area with when the node cache does
+    not hold (or holds damaged) what it needs: ``reader(at, count, limit)``, the bytes from
+    the archive's source (the cache's ``read``: fetched, written for the next reader), or
+    None for EIO.  What fails is written to ``log_fd`` (the daemon's log), each message
+    once: a changed object as the Python daemon says it ("archive changed in place;
+    remount"), which fails every read from then on (the source remembers it)."""
+
+    def __init__(self, source: Any, view_archive: Archive) -> None:
+        self.source = source
+        self.view_archive = view_archive  # holds the view's map and descriptor open
+        self.log_fd = 2
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, at: int, count: int, limit: int = 0) -> Optional[bytes]:
+        try:
+            # ``limit``: the end of a large file read piece by piece, where read-ahead
+            # stops (Container.pread's rule); 0: a scan may read ahead across files.
+            if limit and getattr(self.source, "reads_ahead", False):
+                data = self.source.read(at, at + count, limit)
+            else:
+                data = self.source.read(at, at + count)
+            if len(data) == count:
+                return bytes(data)
+            message = f"read of {count} bytes at {at}: {len(data)} came"
+        except ArchiveChangedError as error:
+            message = f"archive changed in place; remount: {error}"
+        except (PackfsError, OSError) as error:
+            message = f"read of {count} bytes at {at}: {error}"
+        except Exception as error:  # a bug must not take the daemon down: EIO, said
+            message = f"read of {count} bytes at {at}: {error!r}"
+        self._log(message)
+        return None
+
+    def _log(self, message: str) -> None:
+        with self._lock:
+            if message in self._logged or len(self._logged) >= 10000 or self.log_fd < 0:
+                return
+            self._logged.add(message)
+        try:
+            os.write(self.log_fd, f"packfs: {message}\n".encode("utf-8", "backslashreplace"))
+        except OSError:
+            pass
+
+
+def _view_file(cache: Optional[tuple[int, str, int]]) -> int:
+    """A new file nobody else can open: unlinked from the start (O_TMPFILE), in the
+    archive's directory of the checked cache (opened relative to its descriptor, as
+    every file of the cache is), else in $TMPDIR; where the file system has no
+    O_TMPFILE, unlinked right after it is made in $TMPDIR."""
+    flags = getattr(os, "O_TMPFILE", 0) | os.O_RDWR | os.O_CLOEXEC
+    if flags & getattr(os, "O_TMPFILE", 0):
+        try:
+            if cache is not None:
+                return os.open(cache[1], flags, 0o600, dir_fd=cache[0])
+            return os.open(tempfile.gettempdir(), flags, 0o600)
+        except OSError:
+            pass
+    fd, path = tempfile.mkstemp(prefix=".packfs-view-")
+    os.unlink(path)
+    return fd
+
+
+def _remote_view(archive: Archive) -> Union[InPlace, str]:
+    """A URL archive's view (see the module's docstring), or why not."""
+    source = archive.source
+    size = archive.size
+    data_start, data_end = archive.data_area
+    if not 0 < data_start <= data_end <= size:
+        return "the archive's data area is not inside it"
+    metadata = data_start + size - data_end
+    if metadata > _VIEW_MAX:
+        return (f"its header and table take {metadata} bytes, more than the compiled daemon copies to a local "
+                f"view ({_VIEW_MAX})")
+    cache = source.node_cache() if hasattr(source, "node_cache") else None
+    try:
+        fd = _view_file(cache)
+    except OSError as error:
+        return f"no local view of its metadata can be made ({error.strerror or error})"
+    try:
+        os.ftruncate(fd, size)
+        for start, end in ((0, data_start), (data_end, size)):
+            for at in range(start, end, _COPY_PIECE):
+                piece = source.read(at, min(end, at + _COPY_PIECE))
+                os.pwrite(fd, piece, at)
+        # Opened as any local archive (the open-time checks run on these bytes), by a
+        # name of the descriptor's: the file has none.
+        local = Archive(f"/proc/self/fd/{fd}", checksums=archive.checksums)
+    except OSError as error:  # the view's file system: full, no sparse file that large, no /proc
+        if isinstance(error, PackfsError):
+            raise
+        return f"no local view of its metadata can be made ({error.strerror or error})"
+    finally:
+        os.close(fd)  # the local archive has its own descriptor
+    view = in_place(local)
+    if isinstance(view, str):
+        local.close()
+        return view
+    directory_fd, relative, salt = cache if cache is not None else (-1, "", 0)
+    reader = RemoteReader(source, local)
+    return dataclasses.replace(view, path=shown_location(archive.path),
+                               remote=(reader, directory_fd, relative, salt, size, data_start, data_end))

@@ -18,6 +18,7 @@
 
 #include "tree_object.h"
 
+#include "../cformat/crc.h"
 #include "../cformat/codecs.h"
 #include "../cformat/lookup.h"
 #include "../cformat/records.h"
@@ -268,7 +269,7 @@ static PyObject *py_changed(PyObject *self, PyObject *unused)
 
 static int tree_init(TreeObject *o, PyObject *args, PyObject *kwargs)
 {
-    return tree_open_from_python(&o->tree, &o->map, &o->have_map, args, kwargs, "Tree");
+    return tree_object_open(o, args, kwargs, "Tree");
 }
 
 static void tree_dealloc(TreeObject *o)
@@ -305,10 +306,61 @@ static PyTypeObject TreeType = {
     .tp_methods = tree_methods,
 };
 
+/* The node cache's blocks as C reads them (blockcache.c), for the tests that hold it
+ * and packfs.source.cache to the same chunk files. */
+static PyObject *py_read_cached(PyObject *module, PyObject *args)
+{
+    int dir_fd;
+    const char *relative;
+    unsigned int salt;
+    unsigned long long size, at, count;
+    if (!PyArg_ParseTuple(args, "isIKKK:read_cached", &dir_fd, &relative, &salt, &size, &at, &count))
+        return NULL;
+    if (count > ((uint64_t) 64 << 20))
+        return PyErr_Format(PyExc_ValueError, "read_cached: at most 64 MiB at once");
+    BlockCache cache;
+    int error = blockcache_open(&cache, dir_fd, relative, (uint32_t) salt, size);
+    if (error != 0)
+        return error == EINVAL ? PyErr_Format(PyExc_ValueError, "read_cached: a bad directory name") : os_error(error);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t) count);
+    if (data != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        error = blockcache_read(&cache, (uint8_t *) PyBytes_AS_STRING(data), count, at);
+        Py_END_ALLOW_THREADS
+    }
+    blockcache_close(&cache);
+    if (data != NULL && error != 0) {
+        Py_DECREF(data);
+        Py_RETURN_NONE;
+    }
+    return data;
+}
+
+/* The CRC-32 C checks cache blocks with (crc.c), for the test that holds it to zlib's. */
+static PyObject *py_crc32(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32", &data, &value))
+        return NULL;
+    uint32_t crc = fast_crc32(value, data.buf, (size_t) data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef module_methods[] = {
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0) -> int: zlib.crc32's value, as C computes it."},
+    {"read_cached", py_read_cached, METH_VARARGS,
+     "read_cached(dir_fd, relative, salt, size, at, count) -> bytes or None: ``count`` bytes at ``at``\n"
+     "of the archive whose node-cache directory is ``relative`` below ``dir_fd``, read and checked\n"
+     "in C as the compiled daemon reads them; None when a block is missing or fails its check."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "packfs.core._format",
     "The C format library for Python readers, without FUSE (see packfs/cpython/_format_module.c).",
-    -1, NULL, NULL, NULL, NULL, NULL,
+    -1, module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__format(void)

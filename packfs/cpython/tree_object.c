@@ -157,14 +157,19 @@ int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args
 PyObject *tree_object_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     TreeObject *o = (TreeObject *) type->tp_alloc(type, 0);
-    if (o != NULL)
+    if (o != NULL) {
         tree_prepare(&o->tree);
+        blockcache_prepare(&o->cache);
+        o->reader = NULL;
+    }
     return (PyObject *) o;
 }
 
 void tree_object_release(TreeObject *o)
 {
     tree_close(&o->tree);
+    blockcache_close(&o->cache);
+    Py_CLEAR(o->reader);
     if (o->have_map)
         PyBuffer_Release(&o->map);
     o->have_map = 0;
@@ -178,4 +183,92 @@ Tree *tree_ready(PyObject *self)
         return NULL;
     }
     return t;
+}
+
+/* Tree.remote_read for a remote archive: the node cache's blocks read here, without
+ * the GIL; what it does not hold (or holds damaged) read by the reader, under the GIL,
+ * which fetches it once per node and writes it to the cache.  Never tree_changed: a
+ * failed fetch is EIO for this read alone (the reader logs it; a changed object stays
+ * changed in the reader, which then fails every read). */
+static int remote_read(void *context, uint8_t *buffer, uint64_t count, uint64_t at, uint64_t limit)
+{
+    TreeObject *o = context;
+    if (blockcache_read(&o->cache, buffer, count, at) == 0)
+        return 0;
+    int error = EIO;
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyObject *data = PyObject_CallFunction(o->reader, "KKK", (unsigned long long) at, (unsigned long long) count,
+                                           (unsigned long long) limit);
+    if (data == NULL) {
+        PyErr_WriteUnraisable(o->reader);  /* a bug of the reader's: it answers None for what it expects */
+    } else if (PyBytes_Check(data) && (uint64_t) PyBytes_GET_SIZE(data) == count) {
+        memcpy(buffer, PyBytes_AS_STRING(data), count);
+        error = 0;
+    }
+    Py_XDECREF(data);
+    PyGILState_Release(state);
+    return error;
+}
+
+int tree_object_open(TreeObject *o, PyObject *args, PyObject *kwargs, const char *type_name)
+{
+    PyObject *remote = NULL, *rest = NULL;
+    if (kwargs != NULL) {
+        remote = PyDict_GetItemString(kwargs, "remote");  /* borrowed */
+        if (remote != NULL) {
+            if ((rest = PyDict_Copy(kwargs)) == NULL || PyDict_DelItemString(rest, "remote") != 0) {
+                Py_XDECREF(rest);
+                return -1;
+            }
+            kwargs = rest;
+        }
+    }
+    PyObject *reader = NULL;
+    int dir_fd;
+    const char *relative;
+    unsigned int salt;
+    unsigned long long size, from, to;
+    if (remote != NULL && remote != Py_None
+        && !PyArg_ParseTuple(remote, "OisIKKK:remote", &reader, &dir_fd, &relative, &salt, &size, &from, &to)) {
+        Py_XDECREF(rest);
+        return -1;
+    }
+    if (reader != NULL && !PyCallable_Check(reader)) {
+        Py_XDECREF(rest);
+        PyErr_SetString(PyExc_TypeError, "remote: the reader must be callable");
+        return -1;
+    }
+    int status = tree_open_from_python(&o->tree, &o->map, &o->have_map, args, kwargs, type_name);
+    Py_XDECREF(rest);
+    if (status != 0 || reader == NULL)
+        return status;
+    Tree *t = &o->tree;
+    if (from > to || to > t->file_size || size != t->file_size) {
+        PyErr_SetString(PyExc_ValueError, "remote: the data area or the size is not the archive's");
+        return -1;
+    }
+    if (dir_fd >= 0) {
+        int error = blockcache_open(&o->cache, dir_fd, relative, (uint32_t) salt, size);
+        if (error == EINVAL) {
+            PyErr_SetString(PyExc_ValueError, "remote: the cache's directory name breaks the layout's rules");
+            return -1;
+        }
+        if (error != 0) {
+            os_error(error);
+            return -1;
+        }
+    }
+    Py_INCREF(reader);
+    o->reader = reader;
+    t->remote_context = o;
+    t->remote_from = from;
+    t->remote_to = to;
+    t->remote_read = remote_read;
+    return 0;
+}
+
+PyObject *tree_remote_counts(TreeObject *o)
+{
+    return Py_BuildValue("{s:K,s:K}", "cache_hits", (unsigned long long) o->cache.hits, "cache_misses",
+                         (unsigned long long) o->cache.misses);
 }

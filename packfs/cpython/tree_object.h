@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../cformat/blockcache.h"
 #include "../cformat/table.h"
 
 /* The object: the Tree over the map it holds. */
@@ -15,6 +16,12 @@ typedef struct {
     Py_buffer map;                 /* the whole archive, mapped by packfs.source.LocalFile */
     int have_map;
     Tree tree;
+    /* A remote archive (the constructor's ``remote``): the node cache C reads itself,
+     * and the callable that reads what it does not hold (reader(at, count, limit) ->
+     * bytes, or None: EIO, said in the log by the reader; limit 0 or the end of the
+     * file read, past which nothing is fetched ahead). */
+    BlockCache cache;
+    PyObject *reader;
 } TreeObject;
 
 /* tp_new: a Tree that owns nothing yet. */
@@ -29,6 +36,13 @@ Tree *tree_ready(PyObject *self);
  * with a Python error (ValueError for spans that break a rule). */
 int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args, PyObject *kwargs,
                           const char *type_name);
+/* tree_open_from_python for a Tree object, with its ``remote`` keyword: (reader, the
+ * cache's directory descriptor or -1, the archive's directory below it, the CRC salt,
+ * the archive's size, and the data area's (start, end)), or None. */
+int tree_object_open(TreeObject *o, PyObject *args, PyObject *kwargs, const char *type_name);
+/* A remote Tree's counts: {"cache_hits": blocks C read from the cache, "cache_misses":
+ * reads it handed to the reader}. */
+PyObject *tree_remote_counts(TreeObject *o);
 /* OSError with ``error`` as its errno. */
 PyObject *os_error(int error);
 /* An entry's attributes as a dict of st_* (os.stat_result's names). */

@@ -108,7 +108,7 @@ def _descriptors_for(shards: int) -> str | None:
 
 
 def _archive_unavailable(archive: Archive) -> str | None:
-    view = in_place(archive)
+    view = in_place(archive, remote=True)
     if isinstance(view, str):
         return view
     if view.codecs is not None:
@@ -172,7 +172,7 @@ def tree_for(archive: Archive | ShardSet, log_fd: int = 2) -> Any:
 def _tree(archive: Archive, log_fd: int) -> Any:
     from .. import _lowlevel
 
-    view = in_place(archive)
+    view = in_place(archive, remote=True)
     if isinstance(view, str):  # a shard of a set: unavailable() asked only of the set
         raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {view}")
     positional, keywords = view.tree_arguments(archive.checksums != "never", log_fd)

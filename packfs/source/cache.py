@@ -370,6 +370,15 @@ class CachedSource:
             self.remote.check_span(start, end)
         return self._serve(spans)
 
+    def node_cache(self) -> Optional[Tuple[int, str, int]]:
+        """Where a compiled reader finds this archive's blocks itself, read as this class
+        reads them (see the module's docstring): (the checked cache directory's
+        descriptor, the archive's directory below it, the salt each block's CRC seed is
+        made from); None without a disk cache."""
+        if self.directory is None:
+            return None
+        return self._top_fd, self._relative, self._salt
+
     def stats(self) -> Dict[str, int]:
         """The remote's counters and the cache's: ``cache_hits`` and ``cache_misses``
         (blocks read from the disk cache, blocks fetched), ``cache_waits`` (blocks another
