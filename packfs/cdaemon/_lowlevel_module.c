@@ -34,7 +34,7 @@
 
 static int tree_init(TreeObject *o, PyObject *args, PyObject *kwargs)
 {
-    if (tree_open_from_python(&o->tree, &o->map, &o->have_map, args, kwargs, "Tree") != 0)
+    if (tree_open_from_python(o, args, kwargs, "Tree") != 0)
         return -1;
     if (forest_of_one(&o->tree) != 0) {
         o->tree.initialised = 0;

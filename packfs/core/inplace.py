@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from ..format import FLAG_CODECS
 from ..source import is_url
-from .archive import Archive
+from .checkpolicy import ChecksumPolicy
 
 __all__ = ["InPlace", "in_place", "compiled_reader"]
 
@@ -55,7 +55,7 @@ class InPlace:
                 {"pieces": self.pieces, "xattrs": self.xattrs, "pages": self.pages, "codecs": self.codecs})
 
 
-def in_place(archive: Archive) -> Union[InPlace, str]:
+def in_place(archive: Any) -> Union[InPlace, str]:
     """``archive`` as a compiled reader reads it in place, or why it cannot be: in words
     for a one-line notice (a legacy or format 1.0 archive, a URL, a source without a
     map, a map without packfs._sigbus's guard, a 1.5 archive whose codec sections are
@@ -85,25 +85,31 @@ def in_place(archive: Archive) -> Union[InPlace, str]:
                    os.fsdecode(archive.path))
 
 
-def compiled_reader(archive: object, check_data: bool) -> Any:
+def compiled_reader(archive: object, check_data: bool, policy: Optional[ChecksumPolicy] = None) -> Any:
     """``packfs.core._format.Tree`` over ``archive`` (a whole file found, read, checked
     and decoded in C without the GIL), or None where that extension is not built,
-    ``archive`` is not an :class:`Archive` itself (a shard set; a subclass may read
-    otherwise), it cannot be read in place (:func:`in_place`), it has codecs and the extension
+    ``archive`` is not an :class:`Archive` itself (its class says READS_IN_PLACE, not
+    inherited: a shard set, or a subclass, may read otherwise), it cannot be read in place (:func:`in_place`), it has codecs and the extension
     has no libzstd, or the library refuses its spans (the Python reader then says what
     is wrong).  Its policy: every read checked ("always") with ``check_data``, else
-    never; it logs nothing (the Python path raises what it finds)."""
+    never; or ``policy``'s, the archive's own, whose "once" bitmaps the Tree shares (a
+    record checked by either reader is not checked again by the other, and one that
+    failed fails in both); it logs nothing (the Python path raises what it finds)."""
     try:
         from . import _format
     except ImportError:
         return None
-    if type(archive) is not Archive:
+    if not type(archive).__dict__.get("READS_IN_PLACE", False):
         return None
     view = in_place(archive)
     if isinstance(view, str) or (view.codecs is not None and not _format.ZSTD_VERSION):
         return None
-    positional, keywords = view.tree_arguments(check_data, -1)
+    kind = policy.kind if policy is not None else "always" if check_data else "never"
+    positional, keywords = view.tree_arguments(kind != "never", -1)
+    if kind == "once":
+        assert policy is not None and policy.checked is not None and policy.failed is not None
+        keywords.update(checked_bits=policy.checked, failed_bits=policy.failed)
     try:
-        return _format.Tree(*positional, **keywords, check_always=True)
+        return _format.Tree(*positional, **keywords, check_always=kind == "always")
     except (ValueError, OSError):
         return None
