@@ -12,7 +12,8 @@
  *                                           FormatError (another broken rule)
  *
  * The checksum policy is the Tree's: ``check_once`` checks each record's CRC at its
- * first read (a bitmap; a record that failed raises from then on), 0 checks none.
+ * first read (a bitmap, the Python policy's own where it is handed one; a record that
+ * failed raises from then on), with ``check_always`` at every read, 0 checks none.
  * This file reads no byte of the archive itself.
  */
 
@@ -392,10 +393,14 @@ static PyMethodDef tree_methods[] = {
 
 PyDoc_STRVAR(tree_doc,
 "Tree(mapping, fd, guard, records, data_records, entries, sections, check_once, name, log_fd=2,\n"
-"     pieces=None, xattrs=None, pages=None, codecs=None)\n\n"
+"     pieces=None, xattrs=None, pages=None, codecs=None, check_always=False,\n"
+"     checked_bits=None, failed_bits=None)\n\n"
 "An open archive as the format library reads it, over what packfs.core holds: the\n"
 "archive's map, its descriptor (duplicated), the map's packfs._sigbus slot or -1, and\n"
-"the spans of its sections (as packfs._lowlevel.Tree takes them), each checked again.");
+"the spans of its sections (as packfs._lowlevel.Tree takes them), each checked again.\n"
+"``check_always``: every read checks its record (packfs.core's \"always\"); else each\n"
+"record once, its verdicts kept in ``checked_bits`` and ``failed_bits`` when given (a\n"
+"\"once\" ChecksumPolicy's bytearrays, a bit per data record: shared with Python's reader).");
 
 static PyTypeObject TreeType = {
     PyVarObject_HEAD_INIT(NULL, 0)
