@@ -27,7 +27,7 @@ WARNINGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 # The format library (packfs/cformat/: no FUSE, no Python) and the Python glue every
 # extension that serves a Tree shares; its functions stay inside each extension.
 FORMAT_SOURCES = [f"packfs/cformat/{name}.c" for name in ("table", "lookup", "records", "codecs", "forest",
-                                                           "blockcache", "crc")]
+                                                           "blockcache")]
 FORMAT_HEADERS = [f"packfs/cformat/{name}.h" for name in ("tree", "table", "lookup", "records", "codecs", "forest",
                                                            "blockcache", "crc")]
 TREE_SOURCES = [*FORMAT_SOURCES, "packfs/cpython/tree_object.c"]

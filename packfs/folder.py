@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union, overload
 
 from .core import CLOSED, Archive, ArchiveReader, PackedFile, PathArg, VerifyReport, lookup_key, open_archive
-from .core.inplace import compiled_reader
+from .core.codecs import whole_read_limit
 from .errors import NotADirectoryPathError, NotASymlinkError, PackfsError, PathNotFoundError
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .source import absolute_location
@@ -21,16 +21,14 @@ from .source import absolute_location
 __all__ = ["PackedFolder", "FileStat", "PackedFile", "VerifyReport", "EntryAttributes", "PathArg"]
 
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
+# The largest file read goes through the C library: the Python path's limit for a whole
+# read of a framed or sparse file (packfs.core.codecs.whole_read_limit: half this
+# machine's memory), so that a hostile archive's 2**62-byte sparse file meets the same
+# TooLargeToReadError there.  A stored file is its record's length, at most the
+# archive's size: the whole file is what read asks for, as the Python path reads it.
+_WHOLE_READ_LIMIT = whole_read_limit()
 # list_attributes reads a directory's columns this many entries at a time.
 _LIST_PART = 1 << 14
-# read takes the C format library for files up to this size, the Python path above it:
-# 1.9-2.1x Python's files/s at 4-16 KiB, 0.45-0.7x at 32-100 KB (bench/folder_read.py;
-# the library preads and copies, Python copies a small file out of the map).
-_COMPILED_MAX_SIZE = 16 << 10
-# A file refused as larger costs the library's lookup (about 13 us, 0.78x Python's rate at
-# 100 KB): after one, this many reads go straight to the Python path before the library
-# is asked again (a folder of large files pays it once in 64 reads; of small ones, never).
-_AFTER_A_LARGE_FILE = 64
 
 
 @dataclass(frozen=True)
@@ -132,10 +130,10 @@ class PackedFolder:
         self.legacy = self.archive.legacy  # an FFRecord pack_folder archive
         self.footer = self.archive.footer
         self._file_count = -1
-        # The C format library's whole-file read, where it is built and reads this archive
-        # in place; None: every read takes the Python path.
-        self._compiled = compiled_reader(self.archive, check_data)
-        self._python_reads_left = 0  # reads the Python path takes before the library is asked again
+        # The C format library's whole-file read (the Archive's, which its read_path asks
+        # first), where it is built and reads this archive in place; None: every read
+        # takes the Python path.  Looked up once, not at each read.
+        self._read_compiled = self.archive.compiled_read if type(self.archive) is Archive else None
         if type(self).read_one is PackedFolder.read_one:
             # The hottest call goes straight to the core (a facade's call costs 1-2% of
             # a 4 KiB read); a subclass that overrides read_one keeps its own.
@@ -150,8 +148,23 @@ class PackedFolder:
         keep working until they are closed (:meth:`packfs.core.Archive.close`)."""
         archive = self.archive
         self.archive = CLOSED  # type: ignore[assignment]
-        self._compiled = None  # its hold on the map goes before the map
+        self._read_compiled = None  # its hold on the map goes with the map
         archive.close()
+
+    @property
+    def _compiled(self) -> Any:
+        """The C format library's Tree that :meth:`read` asks first, or None."""
+        return self.archive.compiled_tree if self._read_compiled is not None else None  # type: ignore[union-attr]
+
+    @_compiled.setter
+    def _compiled(self, tree: None) -> None:
+        # None turns the library off for this folder, its archive's read_path included:
+        # the pure-Python path, as where the library is not built (tests, bench/).
+        if tree is not None:
+            raise ValueError("the Tree is the archive's: only None (the Python path) can be set")
+        self._read_compiled = None
+        if type(self.archive) is Archive:
+            self.archive.compiled_read = None
 
     @property
     def closed(self) -> bool:
@@ -236,26 +249,23 @@ class PackedFolder:
         """The contents of one file, or a list of contents for a list of paths (as
         :meth:`read_many` reads them).
 
-        Where packfs.core._format is built and reads the archive in place, a file of at
-        most 16 KiB is found, read, checked and decoded in C without the GIL; anything it
-        does not answer (a larger file, a path through a symlink, damage) is asked of the
-        Python path, which reads it, follows the symlink or raises its own error, so both
-        give the same; after a larger file, the next 64 reads go to the Python path alone.
+        Where packfs.core._format is built and reads the archive in place, the file is
+        found, read, checked and decoded in C without the GIL, straight into the bytes
+        returned, whatever its size (stored, zstd, framed or sparse: a framed or sparse
+        file over the whole-read limit, half this machine's memory, is left to the
+        Python path, which raises TooLargeToReadError for it).  Anything the library does
+        not answer (a path that is not canonical or goes through a symlink, a directory,
+        damage, an archive changed in place) is asked of the Python path, which reads it,
+        follows the symlink or raises its own error, so both give the same.
         """
+        read_compiled = self._read_compiled
+        if read_compiled is not None:
+            # The key is made in C from a str or bytes (a lookup_key in Python cost more
+            # than the rest of the call); None: not answered.
+            contents = read_compiled(path, _WHOLE_READ_LIMIT)
+            if contents is not None:
+                return contents
         if isinstance(path, (str, bytes, os.PathLike)):
-            compiled = self._compiled
-            if compiled is not None:
-                if self._python_reads_left > 0:
-                    self._python_reads_left -= 1
-                else:
-                    try:
-                        contents = compiled.read_file(lookup_key(path), _COMPILED_MAX_SIZE, True)
-                    except PackfsError:  # not answered: the Python path follows or says why
-                        pass
-                    else:
-                        if contents is not None:
-                            return contents
-                        self._python_reads_left = _AFTER_A_LARGE_FILE  # larger than _COMPILED_MAX_SIZE
             return self.archive.read_path(path)
         return self.archive.read_many(path)
 

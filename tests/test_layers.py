@@ -25,7 +25,7 @@ LAYERS = {
 # Names with a leading underscore that are public by convention (namedtuple's API) or
 # the standard library's.
 # packfs's compiled extension modules (no .py file): imported as modules, importing nothing of packfs.
-COMPILED = {"_sigbus", "_lowlevel"}
+COMPILED = {"_sigbus", "_lowlevel", "_format"}  # _format: packfs.core's, from packfs/cpython/
 CONVENTIONAL = {"_fields", "_make", "_asdict", "_replace", "_exit", "_getframe",
                 "_name",  # ctypes.CDLL's: the library's path
                 "_sigbus",  # packfs's compiled extension modules, imported by packfs.source.local

@@ -168,7 +168,7 @@ static int read_blocks(const BlockCache *c, int fd, uint64_t chunk, uint64_t fir
         uint64_t expected = k + 1 < count ? CACHE_BLOCK_BYTES : last_length;
         if (length != expected)
             return ENOENT;  /* not there (0), or not this block's */
-        if (fast_crc32(blockcache_seed(c, first + k), scratch + k * CACHE_BLOCK_BYTES, length) != crc)
+        if (crc_update(blockcache_seed(c, first + k), scratch + k * CACHE_BLOCK_BYTES, length) != crc)
             return ENOENT;
     }
     return 0;

@@ -12,12 +12,13 @@
 
 #include "codecs.h"
 
+#include "crc.h"
+
 #include "records.h"
 #include "table.h"
 
 #include <stdlib.h>
 #include <unistd.h>
-#include <zlib.h>
 #ifndef PACKFS_NO_ZSTD
 #include <zstd.h>
 #endif
@@ -200,27 +201,36 @@ done:
 }
 
 /* ``stored`` (``stored_length`` bytes: one zstd frame, nothing after it) decoded into
- * exactly ``expected`` bytes at *decoded (malloc'ed), with ``ddict`` or none: a frame
- * that decodes to more or fewer bytes is an error, found without decoding more than
- * ``expected``. */
-static int zstd_decode(Tree *t, uint64_t entry, const uint8_t *stored, uint64_t stored_length, uint64_t expected,
-                       ZSTD_DDict *ddict, uint8_t **decoded)
+ * exactly ``expected`` bytes at ``into``, with ``ddict`` or none: a frame that decodes
+ * to more or fewer bytes is an error, found without decoding more than ``expected``. */
+static int zstd_decode_into(Tree *t, uint64_t entry, const uint8_t *stored, uint64_t stored_length,
+                            uint64_t expected, ZSTD_DDict *ddict, uint8_t *into)
 {
     /* zstd would decode a second frame after the first, or skip a skippable one */
     if (ZSTD_findFrameCompressedSize(stored, (size_t) stored_length) != stored_length)
         return codec_broken(t, entry, 43, "has zstd data that is not one frame decoding to its size");
     ZSTD_DCtx *dctx = thread_dctx();
-    uint8_t *bytes = malloc(expected ? expected : 1);
-    if (dctx == NULL || bytes == NULL) {
-        free(bytes);
+    if (dctx == NULL)
         return ENOMEM;
-    }
-    size_t got = ddict != NULL ? ZSTD_decompress_usingDDict(dctx, bytes, (size_t) expected, stored,
+    size_t got = ddict != NULL ? ZSTD_decompress_usingDDict(dctx, into, (size_t) expected, stored,
                                                             (size_t) stored_length, ddict)
-                               : ZSTD_decompressDCtx(dctx, bytes, (size_t) expected, stored, (size_t) stored_length);
-    if (ZSTD_isError(got) || got != expected) {
-        free(bytes);
+                               : ZSTD_decompressDCtx(dctx, into, (size_t) expected, stored, (size_t) stored_length);
+    if (ZSTD_isError(got) || got != expected)
         return codec_broken(t, entry, 43, "has zstd data that is not one frame decoding to its size");
+    return 0;
+}
+
+/* zstd_decode_into a new buffer, *decoded (malloc'ed). */
+static int zstd_decode(Tree *t, uint64_t entry, const uint8_t *stored, uint64_t stored_length, uint64_t expected,
+                       ZSTD_DDict *ddict, uint8_t **decoded)
+{
+    uint8_t *bytes = malloc(expected ? expected : 1);
+    if (bytes == NULL)
+        return ENOMEM;
+    int error = zstd_decode_into(t, entry, stored, stored_length, expected, ddict, bytes);
+    if (error) {
+        free(bytes);
+        return error;
     }
     *decoded = bytes;
     return 0;
@@ -241,8 +251,38 @@ static int decode_file(Tree *t, uint64_t entry, uint64_t record, uint64_t start,
         error = zstd_decode(t, entry, stored + skip, end - start, size, ddict, decoded);
         free(stored);
     }
-    if (!error && t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), *decoded, (uInt) size) != row->check) {
+    if (!error && t->check_once && crc_update(0, *decoded, (size_t) size) != row->check) {
         free(*decoded);
+        checksum_failure = 1;
+        return codec_broken(t, entry, 44, "has zstd data whose decoded bytes do not match their CRC");
+    }
+    return error;
+}
+
+/* A CODEC_ZSTD file's ``size`` bytes decoded straight into ``into`` (a whole-file read:
+ * nothing kept, no copy made): its stored bytes are used in the guarded map where
+ * there is one (checked there as a record's, then decoded from there: a truncation
+ * meanwhile reads zeros, which zstd refuses or the caller's finished() answers EIO),
+ * read with pread otherwise; decoded with the thread's DCtx and the tree's DDict, the
+ * decoded CRC checked. */
+static int decode_file_into(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                            const CodecRow *row, uint8_t *into)
+{
+    ZSTD_DDict *ddict = NULL;
+    int error = row->aux == NO_RECORD ? 0 : dictionary_of(t, entry, row->aux, &ddict);
+    if (error)
+        return error;
+    uint8_t *copy = NULL;
+    const uint8_t *stored = t->base + start;
+    size_t skip = 0;
+    if (t->guard >= 0)
+        error = check_record_bytes(t, record, start, end, stored);
+    else if ((error = read_stored(t, entry, record, start, end, 0, end - start, &copy, &skip, NULL)) == 0)
+        stored = copy + skip;
+    if (!error)
+        error = zstd_decode_into(t, entry, stored, end - start, size, ddict, into);
+    free(copy);
+    if (!error && t->check_once && crc_update(0, into, (size_t) size) != row->check) {
         checksum_failure = 1;
         return codec_broken(t, entry, 44, "has zstd data whose decoded bytes do not match their CRC");
     }
@@ -268,14 +308,14 @@ static int decode_frame(Tree *t, uint64_t entry, uint64_t start, uint64_t end, c
     if (stored == NULL)
         return ENOMEM;
     int error = read_exactly(t, stored, to - from, start + from);
-    if (!error && t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), stored, (uInt) (to - from)) != stored_crc) {
+    if (!error && t->check_once && crc_update(0, stored, (size_t) (to - from)) != stored_crc) {
         checksum_failure = 1;
         error = codec_broken(t, entry, 46, "has a frame whose stored bytes do not match their CRC");
     }
     if (!error)
         error = zstd_decode(t, entry, stored, to - from, expected, NULL, decoded);
     free(stored);
-    if (!error && t->check_once && (uint32_t) crc32(crc32(0L, Z_NULL, 0), *decoded, (uInt) expected) != decoded_crc) {
+    if (!error && t->check_once && crc_update(0, *decoded, (size_t) expected) != decoded_crc) {
         free(*decoded);
         checksum_failure = 1;
         return codec_broken(t, entry, 47, "has a frame whose decoded bytes do not match their CRC");
@@ -283,6 +323,12 @@ static int decode_frame(Tree *t, uint64_t entry, uint64_t start, uint64_t end, c
     return error;
 }
 #else
+static int decode_file_into(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
+                            const CodecRow *row, uint8_t *into)
+{
+    return EIO;  /* never reached: tree_init refuses codecs without libzstd */
+}
+
 static int decode_file(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint64_t end, uint64_t size,
                        const CodecRow *row, uint8_t **decoded)
 {
@@ -477,7 +523,7 @@ int read_decoded(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint6
         error = read_sparse(t, entry, record, start, end, size, row, offset, want, buffer);
     } else if (row->codec == CODEC_ZSTD) {
         if (!decoded_copy(t, record, 0, size, offset, want, buffer)) {
-            uint8_t *decoded;
+            uint8_t *decoded = NULL;
             if ((error = decode_file(t, entry, record, start, end, size, row, &decoded)) == 0) {
                 __atomic_add_fetch(&t->decodes, 1, __ATOMIC_RELAXED);
                 memcpy(buffer, decoded + offset, (size_t) want);
@@ -493,7 +539,7 @@ int read_decoded(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint6
             uint64_t b = offset + want < frame_start + expected ? offset + want : frame_start + expected;
             if (decoded_copy(t, record, k, expected, a - frame_start, b - a, buffer + (a - offset)))
                 continue;
-            uint8_t *decoded;
+            uint8_t *decoded = NULL;
             if ((error = decode_frame(t, entry, start, end, row, k, expected, &decoded)) == 0) {
                 __atomic_add_fetch(&t->decodes, 1, __ATOMIC_RELAXED);
                 memcpy(buffer + (a - offset), decoded + (a - frame_start), (size_t) (b - a));
@@ -509,6 +555,22 @@ int read_decoded(Tree *t, uint64_t entry, uint64_t record, uint64_t start, uint6
     return 0;
 }
 
+int read_whole_file(Tree *t, const WholeFile *f, uint8_t *into)
+{
+    if (f->row.codec == CODEC_STORED)
+        return read_record_into(t, f->record, f->start, f->end, into);
+    if (f->row.codec == CODEC_ZSTD)
+        return decode_file_into(t, f->entry, f->record, f->start, f->end, f->size, &f->row, into);
+    if (f->size == 0)
+        return 0;  /* frames or extents: none to read */
+    uint8_t *decoded = NULL;
+    int error = read_decoded(t, f->entry, f->record, f->start, f->end, f->size, &f->row, 0, f->size, &decoded);
+    if (!error) {
+        memcpy(into, decoded, (size_t) f->size);
+        free(decoded);
+    }
+    return error;
+}
 
 void forget_dictionaries(Tree *t)
 {

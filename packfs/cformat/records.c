@@ -12,11 +12,12 @@
 #include "records.h"
 
 #include "codecs.h"
+#include "crc.h"
+#include "lookup.h"
 #include "table.h"
 
 #include <stdlib.h>
 #include <unistd.h>
-#include <zlib.h>
 
 /* A broken rule of section 4f: EIO for the entry, logged once per entry and rule
  * (unless it came from a damaged page's zeros: that page was logged). */
@@ -201,7 +202,7 @@ int read_exactly(Tree *t, uint8_t *buffer, uint64_t count, uint64_t at)
 /* Record ``record``'s CRC (format section 1) against ``crc``: 0, or EIO for a mismatch,
  * remembered (and logged once) unless the archive changed in place, which answers EIO
  * for everything anyway. */
-static int record_crc_result(Tree *t, uint64_t record, uLong crc)
+static int record_crc_result(Tree *t, uint64_t record, uint32_t crc)
 {
     const uint8_t *stored = t->base + 12 + 4 * record;
     if (pages_ok(t, HEADER_CRCS, 12 + 4 * record, 16 + 4 * record))
@@ -308,15 +309,9 @@ static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, 
         return 0;
     if (record_failed(t, record))
         return checksum_eio();
-    uLong crc = crc32(0L, Z_NULL, 0);
-    if (data != NULL) {
-        for (uint64_t done = 0; done < end - start;) {
-            uInt piece = (uInt) (end - start - done < MAX_REQUEST ? end - start - done : MAX_REQUEST);
-            crc = crc32(crc, data + done, piece);
-            done += piece;
-        }
-        return record_crc_result(t, record, crc);
-    }
+    uint32_t crc = 0;
+    if (data != NULL)
+        return record_crc_result(t, record, crc_update(0, data, (size_t) (end - start)));
     int claimed = claim_check(t, record, park);
     if (claimed == PARKED)
         return PARKED;
@@ -329,7 +324,7 @@ static int check_record(Tree *t, uint64_t record, uint64_t start, uint64_t end, 
     for (uint64_t at = start; !error && at < end;) {
         size_t piece = end - at < MAX_REQUEST ? (size_t) (end - at) : MAX_REQUEST;
         if ((error = read_exactly(t, buffer, piece, at)) == 0)
-            crc = crc32(crc, buffer, (uInt) piece);
+            crc = crc_update(crc, buffer, piece);
         at += piece;
     }
     free(buffer);
@@ -410,7 +405,7 @@ int read_pieces(Tree *t, uint64_t first, uint64_t start, uint64_t length, uint64
             continue;
         uint64_t at = p * PIECE_SIZE - from, size = length - p * PIECE_SIZE < PIECE_SIZE ? length - p * PIECE_SIZE
                                                                                       : PIECE_SIZE;
-        uLong crc = crc32(crc32(0L, Z_NULL, 0), buffer + at, (uInt) size);
+        uint32_t crc = crc_update(0, buffer + at, (size_t) size);
         uint64_t stored_at = (uint64_t) (t->piece_crc - t->base) + 4 * piece;
         if (pages_ok(t, PIECE_REGION(2), stored_at, stored_at + 4)) {
             error = EIO;  /* the stored CRC is on a damaged page (logged): no verdict on the piece */
@@ -538,3 +533,44 @@ int tree_readlink(Tree *t, uint64_t inode, char *target)
     return check_record(t, record, start, end, (const uint8_t *) target, NULL);
 }
 
+
+/* -- a whole file in one read (packfs.core._format's read_file) ---------------------- */
+
+int locate_whole_file(Tree *t, const uint8_t *path, size_t length, WholeFile *f)
+{
+    uint64_t found;
+    unsigned type;
+    int error = tree_find(t, path, length, &found);
+    if (!error)
+        error = typed_entry(t, found + 1, &f->entry, &type);
+    if (!error && type != S_IFREG)
+        error = type == S_IFDIR ? EISDIR : EINVAL;
+    if (!error)
+        error = record_of(t, f->entry, &f->record, &f->start, &f->end, &f->row, &f->size);
+    return error;
+}
+
+int check_record_bytes(Tree *t, uint64_t record, uint64_t start, uint64_t end, const uint8_t *data)
+{
+    return check_record(t, record, start, end, data, NULL);
+}
+
+/* Copied from the map where it is guarded and smaller than MAP_COPY_BYTES, as
+ * packfs.core's Container.read_record does (a truncation under the copy reads zeros,
+ * and the caller's finished() answers EIO); with pread otherwise, so that a large
+ * file's pages do not join the process's RSS and an unguarded map is never touched.
+ * The CRC is checked over the bytes copied: the bytes answered are the bytes checked. */
+int read_record_into(Tree *t, uint64_t record, uint64_t start, uint64_t end, uint8_t *into)
+{
+    if (!record_checked(t, record) && record_failed(t, record))
+        return checksum_eio();  /* found damaged at an earlier read (logged then) */
+    uint64_t length = end - start;
+    int error = 0;
+    if (t->guard >= 0 && length < MAP_COPY_BYTES)
+        memcpy(into, t->base + start, (size_t) length);
+    else
+        error = read_exactly(t, into, length, start);
+    if (!error && !record_checked(t, record))
+        error = check_record(t, record, start, end, into, NULL);
+    return error;
+}

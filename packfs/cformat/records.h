@@ -33,4 +33,21 @@ int tree_read(Tree *t, uint64_t inode, uint64_t offset, size_t size, uint8_t **o
 /* Symlink inode ``inode``'s target, NUL-terminated, in MAX_SYMLINK_TARGET + 1 bytes. */
 int tree_readlink(Tree *t, uint64_t inode, char *target);
 
+/* A file's whole contents as one read (packfs.core._format's Tree.read_file): where its
+ * record is and how it is stored, found first, so that the caller can allocate the
+ * result (a Python bytes object) before a byte is copied. */
+typedef struct {
+    uint64_t entry, record, start, end, size;
+    CodecRow row;
+} WholeFile;
+/* Path ``path`` (canonical) found and held to the rules as a regular file (EISDIR, EINVAL
+ * for a symlink, ENOENT), its record located (record_of): *f. */
+int locate_whole_file(Tree *t, const uint8_t *path, size_t length, WholeFile *f);
+/* A stored record [start, end) whole into ``into`` (end - start bytes), checked under
+ * the policy.  The caller ends with finished(). */
+int read_record_into(Tree *t, uint64_t record, uint64_t start, uint64_t end, uint8_t *into);
+/* Check record ``record``'s CRC (under the policy: once, or every time) over ``data``,
+ * the whole record as stored: 0, or EIO (checksum_failure set). */
+int check_record_bytes(Tree *t, uint64_t record, uint64_t start, uint64_t end, const uint8_t *data);
+
 #endif

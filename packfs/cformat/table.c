@@ -14,6 +14,7 @@
 #include "table.h"
 
 #include "codecs.h"
+#include "crc.h"
 #include "records.h"
 
 #include <fcntl.h>
@@ -23,7 +24,6 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 /* -- logging (to log_fd: stderr, the daemon's log file, by default) ---------------------- */
 
@@ -129,7 +129,7 @@ int check_page(Tree *t, unsigned region, uint64_t page)
             return ENOMEM;
         }
         int error = read_exactly(t, buffer, end - start, start);
-        uLong crc = error ? 0 : crc32(0L, buffer, (uInt) (end - start));
+        uint32_t crc = error ? 0 : crc_update(0, buffer, (size_t) (end - start));
         free(buffer);
         if (error) {
             page_failure = 1;
@@ -561,8 +561,14 @@ int tree_open(Tree *t, TreeSpans *spans)
     t->check_always = spans->check_once && spans->check_always;
     if ((t->search_tops = calloc(SEARCH_TOPS, sizeof(SearchTop))) == NULL)
         return ENOMEM;
-    t->checked = calloc(data_records / 8 + 1, 1);
-    t->failed = calloc(data_records / 8 + 1, 1);
+    if (spans->shared_checked != NULL && spans->shared_failed != NULL) {
+        t->checked = spans->shared_checked;
+        t->failed = spans->shared_failed;
+        t->bitmaps_shared = 1;
+    } else {
+        t->checked = calloc(data_records / 8 + 1, 1);
+        t->failed = calloc(data_records / 8 + 1, 1);
+    }
     if (t->checked == NULL || t->failed == NULL)
         return ENOMEM;
     t->blocks = (t->file_size + 4095) / 4096;
@@ -575,8 +581,10 @@ void tree_close(Tree *t)
     if (t->fd >= 0)
         close(t->fd);
     t->fd = -1;
-    free(t->checked);
-    free(t->failed);
+    if (!t->bitmaps_shared) {
+        free(t->checked);
+        free(t->failed);
+    }
     free(t->piece_checked);
     free(t->piece_failed);
     free(t->page_crc);

@@ -20,6 +20,11 @@ typedef struct {
     uint64_t sections[SECTIONS][2];
     int check_once;                /* 1: each record's CRC at its first read; 0: never */
     int check_always;              /* with check_once: at every read (packfs.core's "always") */
+    /* With check_once: the caller's own bitmaps of records checked and failed (a bit per
+     * data record, at least (data_records + 7) / 8 bytes each, kept alive and never
+     * moved until tree_close), shared so that a record one reader checked the other
+     * does not check again (packfs.core's "once" policy); NULL: the Tree makes its own. */
+    uint8_t *shared_checked, *shared_failed;
     const char *name;              /* for the log */
     int log_fd;
     int has_pieces, has_xattrs, has_codecs, has_pages;

@@ -109,6 +109,9 @@
  * set of slots for the process, whatever the number of Trees (a shard set's Forest has
  * one per shard): 16 MiB at most. */
 #define DECODED_SLOTS 16
+/* A whole-file read copies a stored record smaller than this out of the (guarded) map,
+ * a larger one with pread (packfs.core.container.MAP_COPY_BYTES: the same rule). */
+#define MAP_COPY_BYTES ((uint64_t) 1 << 20)
 
 enum {
     PARENT, MODE, UID, GID, MTIME_NS, SIZE, RECORD, CHILD_START, CHILD_COUNT, NAME_END, NLINK,
@@ -160,6 +163,7 @@ typedef struct Tree {
     int check_always;              /* with check_once: every read checks again (no sound bit kept) */
     uint8_t *checked;              /* a bit per data record: its CRC matched */
     uint8_t *failed;               /* a bit per data record: its CRC did not (EIO from then on) */
+    int bitmaps_shared;            /* checked and failed are the caller's (TreeSpans.shared_checked) */
     const uint8_t *piece_record;   /* section 4b: M records with piece CRCs, ascending */
     const uint8_t *piece_start;    /* M + 1 indices into piece_crc */
     const uint8_t *piece_crc;      /* piece_total CRCs */

@@ -49,10 +49,11 @@ from ..format import (CODEC_SPARSE, CODEC_STORED, CODEC_ZSTD, FOOTER_SIZE, S_IFD
 from ..source import ByteSource, with_cache_dir
 from . import legacy, recordfile, tablecheck
 from .checkpolicy import CHECKSUM_POLICIES, ChecksumPolicy
-from .codecs import STORED_ROW, CodecRow, CodecTable
+from .codecs import STORED_ROW, CodecRow, CodecTable, whole_read_limit
 from .container import MAP_COPY_BYTES, Container, explain_foreign
 from .files import (SMALL_FILE_BYTES, UNCHECKED_SMALL_FILE_BYTES, DecodedFile, MemoryFile, PackedFile, StreamFile,
                     read_entries, read_spans)
+from .inplace import compiled_reader
 from .paths import PathArg, lookup_key, resolve_path
 from .pathtable import PathTable
 from .pieces import PieceTable
@@ -84,6 +85,12 @@ class EntryStat(NamedTuple):
     size: int
     nlink: int
     inode: int
+
+
+# read_path's C read takes files up to this size; a larger one is the Python path's,
+# which reads a stored file whole and refuses a framed or sparse one over the same
+# limit (TooLargeToReadError: a hostile archive's 2**62-byte sparse file).
+_WHOLE_READ_LIMIT = whole_read_limit()
 
 
 class ClosedStandIn:
@@ -212,11 +219,19 @@ class Archive:
         # Namedtuple fields cost more to read than attributes.
         self._data_record_count, self._entry_count = self.footer.data_records, self.footer.entry_count
 
+    # packfs.core.inplace reads this class's archives in place (not a subclass's: it may
+    # read otherwise); the flag, not an import of this module, which imports inplace.
+    READS_IN_PLACE = True
+
     _HOT_ITEMS = frozenset(("_offset_items", "_crc_items", "_mode_items", "_record_items", "_size_items",
                             "_lookup_unchecked"))
 
     def __getattr__(self, name: str) -> object:
-        # Only for attributes not set yet: the hot paths' item views, on first use.
+        # Only for attributes not set yet: the hot paths' item views, and the C format
+        # library's Tree, on first use.
+        if name in ("compiled_tree", "compiled_read") and "_policy" in self.__dict__:
+            self._open_tree()
+            return self.__dict__[name]
         if name in Archive._HOT_ITEMS and "_table" in self.__dict__:
             container, table = self._container, self._table
             self._offset_items, self._crc_items = container.offset_items, container.crc_items
@@ -225,6 +240,17 @@ class Archive:
             self._lookup_unchecked = table.lookup_unchecked
             return self.__dict__[name]
         raise AttributeError(name)
+
+    def _open_tree(self) -> None:
+        """The C format library's Tree over this archive, where it is built and reads it
+        in place (packfs.core.inplace.compiled_reader), made at the first whole-file
+        read, not at open (it duplicates the descriptor and copies the page CRCs): its
+        policy is this archive's, the "once" bitmaps shared.  ``compiled_read``, its
+        read_path or None, is what read_path asks first; set it to None and every read
+        takes the pure-Python path (tests, bench/folder_read.py)."""
+        tree = None if self._policy is CLOSED else compiled_reader(self, self.checksums != "never", self._policy)
+        self.compiled_tree = tree
+        self.compiled_read = tree.read_path if tree is not None else None
 
     def _open_table(self, check_data: bool) -> None:
         container = self._container
@@ -413,6 +439,8 @@ class Archive:
         # object lives).
         self._offset_items = self._crc_items = self._mode_items = CLOSED  # type: ignore[assignment]
         self._record_items = self._size_items = self._lookup_unchecked = CLOSED  # type: ignore[assignment]
+        # The Tree holds the map and a descriptor of its own: it goes with the archive.
+        self.compiled_tree = self.compiled_read = CLOSED  # type: ignore[assignment]
 
     @property
     def closed(self) -> bool:
@@ -610,6 +638,15 @@ class Archive:
         ChecksumError
             The contents fail their CRC (under the policy).
         """
+        # The C format library first, where it reads this archive (compiled_read): found, read, checked
+        # and decoded without the GIL, straight into the bytes returned; None for what it
+        # does not answer (a path to normalise or through a symlink, not a file, damage),
+        # which the Python path below answers or raises, so both give the same.
+        read_compiled = self.compiled_read
+        if read_compiled is not None:
+            contents = read_compiled(path, _WHOLE_READ_LIMIT)
+            if contents is not None:
+                return contents
         container = self._container
         if self._coded:
             entry = self._lookup_unchecked(lookup_key(path))  # _path_entry, inlined

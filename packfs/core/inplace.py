@@ -33,7 +33,11 @@ from typing import Any, Optional, Union
 from ..errors import ArchiveChangedError, PackfsError
 from ..format import FLAG_CODECS
 from ..source import is_url, shown_location
-from .archive import Archive
+from .checkpolicy import ChecksumPolicy
+
+# An archive here is a packfs.core.Archive, named in words, not imported: archive.py
+# imports this module (its compiled_read), and the layers have no circles.
+OpenedArchive = Any
 
 __all__ = ["InPlace", "in_place", "compiled_reader"]
 
@@ -78,7 +82,7 @@ class InPlace:
                  self.entry_count, self.sections, check_data, self.path, log_fd), keywords)
 
 
-def in_place(archive: Archive, remote: bool = False) -> Union[InPlace, str]:
+def in_place(archive: OpenedArchive, remote: bool = False) -> Union[InPlace, str]:
     """``archive`` as a compiled reader reads it in place, or why it cannot be: in words
     for a one-line notice (a legacy or format 1.0 archive, a URL unless ``remote``, a
     source without a map, a map without packfs._sigbus's guard, a 1.5 archive whose
@@ -121,33 +125,39 @@ def in_place(archive: Archive, remote: bool = False) -> Union[InPlace, str]:
                    os.fsdecode(archive.path))
 
 
-def compiled_reader(archive: object, check_data: bool) -> Any:
+def compiled_reader(archive: object, check_data: bool, policy: Optional[ChecksumPolicy] = None) -> Any:
     """``packfs.core._format.Tree`` over ``archive`` (a whole file found, read, checked
     and decoded in C without the GIL), or None where that extension is not built,
-    ``archive`` is not an :class:`Archive` itself (a shard set; a subclass may read
-    otherwise), it cannot be read in place (:func:`in_place`), it has codecs and the extension
+    ``archive`` is not an :class:`Archive` itself (its class says READS_IN_PLACE, not
+    inherited: a shard set, or a subclass, may read otherwise), it cannot be read in place (:func:`in_place`), it has codecs and the extension
     has no libzstd, or the library refuses its spans (the Python reader then says what
     is wrong).  Its policy: every read checked ("always") with ``check_data``, else
-    never; it logs nothing (the Python path raises what it finds)."""
+    never; or ``policy``'s, the archive's own, whose "once" bitmaps the Tree shares (a
+    record checked by either reader is not checked again by the other, and one that
+    failed fails in both); it logs nothing (the Python path raises what it finds)."""
     try:
-        from . import _format
+        from . import _format  # type: ignore[attr-defined]  # a compiled module: no source for mypy
     except ImportError:
         return None
-    if type(archive) is not Archive:
+    if not type(archive).__dict__.get("READS_IN_PLACE", False):
         return None
     view = in_place(archive)
     if isinstance(view, str) or (view.codecs is not None and not _format.ZSTD_VERSION):
         return None
-    positional, keywords = view.tree_arguments(check_data, -1)
+    kind = policy.kind if policy is not None else "always" if check_data else "never"
+    positional, keywords = view.tree_arguments(kind != "never", -1)
+    if kind == "once":
+        assert policy is not None and policy.checked is not None and policy.failed is not None
+        keywords.update(checked_bits=policy.checked, failed_bits=policy.failed)
     try:
-        return _format.Tree(*positional, **keywords, check_always=True)
+        return _format.Tree(*positional, **keywords, check_always=kind == "always")
     except (ValueError, OSError):
         return None
 
 
 # A URL archive's view, made once (the daemon asks whether it can serve it, then builds
 # its Tree from it): the archive -> its InPlace or why not.
-_VIEWS: "weakref.WeakKeyDictionary[Archive, Union[InPlace, str]]" = weakref.WeakKeyDictionary()
+_VIEWS: "weakref.WeakKeyDictionary[OpenedArchive, Union[InPlace, str]]" = weakref.WeakKeyDictionary()
 _VIEWS_LOCK = threading.Lock()
 # What is copied at a time into a URL's view (bounded memory whatever the table's size).
 _COPY_PIECE = 8 << 20
@@ -164,7 +174,7 @@ class RemoteReader:
     once: a changed object as the Python daemon says it ("archive changed in place;
     remount"), which fails every read from then on (the source remembers it)."""
 
-    def __init__(self, source: Any, view_archive: Archive) -> None:
+    def __init__(self, source: Any, view_archive: OpenedArchive) -> None:
         self.source = source
         self.view_archive = view_archive  # holds the view's map and descriptor open
         self.log_fd = 2
@@ -220,7 +230,7 @@ def _view_file(cache: Optional[tuple[int, str, int]]) -> int:
     return fd
 
 
-def _remote_view(archive: Archive) -> Union[InPlace, str]:
+def _remote_view(archive: OpenedArchive) -> Union[InPlace, str]:
     """A URL archive's view (see the module's docstring), or why not."""
     source = archive.source
     size = archive.size
@@ -244,7 +254,7 @@ def _remote_view(archive: Archive) -> Union[InPlace, str]:
                 os.pwrite(fd, piece, at)
         # Opened as any local archive (the open-time checks run on these bytes), by a
         # name of the descriptor's: the file has none.
-        local = Archive(f"/proc/self/fd/{fd}", checksums=archive.checksums)
+        local = type(archive)(f"/proc/self/fd/{fd}", checksums=archive.checksums)  # an Archive, local
     except OSError as error:  # the view's file system: full, no sparse file that large, no /proc
         if isinstance(error, PackfsError):
             raise

@@ -12,7 +12,8 @@
  *                                           FormatError (another broken rule)
  *
  * The checksum policy is the Tree's: ``check_once`` checks each record's CRC at its
- * first read (a bitmap; a record that failed raises from then on), 0 checks none.
+ * first read (a bitmap, the Python policy's own where it is handed one; a record that
+ * failed raises from then on), with ``check_always`` at every read, 0 checks none.
  * This file reads no byte of the archive itself.
  */
 
@@ -106,13 +107,71 @@ static PyObject *bytes_of(uint8_t *data, size_t got, size_t skip)
     return result;
 }
 
+/* 1 if ``path`` (``length`` bytes) is a canonical key (packfs.core.paths.lookup_key's
+ * output): no empty, "." or ".." component, so no leading, trailing or doubled slash. */
+static int canonical(const char *path, Py_ssize_t length)
+{
+    Py_ssize_t start = 0;
+    if (length == 0)
+        return 0;
+    for (Py_ssize_t k = 0; k <= length; k++) {
+        if (k < length && path[k] != '/')
+            continue;
+        Py_ssize_t part = k - start;
+        if (part == 0 || (path[start] == '.' && (part == 1 || (part == 2 && path[start + 1] == '.'))))
+            return 0;
+        start = k + 1;
+    }
+    return 1;
+}
+
+/* Path ``path``'s whole contents as a new bytes object, in three steps: the file found
+ * and its record located and held to its rules without the GIL; the bytes object made
+ * at the file's size with it (nothing copied twice: no buffer in between); filled
+ * without it, straight from the map (or pread) and checked, or decoded into it.  A file
+ * over ``max_size`` (-1: no limit) is EFBIG before a byte of it is read.  NULL and
+ * *error (and *checksum) for what the library refused; NULL without *error for a
+ * Python error (no memory). */
+static PyObject *read_as_bytes(Tree *t, const char *path, Py_ssize_t length, long long max_size, int *error,
+                               int *checksum)
+{
+    WholeFile f;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    checksum_failure = 0;
+    failed = locate_whole_file(t, (const uint8_t *) path, (size_t) length, &f);
+    if (failed || page_failure)
+        failed = finished(t, failed);
+    else if ((max_size >= 0 && f.size > (uint64_t) max_size) || f.size > (uint64_t) PY_SSIZE_T_MAX)
+        failed = EFBIG;
+    *checksum = checksum_failure;
+    Py_END_ALLOW_THREADS
+    *error = failed;
+    if (failed)
+        return NULL;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t) f.size);
+    if (result == NULL)
+        return NULL;
+    uint8_t *into = (uint8_t *) PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    checksum_failure = 0;
+    failed = finished(t, read_whole_file(t, &f, into));
+    *checksum = checksum_failure;
+    Py_END_ALLOW_THREADS
+    *error = failed;
+    if (failed)
+        Py_CLEAR(result);
+    return result;
+}
+
 PyDoc_STRVAR(read_file_doc,
-"read_file(path: bytes, max_size=-1) -> bytes\n\n"
+"read_file(path: bytes, max_size=-1, none_if_larger=False) -> bytes\n\n"
 "The whole contents of the file stored at ``path`` (canonical, as Archive.find takes\n"
 "it: no leading slash, symlinks not followed), found, read, checked and decoded without\n"
-"the GIL.  A file over ``max_size`` bytes (-1: no limit) raises TooLargeToReadError, or\n"
-"with ``none_if_larger`` returns None (nothing of it read): a caller that reads large\n"
-"files elsewhere asks without the cost of an exception.");
+"the GIL, straight into the bytes returned.  A file over ``max_size`` bytes (-1: no\n"
+"limit) raises TooLargeToReadError, or with ``none_if_larger`` returns None (nothing of\n"
+"it read): a caller that reads large files elsewhere asks without the cost of an\n"
+"exception.");
 
 static PyObject *py_read_file(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -124,20 +183,65 @@ static PyObject *py_read_file(PyObject *self, PyObject *args, PyObject *kwargs)
     if (t == NULL || !PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Lp:read_file", keywords, &path, &max_size,
                                                   &none_if_larger))
         return NULL;
-    uint8_t *data;
-    size_t got, skip;
     int error, checksum;
-    Py_BEGIN_ALLOW_THREADS
-    error = read_whole(t, path.buf, (size_t) path.len, max_size, &data, &got, &skip, &checksum);
-    Py_END_ALLOW_THREADS
-    PyObject *result;
-    if (error == EFBIG && none_if_larger) {
+    PyObject *result = read_as_bytes(t, path.buf, path.len, max_size, &error, &checksum);
+    if (result == NULL && error == EFBIG && none_if_larger) {
         Py_INCREF(Py_None);
         result = Py_None;
-    } else {
-        result = error ? raise_for(t, error, checksum, path.buf, path.len) : bytes_of(data, got, skip);
+    } else if (result == NULL && error) {
+        raise_for(t, error, checksum, path.buf, path.len);
     }
     PyBuffer_Release(&path);
+    return result;
+}
+
+/* Whether str paths are encoded as UTF-8 (the file system encoding is UTF-8, as
+ * lookup_key encodes them): then a str's UTF-8 (cached in the object) is its key. */
+static int utf8_paths;
+
+PyDoc_STRVAR(read_path_doc,
+"read_path(path: str | bytes, max_size=-1) -> bytes | None\n\n"
+"PackedFolder.read's hot path: read_file of ``path`` when it is a canonical key (a\n"
+"str as the file system encoding makes it bytes, or bytes), else None, and None for\n"
+"whatever the library does not answer: a path not found as given (through a symlink,\n"
+"say), not a regular file, over ``max_size``, or a record that fails a check or a rule,\n"
+"or an archive changed in place.  The caller asks its Python reader then, which\n"
+"answers or raises its own error: one exception class for each kind of damage,\n"
+"whichever reader met it.");
+
+static PyObject *py_read_path(PyObject *self, PyObject *const *args, Py_ssize_t count)
+{
+    Tree *t = tree_ready(self);
+    if (t == NULL)
+        return NULL;
+    if (count < 1 || count > 2) {
+        PyErr_SetString(PyExc_TypeError, "read_path(path, max_size=-1)");
+        return NULL;
+    }
+    long long max_size = -1;
+    if (count == 2 && (max_size = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *path = args[0];
+    const char *key;
+    Py_ssize_t length;
+    if (PyUnicode_CheckExact(path) && utf8_paths) {
+        if ((key = PyUnicode_AsUTF8AndSize(path, &length)) == NULL) {
+            PyErr_Clear();  /* a lone surrogate: lookup_key's surrogateescape, in Python */
+            Py_RETURN_NONE;
+        }
+    } else if (PyBytes_CheckExact(path)) {
+        key = PyBytes_AS_STRING(path);
+        length = PyBytes_GET_SIZE(path);
+    } else {
+        Py_RETURN_NONE;
+    }
+    if (!canonical(key, length))
+        Py_RETURN_NONE;
+    int error, checksum;
+    /* ``path`` is held by the caller and immutable: its buffer outlives the call. */
+    PyObject *result = read_as_bytes(t, key, length, max_size, &error, &checksum);
+    if (result == NULL && error)
+        Py_RETURN_NONE;
     return result;
 }
 
@@ -282,6 +386,7 @@ static PyMethodDef tree_methods[] = {
     {"find", (PyCFunction) py_find, METH_VARARGS, find_doc},
     {"stat", (PyCFunction) py_stat, METH_VARARGS, stat_doc},
     {"read_file", (PyCFunction) (void (*)(void)) py_read_file, METH_VARARGS | METH_KEYWORDS, read_file_doc},
+    {"read_path", (PyCFunction) (void (*)(void)) py_read_path, METH_FASTCALL, read_path_doc},
     {"read_many", (PyCFunction) (void (*)(void)) py_read_many, METH_VARARGS | METH_KEYWORDS, read_many_doc},
     {"changed", (PyCFunction) py_changed, METH_NOARGS, "changed() -> bool: the archive changed in place since open."},
     {NULL, NULL, 0, NULL},
@@ -289,10 +394,14 @@ static PyMethodDef tree_methods[] = {
 
 PyDoc_STRVAR(tree_doc,
 "Tree(mapping, fd, guard, records, data_records, entries, sections, check_once, name, log_fd=2,\n"
-"     pieces=None, xattrs=None, pages=None, codecs=None)\n\n"
+"     pieces=None, xattrs=None, pages=None, codecs=None, check_always=False,\n"
+"     checked_bits=None, failed_bits=None)\n\n"
 "An open archive as the format library reads it, over what packfs.core holds: the\n"
 "archive's map, its descriptor (duplicated), the map's packfs._sigbus slot or -1, and\n"
-"the spans of its sections (as packfs._lowlevel.Tree takes them), each checked again.");
+"the spans of its sections (as packfs._lowlevel.Tree takes them), each checked again.\n"
+"``check_always``: every read checks its record (packfs.core's \"always\"); else each\n"
+"record once, its verdicts kept in ``checked_bits`` and ``failed_bits`` when given (a\n"
+"\"once\" ChecksumPolicy's bytearrays, a bit per data record: shared with Python's reader).");
 
 static PyTypeObject TreeType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -343,7 +452,7 @@ static PyObject *py_crc32(PyObject *module, PyObject *args)
     unsigned int value = 0;
     if (!PyArg_ParseTuple(args, "y*|I:crc32", &data, &value))
         return NULL;
-    uint32_t crc = fast_crc32(value, data.buf, (size_t) data.len);
+    uint32_t crc = crc_update(value, data.buf, (size_t) data.len);
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(crc);
 }
@@ -382,6 +491,12 @@ PyMODINIT_FUNC PyInit__format(void)
         }
     }
     Py_DECREF(errors);
+    PyObject *encoding = PySys_GetObject("getfilesystemencoding");  /* borrowed */
+    PyObject *name = encoding != NULL ? PyObject_CallNoArgs(encoding) : NULL;
+    if (name == NULL)
+        return NULL;
+    utf8_paths = PyUnicode_CompareWithASCIIString(name, "utf-8") == 0;
+    Py_DECREF(name);
     if (PyType_Ready(&TreeType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_definition);

@@ -82,28 +82,36 @@ static int pages_from(TreeSpans *spans, PyObject *pages, Py_buffer *crcs, unsign
                       "pages: the page size or the number of regions is wrong");
 }
 
-int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args, PyObject *kwargs,
-                          const char *type_name)
+int tree_open_from_python(TreeObject *o, PyObject *args, PyObject *kwargs, const char *type_name)
 {
+    Tree *t = &o->tree;
+    Py_buffer *map = &o->map;
+    int *have_map = &o->have_map;
     static char *keywords[] = {"mapping", "fd", "guard", "records", "data_records", "entries", "sections",
                                "check_once", "name", "log_fd", "pieces", "xattrs", "pages", "codecs",
-                               "check_always", NULL};
+                               "check_always", "checked_bits", "failed_bits", NULL};
     PyObject *mapping, *sections, *pieces = Py_None, *xattrs = Py_None, *pages = Py_None, *codecs = Py_None;
+    PyObject *checked_bits = Py_None, *failed_bits = Py_None;
     TreeSpans spans;
     memset(&spans, 0, sizeof spans);
     spans.name = "archive";
     spans.log_fd = 2;
     unsigned long long records, data_records, entries;
     char format[64];
-    if (*have_map) {
+    if (*have_map || o->have_bits) {
         PyErr_SetString(PyExc_TypeError, "a Tree is initialised once");
         return -1;
     }
-    snprintf(format, sizeof format, "OiiKKKOp|siOOOOp:%s", type_name);
+    snprintf(format, sizeof format, "OiiKKKOp|siOOOOpOO:%s", type_name);
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &mapping, &spans.fd, &spans.guard, &records,
                                      &data_records, &entries, &sections, &spans.check_once, &spans.name,
-                                     &spans.log_fd, &pieces, &xattrs, &pages, &codecs, &spans.check_always))
+                                     &spans.log_fd, &pieces, &xattrs, &pages, &codecs, &spans.check_always,
+                                     &checked_bits, &failed_bits))
         return -1;
+    if ((checked_bits == Py_None) != (failed_bits == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "checked_bits and failed_bits: both, or neither");
+        return -1;
+    }
     if (PyObject_GetBuffer(mapping, map, PyBUF_SIMPLE) != 0)
         return -1;
     *have_map = 1;
@@ -112,6 +120,24 @@ int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args
     spans.records = records;
     spans.data_records = data_records;
     spans.entries = entries;
+    if (checked_bits != Py_None) {
+        /* The policy's bytearrays, held (so never resized or freed) until dealloc; a bit
+         * per data record, as tree_open's own would be. */
+        if (PyObject_GetBuffer(checked_bits, &o->checked_bits, PyBUF_WRITABLE) != 0)
+            return -1;
+        if (PyObject_GetBuffer(failed_bits, &o->failed_bits, PyBUF_WRITABLE) != 0) {
+            PyBuffer_Release(&o->checked_bits);
+            return -1;
+        }
+        o->have_bits = 1;
+        uint64_t needed = (data_records + 7) / 8;
+        if ((uint64_t) o->checked_bits.len < needed || (uint64_t) o->failed_bits.len < needed) {
+            PyErr_SetString(PyExc_ValueError, "checked_bits and failed_bits: a bit per data record");
+            return -1;
+        }
+        spans.shared_checked = o->checked_bits.buf;
+        spans.shared_failed = o->failed_bits.buf;
+    }
     if (spans.guard >= 0) {
         PackfsSigbusAPI *api = PyCapsule_Import(PACKFS_SIGBUS_CAPSULE, 0);
         if (api == NULL)
@@ -173,6 +199,11 @@ void tree_object_release(TreeObject *o)
     if (o->have_map)
         PyBuffer_Release(&o->map);
     o->have_map = 0;
+    if (o->have_bits) {
+        PyBuffer_Release(&o->checked_bits);
+        PyBuffer_Release(&o->failed_bits);
+    }
+    o->have_bits = 0;
 }
 
 Tree *tree_ready(PyObject *self)
@@ -238,7 +269,7 @@ int tree_object_open(TreeObject *o, PyObject *args, PyObject *kwargs, const char
         PyErr_SetString(PyExc_TypeError, "remote: the reader must be callable");
         return -1;
     }
-    int status = tree_open_from_python(&o->tree, &o->map, &o->have_map, args, kwargs, type_name);
+    int status = tree_open_from_python(o, args, kwargs, type_name);
     Py_XDECREF(rest);
     if (status != 0 || reader == NULL)
         return status;

@@ -15,6 +15,8 @@ typedef struct {
     PyObject_HEAD
     Py_buffer map;                 /* the whole archive, mapped by packfs.source.LocalFile */
     int have_map;
+    Py_buffer checked_bits, failed_bits;  /* a "once" policy's bitmaps, shared (TreeSpans.shared_checked) */
+    int have_bits;
     Tree tree;
     /* A remote archive (the constructor's ``remote``): the node cache C reads itself,
      * and the callable that reads what it does not hold (reader(at, count, limit) ->
@@ -31,11 +33,11 @@ void tree_object_release(TreeObject *o);
 /* The Tree of an initialised Tree object, or NULL with ValueError. */
 Tree *tree_ready(PyObject *self);
 
-/* Open ``t`` (prepared) from a Tree constructor's ``args`` and ``kwargs``: ``map``
- * receives the archive's buffer (*have_map 1 once it must be released).  0, or -1
- * with a Python error (ValueError for spans that break a rule). */
-int tree_open_from_python(Tree *t, Py_buffer *map, int *have_map, PyObject *args, PyObject *kwargs,
-                          const char *type_name);
+/* Open ``o``'s Tree (prepared) from a Tree constructor's ``args`` and ``kwargs``: its
+ * ``map`` receives the archive's buffer (have_map 1 once it must be released), and
+ * checked_bits and failed_bits a "once" policy's bitmaps when given (have_bits).  0, or
+ * -1 with a Python error (ValueError for spans that break a rule). */
+int tree_open_from_python(TreeObject *o, PyObject *args, PyObject *kwargs, const char *type_name);
 /* tree_open_from_python for a Tree object, with its ``remote`` keyword: (reader, the
  * cache's directory descriptor or -1, the archive's directory below it, the CRC salt,
  * the archive's size, and the data area's (start, end)), or None. */

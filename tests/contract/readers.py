@@ -20,9 +20,13 @@ from tests.contract.compiled import CompiledReader
 from tests.contract.trees import Packed
 
 # (name, what opens) for each reader; "compiled" readers are the C one through its adapter.
-KINDS = ("archive", "one-shard", "layered", "url", "compiled", "compiled-set")
-_ENTRY = {"archive": "tree.ffr", "one-shard": "one.ffrset", "layered": "layered.ffrset", "url": "tree.ffr",
-          "compiled": "tree.ffr", "compiled-set": "one.ffrset"}
+# "archive" reads whole files through the C format library where it is built
+# (Archive.read_path asks it first); "archive-python" is the same Archive with it turned
+# off, so that the pure-Python path, the fallback where C is not built, meets the
+# contract too.
+KINDS = ("archive", "archive-python", "one-shard", "layered", "url", "compiled", "compiled-set")
+_ENTRY = {"archive": "tree.ffr", "archive-python": "tree.ffr", "one-shard": "one.ffrset",
+          "layered": "layered.ffrset", "url": "tree.ffr", "compiled": "tree.ffr", "compiled-set": "one.ffrset"}
 _copies = itertools.count()
 
 
@@ -51,7 +55,8 @@ class ReaderKind:
     @property
     def directory(self) -> Path:
         """The directory of the archive files this reader opens, undamaged."""
-        source = {"archive": self.packed.archive, "url": self.packed.archive, "compiled": self.packed.archive,
+        source = {"archive": self.packed.archive, "archive-python": self.packed.archive, "url": self.packed.archive,
+                  "compiled": self.packed.archive,
                   "one-shard": self.packed.one_shard, "compiled-set": self.packed.one_shard,
                   "layered": self.packed.layered}[self.name]
         return source
@@ -82,7 +87,11 @@ class ReaderKind:
                 return CompiledReader(open_archive(str(where), checksums=checksums), log)  # type: ignore[return-value]
             finally:
                 os.close(log)  # the Tree writes to its own duplicate
-        return open_archive(str(where), checksums=checksums)
+        opened = open_archive(str(where), checksums=checksums)
+        if self.name == "archive-python":
+            assert isinstance(opened, Archive)
+            opened.compiled_read = None
+        return opened
 
 
 def stored_span(directory: Path, path: bytes) -> tuple[Path, int, int]:
