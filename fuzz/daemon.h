@@ -47,6 +47,7 @@
 #include "../packfs/cformat/records.c"
 #include "../packfs/cformat/codecs.c"
 #include "../packfs/cformat/forest.c"
+#include "../packfs/cformat/blockcache.c"
 #include "../packfs/cpython/tree_object.c"
 #include "../packfs/cdaemon/fuse_ops.c"
 #include "../packfs/cdaemon/_lowlevel_module.c"
