@@ -36,7 +36,7 @@ from __future__ import annotations
 import operator
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,7 +62,7 @@ from .tail import prefetch_pages
 from .xattrs import XattrTable
 from .verify import VerifyReport, verify_archive
 
-__all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED"]
+__all__ = ["Archive", "EntryStat", "CHECKSUM_POLICIES", "CLOSED", "columns_by_entry"]
 
 ROOT = 0
 _KIND = {S_IFDIR: "dir", S_IFREG: "file", S_IFLNK: "symlink"}
@@ -574,12 +574,15 @@ class Archive:
         """:meth:`listing` and the children's inode numbers (what readdir hands on)."""
         return self._table.listing_with_inodes(self._entry(directory))
 
-    def listing_columns(self, part: range) -> tuple[list[bytes], list[int], list[int], list[int], list[int],
-                                                     list[int], list[int]]:
+    def listing_columns(self, part: Sequence[int]) -> tuple[list[bytes], list[int], list[int], list[int],
+                                                             list[int], list[int], list[int]]:
         """(names, modes, uids, gids, mtimes_ns, sizes, nlinks) of the entries in
-        ``part``, a slice of a range from :meth:`children`, each column read as one
-        slice: a long listing reads its directory a part at a time."""
-        return self._table.listing_columns(part)
+        ``part``, a slice of :meth:`children` (a range: each column read as one slice, so
+        a long listing reads its directory a part at a time; any other sequence of
+        entries, entry by entry)."""
+        if isinstance(part, range) and part.step == 1:
+            return self._table.listing_columns(part)
+        return columns_by_entry(self, part)
 
     def extent(self, entry: int) -> tuple[int, int]:
         """(start, end): where file or symlink ``entry``'s contents lie in the archive
@@ -671,8 +674,9 @@ class Archive:
             unchecked = checked is not None and not checked[record >> 3] & (1 << (record & 7))
             if unchecked:
                 policy.raise_if_failed(record, path)  # not read again
-            if container.guarded and end - start < MAP_COPY_BYTES:
-                data = container.mapping[start:end]
+            mapping = container.mapping  # a guarded map, when guarded
+            if container.guarded and end - start < MAP_COPY_BYTES and mapping is not None:
+                data = mapping[start:end]
             else:
                 data = container.pread(start, end)
             if checked is None:
@@ -891,7 +895,7 @@ class Archive:
                 container.check_unchanged()
                 for k, data in zip(group, contents):
                     _, _, record, position = located[k]
-                    size, row = coded_rows.pop(position) if coded else (0, None)
+                    size, row = coded_rows.pop(position) if coded else (0, STORED_ROW)
                     yield position, self._reader.decode_whole(record, data, size, row, names[position])
         except PackfsError:
             container.changed_instead()
@@ -1164,3 +1168,19 @@ class Archive:
             raise FormatError(f"{self.path!r}: its records add up to {total} bytes, more than the "
                               f"archive's {container.file_size}")
         return total
+
+
+def columns_by_entry(reader: Any, entries: Iterable[int]) -> tuple[list[bytes], list[int], list[int], list[int],
+                                                                  list[int], list[int], list[int]]:
+    """``listing_columns`` of ``entries`` asked of ``reader`` (an Archive or a ShardSet)
+    entry by entry, through its ``name`` and ``stat``: what either does where its
+    columns cannot be read as one slice."""
+    names: list[bytes] = []
+    columns: tuple[list[int], ...] = ([], [], [], [], [], [])
+    for entry in entries:
+        stat = reader.stat(entry)
+        names.append(reader.name(entry))
+        for column, value in zip(columns, (stat.mode, stat.uid, stat.gid, stat.mtime_ns, stat.size, stat.nlink)):
+            column.append(value)
+    modes, uids, gids, mtimes, sizes, nlinks = columns
+    return names, modes, uids, gids, mtimes, sizes, nlinks

@@ -42,6 +42,7 @@ from ..format import (CODEC_DICTIONARY, CODEC_FRAMES, CODEC_NAMES, CODEC_ROW, CO
                       ZSTD_SIZE_MAX, Footer, crc32)
 from .container import Container
 from .sections import open_sections
+from .tail import Column
 
 if TYPE_CHECKING:
     import numpy as np
@@ -179,7 +180,7 @@ class CodecTable:
         self._label = label
         self._check = check_data
         self._data_records = footer.data_records if footer is not None else 0
-        self._rows: object = None
+        self._rows: Column = memoryview(b"")  # section 22's items, once opened
         self._data: object = None
         self._data_length = 0
         self._row_at: Callable[[int], tuple] | None = None
@@ -214,7 +215,7 @@ class CodecTable:
                 unpack = CODEC_ROW.unpack
                 self._row_at = lambda at: unpack(rows[at : at + CODEC_ROW.size])  # type: ignore[index]
 
-    def row_items(self) -> object:
+    def row_items(self) -> Column:
         """Section 22's bytes as the archive reads them (a memoryview, or from a source
         without a map a :class:`~packfs.core.tail.PagedColumn`): record ``r``'s row is
         items ``[16 r, 16 r + 16)``.  For prefetching its pages with others."""
@@ -236,7 +237,7 @@ class CodecTable:
             return 0, 0
         if self._row_at is None:
             self._open()
-        return len(self._rows), self._data_length  # type: ignore[arg-type]
+        return len(self._rows), self._data_length
 
     # -- rows ----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ is :mod:`packfs.write.container`.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import shlex
 import threading
@@ -19,7 +20,7 @@ from ..errors import ChecksumError, ClosedArchiveError, FormatError, PackfsError
 from ..format import FOOTER_SIZE, HEADER_PREFIX, MAGIC, SNIFF_BYTES, crc32, foreign_format, header_size, unpack_footer
 from ..source import ByteSource, open_source
 from ..source.scan import SequentialScan
-from .tail import HEADER_CRCS, HEADER_OFFSETS, PageCache, PagedColumn, Tail, has_tail
+from .tail import HEADER_CRCS, HEADER_OFFSETS, Column, PageCache, PagedColumn, Tail, has_tail
 
 __all__ = ["Container", "explain_foreign"]
 
@@ -94,6 +95,8 @@ class Container:
         The source's zero-copy buffer (slices are bytes), or None.
     """
 
+    mapping: Union[bytes, mmap.mmap, None]
+
     def __init__(self, source: Union[str, "os.PathLike[str]", ByteSource], check_data: bool = True,
                  allow_legacy_header: bool = False, use_tail: bool = False,
                  storage_options: Optional[Mapping[str, Any]] = None) -> None:
@@ -134,7 +137,8 @@ class Container:
         if tail is not None:
             self._open_with_tail(tail)
             return
-        prefix = source.mapping if self.zero_copy else source.read(0, HEADER_PREFIX.size)
+        mapping = source.mapping
+        prefix = mapping if mapping is not None else source.read(0, HEADER_PREFIX.size)
         checksum_meta, n = HEADER_PREFIX.unpack_from(prefix, 0)
         if n < 0 or header_size(n) > _LARGEST_FILE:
             # Offsets are int64: no file holds such a header.  Text, or random bytes,
@@ -162,12 +166,13 @@ class Container:
                     f"{self.path!r}: header checksum mismatch: stored {checksum_meta:#010x}, "
                     f"computed {actual:#010x}: the header (record count, CRCs and offsets) is damaged"
                 )
-        self.mapping = source.mapping if self.zero_copy else source.read(0, self.data_start)
+        header = mapping if mapping is not None else source.read(0, self.data_start)
+        self.mapping = header
         # memoryview item access is several times faster than numpy scalar indexing,
         # and the hot read path does a handful of them per call.
-        self.view = memoryview(self.mapping)
-        self.crc_items = self.view[12 : 12 + 4 * n].cast("I")
-        self.offset_items = self.view[12 + 4 * n : self.data_start].cast("q")
+        self.view = memoryview(header)
+        self.crc_items: Column = self.view[12 : 12 + 4 * n].cast("I")
+        self.offset_items: Column = self.view[12 + 4 * n : self.data_start].cast("q")
 
     def _read_tail(self) -> Tail | None:
         """The archive's tail (format section 4e), checked, or None where it has none."""
@@ -186,10 +191,11 @@ class Container:
         tail_start = size - FOOTER_SIZE - footer.tail_size
         tail = Tail(self.source.read(tail_start, size - FOOTER_SIZE), footer, footer_bytes, size,
                     repr(self.path), self.check_data)
-        if self.zero_copy:
+        mapping = self.source.mapping
+        if mapping is not None:
             # The header is at hand: it must agree (a remote reader need not fetch it:
             # the tail's page CRCs check whatever of it is used).
-            checksum_meta, n = HEADER_PREFIX.unpack_from(self.source.mapping, 0)
+            checksum_meta, n = HEADER_PREFIX.unpack_from(mapping, 0)
             if n != tail.record_count:
                 raise FormatError(f"{self.path!r}: its header lists {n} records, its tail {tail.record_count}")
             if not checksum_meta and self.check_data:
@@ -208,9 +214,10 @@ class Container:
         self.data_start = header_size(n)
         self.header_checksum = None  # not read: the tail's page CRCs check the header
         self.data_records, self.data_end = tail.data_records, tail.data_end
-        if self.zero_copy:
-            self.mapping = self.source.mapping
-            self.view = memoryview(self.mapping)
+        mapping = self.source.mapping
+        if mapping is not None:
+            self.mapping = mapping
+            self.view = memoryview(mapping)
             self._header_lock = threading.Lock()
             self._unchecked_items = (self.view[12 : 12 + 4 * n].cast("I"),
                                      self.view[12 + 4 * n : self.data_start].cast("q"))
@@ -263,7 +270,7 @@ class Container:
             return self.header_checksum
         return HEADER_PREFIX.unpack(self.pread(0, HEADER_PREFIX.size))[0]
 
-    def _whole_header(self) -> bytes | memoryview:
+    def _whole_header(self) -> Union[bytes, mmap.mmap]:
         """The header's bytes: the map's, or a copy read once (for whole-archive checks
         of an archive opened page by page)."""
         if self.mapping is not None:
@@ -431,8 +438,9 @@ class Container:
             source.check_before_map()  # the offsets are read through the map
         try:
             start, end = self.record_span(index)
-            if self.guarded and end - start < MAP_COPY_BYTES:
-                data = self.mapping[start:end]
+            mapping = self.mapping  # a guarded map, when guarded
+            if self.guarded and end - start < MAP_COPY_BYTES and mapping is not None:
+                data = mapping[start:end]
             else:
                 data = (self._scan or source).read(start, end)
             if check and crc32(data) != self.crc_items[index]:

@@ -136,7 +136,7 @@ def compiled_reader(archive: object, check_data: bool, policy: Optional[Checksum
     record checked by either reader is not checked again by the other, and one that
     failed fails in both); it logs nothing (the Python path raises what it finds)."""
     try:
-        from . import _format  # type: ignore[attr-defined]  # a compiled module: no source for mypy
+        from . import _format
     except ImportError:
         return None
     if not type(archive).__dict__.get("READS_IN_PLACE", False):

@@ -7,12 +7,14 @@ is ``tablebuild``."""
 
 from __future__ import annotations
 
+import mmap
+
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Union
 
 from .container import Container
 from .lookupindex import LookupIndex
-from .tail import FetchMany, PagedColumn, prefetch_pages, section_region
+from .tail import Column, FetchMany, ItemCode, PagedColumn, prefetch_pages, section_region
 
 from ..errors import ChecksumError, ClosedArchiveError, FormatError
 from ..format import (CODEC_STORED, NO_RECORD, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, SECTION_ALIGNMENT, SECTIONS, Footer, crc32,
@@ -33,7 +35,7 @@ _SECTION_OF["_mm"] = _SECTION_OF["_names"]
 _VALID_TYPES = (S_IFDIR, S_IFREG, S_IFLNK)
 # The sections' numpy dtypes as memoryview item codes and sizes (the format is
 # little-endian, like every machine packfs runs on).
-_ITEM_CODE = {"<u4": "I", "<i8": "q", "<u8": "Q", "u1": "B"}
+_ITEM_CODE: dict[str, ItemCode] = {"<u4": "I", "<i8": "q", "<u8": "Q", "u1": "B"}
 _ITEM_SIZE = {"<u4": 4, "<i8": 8, "<u8": 8, "u1": 1}
 _SLASH = ord("/")
 # Directory path -> entry, so a lookup checks one name instead of walking up the table.
@@ -103,6 +105,7 @@ class PathTable:
         self._in_memory = image is not None
         self._tail = container.tail if image is None else None
         self._paged = False  # read page by page from a source without a map (a 1.4 archive's)
+        mm: Union[bytes, bytearray, memoryview, mmap.mmap, None]
         if image is not None:
             mm, self._section_span = image[0], dict(image[1])
         else:
@@ -118,7 +121,7 @@ class PathTable:
                                       for name, (start, end) in self._section_span.items()}
                 self._in_memory = True
         self._table_span = (self._section_span[SECTIONS[0][0]][0], self._section_span[SECTIONS[-1][0]][1])
-        self._views = []
+        self._views: list[Column] = []
         self._names_start, names_end = self._section_span["names"]
         self._names_size = names_end - self._names_start
         if self._tail is not None:
@@ -130,6 +133,7 @@ class PathTable:
                 self._index = LookupIndex(self._tail, container.source.read, container.page_cache, repr(self.path))
             return
         # Item access through memoryviews is several times faster than numpy scalars.
+        assert mm is not None  # a map, a table read whole, or an image: not paged
         view = memoryview(mm)
         for name, dtype in SECTIONS:
             start, end = self._section_span[name]
@@ -137,7 +141,10 @@ class PathTable:
             self._views.append(item_view)
             setattr(self, "_" + name, item_view)
         view.release()
-        self._mm = mm
+        # The names' bytes: a map, a table read whole, an image, or (paged) a column of
+        # bytes; each slices to bytes (a test's memoryview-mapped source to a memoryview,
+        # which compares and searches alike).
+        self._mm: Any = mm
         self._check_root("_mode")
         self._check_root("_name_end")
 
@@ -169,10 +176,12 @@ class PathTable:
             # The root's rules are checked when the pages holding them arrive.
             checks_root = attribute in ("_mode", "_parent", "_name_end")
             last_page = (self.entry_count - 1) * _ITEM_SIZE[dtype] // tail.page_size
-            view = PagedColumn(tail, region, _ITEM_CODE[dtype], _ITEM_SIZE[dtype], container.source.read,
-                               container.page_cache,
-                               on_fetch=(lambda page: page in (0, last_page) and self._check_root(attribute))
-                               if checks_root else None)
+            def check_root(page: int) -> None:
+                if page in (0, last_page):
+                    self._check_root(attribute)
+
+            view: Column = PagedColumn(tail, region, _ITEM_CODE[dtype], _ITEM_SIZE[dtype], container.source.read,
+                                       container.page_cache, on_fetch=check_root if checks_root else None)
         else:
             if container.check_data:
                 container.check_region(region)
@@ -338,13 +347,13 @@ class PathTable:
             return -1
         entry = row.entry
         for name in ("mode", "uid", "gid", "mtime_ns", "size", "record", "nlink"):
-            getattr(self, "_" + name).hint(entry, getattr(row, name))
+            _paged(getattr(self, "_" + name)).hint(entry, getattr(row, name))
         linked = row.mode & S_IFMT == S_IFREG and row.nlink > 1
-        self._first_link.hint(entry, row.inode - 1 if linked else 0)
+        _paged(self._first_link).hint(entry, row.inode - 1 if linked else 0)
         if row.record != NO_RECORD:
             container = self.container
-            container.crc_items.hint(row.record, row.crc)
-            container.offset_items.hint(row.record, row.offset)
+            _paged(container.crc_items).hint(row.record, row.crc)
+            _paged(container.offset_items).hint(row.record, row.offset)
             # The row gives the record's end only where its length is the size: with
             # codecs (format 4f) a record stored as it is; others read their end's page.
             codecs = self.codecs
@@ -354,7 +363,7 @@ class PathTable:
                     prefetch_pages([(codecs.row_items(), [row.record << 4]),
                                     (container.offset_items, [row.record + 1])], fetch_many)
             if codecs is None or codecs.row(row.record, entry).codec == CODEC_STORED:
-                container.offset_items.hint(row.record + 1, row.offset + row.size)
+                _paged(container.offset_items).hint(row.record + 1, row.offset + row.size)
         return entry
 
     def _path_is(self, entry: int, key: bytes) -> bool:
@@ -466,7 +475,7 @@ class PathTable:
         start, end = self._name_end[entry - 1], self._name_end[entry]
         if not start < end <= self._names_size:
             self.fail(f"entry {entry} has an empty name or one outside the names section")
-        name = self._mm[self._names_start + start : self._names_start + end]
+        name: bytes = self._mm[self._names_start + start : self._names_start + end]
         if b"/" in name or b"\0" in name or name == b"." or name == b"..":
             self.fail(f"entry {entry} has the name {name!r}: a name contains '/' or a NUL byte, or is '.' or '..'")
         return name
@@ -641,3 +650,11 @@ class PathTable:
     def column(self, name: str) -> np.ndarray:
         """Section ``name`` as a numpy array (numpy is imported on first use)."""
         return self.arrays[name]
+
+
+def _paged(column: Column) -> PagedColumn:
+    """``column`` as the paged column it is where a lookup index row hints it (an
+    archive read page by page from a source without a map: the only one looked up
+    through its index)."""
+    assert isinstance(column, PagedColumn)
+    return column

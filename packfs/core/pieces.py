@@ -15,7 +15,7 @@ from typing import NoReturn
 from ..errors import FormatError
 from ..format import PIECE_SECTIONS, PIECE_SIZE, PIECES_SINCE_MINOR, SECTION_COUNT, Footer, piece_count
 from .container import Container
-from .tail import PagedColumn
+from .tail import Column, PagedColumn
 from .sections import open_sections
 
 __all__ = ["PieceTable", "NO_PIECES"]
@@ -36,6 +36,9 @@ class PieceTable:
         self.record_count = 0  # M: records with pieces
         self.piece_total = 0  # P: piece CRCs
         self.spans: tuple[tuple[int, int], ...] | None = None
+        self._records: Column
+        self._starts: Column
+        self._crcs: Column
         if footer is None or footer.version_minor < PIECES_SINCE_MINOR:
             self._records = self._starts = self._crcs = memoryview(b"").cast("Q")
             return

@@ -14,20 +14,20 @@ from typing import Callable, NoReturn
 from ..errors import ChecksumError
 from ..format import SECTION_ALIGNMENT, Footer
 from .container import Container
-from .tail import PagedColumn, section_region
+from .tail import Column, ItemCode, PagedColumn, section_region
 
 __all__ = ["open_sections"]
 
 # numpy dtype -> (memoryview format, item size)
-_ITEM = {"<u8": ("Q", 8), "<u4": ("I", 4), "u1": ("B", 1)}
+_ITEM: dict[str, tuple[ItemCode, int]] = {"<u8": ("Q", 8), "<u4": ("I", 4), "u1": ("B", 1)}
 
 
 def open_sections(container: Container, footer: Footer, first: int, sections: tuple[tuple[str, str], ...],
-                  fail: Callable[[str], NoReturn]) -> tuple[list[memoryview], tuple[tuple[int, int], ...]]:
+                  fail: Callable[[str], NoReturn]) -> tuple[list[Column], tuple[tuple[int, int], ...]]:
     """Sections ``first``, ``first + 1``, ... (named and typed by ``sections``) as
     memoryviews of their items, and their spans in the source's bytes; ``fail`` is
     called with what is wrong with a malformed one."""
-    views = []
+    views: list[Column] = []
     spans = []
     for k, (name, dtype) in enumerate(sections):
         record = footer.data_records + 2 * (first + k) + 1
@@ -52,8 +52,10 @@ def open_sections(container: Container, footer: Footer, first: int, sections: tu
                                   (record, f"section {name!r}")):
                 if not container.record_crc_ok(checked):
                     raise ChecksumError(f"{container.path!r}: {what} (record {checked}): checksum mismatch")
-        data = container.mapping if container.zero_copy else container.pread(start, end)
-        base = start if container.zero_copy else 0
-        views.append(memoryview(data)[base: base + end - start].cast(code))
+        mapping = container.mapping
+        if container.zero_copy and mapping is not None:
+            views.append(memoryview(mapping)[start:end].cast(code))
+        else:
+            views.append(memoryview(container.pread(start, end)).cast(code))
         spans.append((start, end))
     return views, tuple(spans)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Callable, Iterable, List, NamedTuple, Sequence, Tuple, Union
+from typing import Callable, Iterable, List, Literal, NamedTuple, Sequence, Tuple, Union, overload
 
 from ..errors import ChecksumError, FormatError
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
@@ -305,6 +305,11 @@ class PageCache:
                 self.size -= len(dropped)
 
 
+# A struct code of a column's items, as memoryview.cast takes it (named, so that the
+# type checker knows each cast's item type).
+ItemCode = Literal["B", "I", "Q", "q"]
+
+
 class PagedColumn:
     """A section (or one of the header's arrays) of a remote archive, standing in for its
     memoryview: items and slices are read from pages fetched and checked on first use.
@@ -314,7 +319,7 @@ class PagedColumn:
     (as a slice of a map is); ``len(column)`` is its item count.
     """
 
-    def __init__(self, tail: Tail, region: int, code: str, itemsize: int,
+    def __init__(self, tail: Tail, region: int, code: ItemCode, itemsize: int,
                  fetch: Callable[[int, int], bytes], cache: PageCache,
                  on_fetch: Callable[[int], None] | None = None) -> None:
         self._tail = tail
@@ -365,7 +370,13 @@ class PagedColumn:
         if self._on_fetch is not None:
             self._on_fetch(page)
 
-    def __getitem__(self, index: Union[int, slice]) -> object:
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Union[memoryview, bytes]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[int, memoryview, bytes]:
         if isinstance(index, slice):
             start, stop, step = index.indices(self._length)
             if step != 1:
@@ -382,7 +393,7 @@ class PagedColumn:
         page, within = divmod(index, self._per_page)
         return self._page(page)[within]
 
-    def _span(self, start: int, stop: int) -> memoryview:
+    def _span(self, start: int, stop: int) -> Union[memoryview, bytes]:
         if start == stop:
             return memoryview(b"").cast(self._code) if self._code != "B" else b""
         first, last = start // self._per_page, (stop - 1) // self._per_page
@@ -399,13 +410,19 @@ class PagedColumn:
 
     def tolist(self) -> list:
         """Every item (what the memoryview's tolist gives)."""
-        return self._span(0, self._length).tolist()
+        items = self._span(0, self._length)
+        return list(items) if isinstance(items, bytes) else items.tolist()
 
     def release(self) -> None:
         """Nothing to release (a memoryview's method, called when a table closes)."""
 
 
-def prefetch_pages(wanted: Sequence[Tuple[object, Iterable[int]]], fetch_many: FetchMany) -> None:
+# A column of the header or the table as the readers index it: a memoryview of the map
+# (or of the bytes read), or, from a source without one, a PagedColumn standing in.
+Column = Union[memoryview, PagedColumn]
+
+
+def prefetch_pages(wanted: Sequence[Tuple[Column, Iterable[int]]], fetch_many: FetchMany) -> None:
     """Fetch at once the pages holding the items a batch will use: for each (column,
     item indexes) in ``wanted``, the pages of a :class:`PagedColumn` (other columns, in
     memory already, are skipped) that are neither cached nor hinted, with one

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 from ..errors import FormatError, NotADirectoryPathError, NotAFileError, PathNotFoundError
 from ..format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from ..source import ByteSource, is_url, shown_location
-from .archive import CHECKSUM_POLICIES, Archive, EntryStat
+from .archive import CHECKSUM_POLICIES, Archive, EntryStat, columns_by_entry
 from .files import PackedFile
 from .manifest import MANIFEST_SUFFIX, ShardRecord, depth_first_key, parse_manifest, shard_record
 from .members import (GLOB_MAGIC, ShardMembers, beside, is_manifest_file, is_shard_set_spec, open_shard_limit,
@@ -722,13 +722,7 @@ class ShardSet:
             if self._split(part.stop - 1)[0] == index:
                 base = self._bases[index]
                 return self._shard(index).listing_columns(range(part.start - base, part.stop - base))
-        columns: tuple[list, ...] = ([], [], [], [], [], [], [])
-        for entry in part:
-            stat = self.stat(entry)
-            for column, value in zip(columns, (self.name(entry), stat.mode, stat.uid, stat.gid, stat.mtime_ns,
-                                               stat.size, stat.nlink)):
-                column.append(value)
-        return columns  # type: ignore[return-value]
+        return columns_by_entry(self, part)
 
     def column(self, name: str) -> Any:
         """Table section ``name`` of every shard, concatenated (``record`` numbered over

@@ -15,7 +15,7 @@ from ..errors import FormatError
 from ..format import (PIECE_SECTIONS, SECTION_COUNT, XATTR, XATTR_LIST_MAX, XATTR_SECTIONS, XATTR_SIZE_MAX,
                       XATTRS_SINCE_MINOR, Footer, xattr_name_problem)
 from .container import Container
-from .tail import PagedColumn
+from .tail import Column, PagedColumn
 from .sections import open_sections
 
 __all__ = ["XattrTable", "decode_xattrs"]
@@ -65,7 +65,9 @@ class XattrTable:
         self.data_bytes = 0  # section 20's length
         self.spans: tuple[tuple[int, int], ...] | None = None
         empty = memoryview(b"")
-        self._entries, self._starts, self._data = empty.cast("I"), empty.cast("Q"), empty
+        self._entries: Column = empty.cast("I")
+        self._starts: Column = empty.cast("Q")
+        self._data: Column = empty
         if footer is None or footer.version_minor < XATTRS_SINCE_MINOR:
             return
         first = SECTION_COUNT + len(PIECE_SECTIONS)

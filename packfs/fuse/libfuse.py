@@ -300,8 +300,10 @@ def _install_main(binding: ModuleType) -> None:
     (which set current.run); any other caller still gets libfuse's."""
     if hasattr(binding, "_packfs_main"):
         return
-    binding._packfs_main = False  # packfs' main is not in use (libfuse lacks a call)
-    shared = binding._libfuse
+    # The binding's module is patched (setattr: its attributes are not declared for the
+    # type checker, and this is the one place they are set).
+    setattr(binding, "_packfs_main", False)  # packfs' main is not in use (libfuse lacks a call)
+    shared = getattr(binding, "_libfuse")
     major = getattr(binding, "fuse_version_major", 2)
     ours, calls = (_libfuse3_main, _LIBFUSE3_CALLS) if major == 3 else (_libfuse2_main, _LIBFUSE2_CALLS)
     lib = ctypes.CDLL(shared._name)  # its own function objects: these types stay here
@@ -318,8 +320,8 @@ def _install_main(binding: ModuleType) -> None:
         return ours(lib, run, [argv[i] for i in range(argc)], operations, size)
 
     if major == 3 or hasattr(binding, "fuse_main_real"):  # mfusepy calls its module's name
-        binding.fuse_main_real = fuse_main_real
+        setattr(binding, "fuse_main_real", fuse_main_real)
     else:  # fusepy calls _libfuse.fuse_main_real
-        binding._libfuse = _LibraryWith(shared, fuse_main_real=fuse_main_real)
-    binding._packfs_main = True
+        setattr(binding, "_libfuse", _LibraryWith(shared, fuse_main_real=fuse_main_real))
+    setattr(binding, "_packfs_main", True)
 

@@ -214,7 +214,10 @@ def fuse_class(binding: ModuleType) -> type:
 
     def direct_readdir(self: Any, path: bytes, buf: int | None, filler: Any, *_: Any) -> int:
         entry, inodes, names, modes = self.operations.listing(path)
-        add = _UNCHECKED_FILLER(ctypes.cast(filler, ctypes.c_void_p).value)
+        address = ctypes.cast(filler, ctypes.c_void_p).value
+        if address is None:  # libfuse always passes its filler; a NULL one is an I/O error, not a crash
+            return -errno.EIO
+        add = _UNCHECKED_FILLER(address)
         buffer = ctypes.c_void_p(buf)
         attributes = binding.c_stat()
         attributes_ref = ctypes.byref(attributes)

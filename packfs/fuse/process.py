@@ -80,6 +80,7 @@ def mount(
                         options=fuse_options(served.path, allow_other, extra, binding))
         return
     fuse = check_fuse(binding)
+    assert fuse is not None  # a Python binding's module (the compiled daemon and "auto" are settled above)
     if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and has_own_main(fuse)):
         raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
                          f"the mfusepy binding; libfuse2 always uses up to 10 threads")
@@ -286,8 +287,11 @@ def open_for_mount(archive: str | Archive | ShardSet | PackedFolder, check_data:
     if isinstance(archive, (Archive, ShardSet)):
         return archive
     if isinstance(archive, PackedFolder):
-        return archive.archive
-    return open_archive(archive, checksums="once" if check_data else "never")
+        opened = archive.archive
+    else:
+        opened = open_archive(archive, checksums="once" if check_data else "never")
+    assert isinstance(opened, (Archive, ShardSet))  # what open_archive opens: one archive, or a set
+    return opened
 
 
 def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: str, log_path: str,

@@ -159,8 +159,8 @@ class ByteSource(Protocol):
         """(uid, gid, mtime_ns) for entries without their own."""
 
     @property
-    def mapping(self) -> Union[bytes, memoryview, mmap.mmap, None]:
-        """A zero-copy buffer of every byte, or None."""
+    def mapping(self) -> Union[bytes, mmap.mmap, None]:
+        """A zero-copy buffer of every byte, whose slices are bytes, or None."""
 
     @property
     def guarded(self) -> bool:

@@ -80,7 +80,7 @@ import threading
 import time
 import weakref
 from bisect import bisect_right
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 from ..format import crc32
 from .cachedir import DIR_FLAGS, FILE_FLAGS, UnsafeCacheDir, forget_root, private_root, private_subdir
 from .cachestats import COUNTERS, FLUSH_EVERY, add_counts
@@ -335,7 +335,7 @@ class CachedSource:
                 pass
             raise
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:  # the remote file's members, whatever their types
         if name.startswith("__") or name == "remote":
             raise AttributeError(name)
         return getattr(self.remote, name)

@@ -159,8 +159,9 @@ class LocalFile:
             self.owner = (info.st_uid, info.st_gid, info.st_mtime_ns)
             # An empty file cannot be mapped; it is no archive either, which the format
             # code says after reading its (missing) header.
-            self.mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self.size else b""
-            self._guard = _sigbus.register(self.mapping, fd) if GUARDED and self.size else -1
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self.size else b""
+            self.mapping = mapping
+            self._guard = _sigbus.register(mapping, fd) if GUARDED and isinstance(mapping, mmap.mmap) else -1
         except BaseException:
             os.close(fd)
             raise
