@@ -40,6 +40,9 @@ class _Changes:
 
     def __init__(self, log: Path) -> None:
         self._log = log
+        # A fresh count: pytest gives a passing test's directory name to the next test
+        # once it has removed it (tmp_path_retention_policy), and this log is beside it.
+        log.unlink(missing_ok=True)
 
     def add(self, offset: int) -> None:
         with open(self._log, "a") as f:
