@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import importlib
+import itertools
 import os
 import shutil
 import stat as stat_module
@@ -45,6 +46,33 @@ SYMLINKS = {"link-to-hello": "hello.txt", "a/link-up": "../hello.txt", "dangling
             "absolute": "/etc/hostname", "a/dirlink": "b"}
 HARDLINK = ("hardlink.txt", "hello.txt")
 MTIME_NS = 1_600_000_000_123_456_789
+
+
+_TMP_NUMBERS = itertools.count()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.fixture
+def tmp_path(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """pytest's tmp_path, with a name no earlier test of the session had, removed when
+    its test passes.  pytest's own, under tmp_path_retention_policy = "failed", gives a
+    removed directory's name to the next test: state kept beside it, or keyed by its
+    path (a cache directory warned about once per process), leaked into that test."""
+    name = "".join(c if c.isalnum() else "_" for c in request.node.name)[:30]
+    path = tmp_path_factory.mktemp(f"{name}-{next(_TMP_NUMBERS)}", numbered=False)
+    yield path
+    if request.node.stash.get(_PASSED, False):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
