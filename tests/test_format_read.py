@@ -23,8 +23,7 @@ from packfs.write import pack_folder
 from tests.conftest import damaged_copy
 from tests.test_compress_pack import _json
 from tests.test_core_format import _format_module
-from tests.codec_archives import Layout
-from tests.test_inodedaemon_codecs import CONTENTS, _build
+from tests.test_inodedaemon_codecs import CONTENTS, _build, claim_a_huge_sparse_file
 
 MIB = 1 << 20
 
@@ -181,15 +180,7 @@ def test_a_huge_sparse_file_meets_the_python_paths_limit(tmp_path: Path) -> None
     """A hostile archive's sparse file claiming 2**62 bytes in a few: the library
     refuses it before allocating (over the whole-read limit), and PackedFolder.read
     raises the Python path's TooLargeToReadError."""
-    import numpy as np
-
-    def tamper(layout: Layout) -> None:
-        sizes = np.frombuffer(layout.sections[5], "<u8").copy()
-        records = np.frombuffer(layout.sections[6], "<u8")
-        sizes[list(records).index(layout.record_of["sparse.bin"])] = 1 << 62
-        layout.sections[5] = sizes.tobytes()
-
-    archive = _build(tmp_path / "huge.ffr", tamper)
+    archive = _build(tmp_path / "huge.ffr", claim_a_huge_sparse_file)
     with packfs.PackedFolder(archive) as folder:
         assert folder._compiled is not None
         assert folder.archive.compiled_read("sparse.bin", whole_read_limit()) is None
