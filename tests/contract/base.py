@@ -113,6 +113,10 @@ class ReaderContract:
                     getattr(reader, call)(entry)
             with pytest.raises(NotAFileError):
                 reader.lookup_child(entry, b"a")
+        # Columns past the table: what each entry's stat says, never a listing cut short.
+        for part in (range(count - 1, count + 1), range(count, count + 3), [count], range(-1, 1)):
+            with pytest.raises(NotAFileError, match="entry"):
+                reader.listing_columns(part)
 
     # -- stat -----------------------------------------------------------------------------
 
