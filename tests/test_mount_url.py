@@ -68,12 +68,24 @@ def test_compiled_daemon_serves_a_url_over_https_then_from_the_cache_alone(
     # Every byte is in the node cache now: a second mount reads nothing from the server
     # but what opening the object asks (its tail, compared with the cached one).
     nginx.clear_log()
+    hits_before = _cache_hits()
     with mounted(url, tmp_path / "mnt2", binding=COMPILED) as mountpoint:
         opened = len(_gets(nginx))
         assert_same_tree(tree, mountpoint)
         for path, contents in FILES.items():
             assert (mountpoint / path).read_bytes() == contents
         assert len(_gets(nginx)) == opened <= 1
+    # The blocks C served from the cache are in `packfs cache`'s counters once the
+    # daemon ends: at least one a file (each read reached the new mount's daemon).
+    assert _cache_hits() - hits_before >= sum(1 for contents in FILES.values() if contents)
+
+
+def _cache_hits() -> int:
+    """The node cache's hit counter (every process's), for the archive the test cached."""
+    from packfs.source.cachestats import cached_archives
+
+    (cached,) = cached_archives(os.path.join(os.environ["PACKFS_CACHE_DIR"], "v1"))
+    return cached.cache_hits
 
 
 def test_compiled_daemon_serves_an_s3_object(s3_env, tmp_path: Path) -> None:  # noqa: F811

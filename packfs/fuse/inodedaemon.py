@@ -187,13 +187,19 @@ def tree_for(served: Archive | ShardSet | CompiledView, log_fd: int = 2) -> Any:
         if isinstance(decided, str):
             raise MountError(f"the compiled daemon cannot serve {served.path!r}: {decided}")
         view = decided
+    return _made(view, log_fd)[0]
+
+
+def _made(view: CompiledView, log_fd: int) -> tuple[Any, list[Any]]:
+    """tree_for's Tree or Forest, and the Tree of each view (the Forest's parts)."""
     from .. import _lowlevel
 
     archive = view.archive
     check_data = archive.checksums != "never"
     if not isinstance(archive, ShardSet):
         positional, keywords = view.views[0].tree_arguments(check_data, log_fd)
-        return _lowlevel.Tree(*positional, **keywords)
+        tree = _lowlevel.Tree(*positional, **keywords)
+        return tree, [tree]
     try:
         trees = [_lowlevel.Tree(*positional, **keywords)
                  for positional, keywords in (one.tree_arguments(check_data, log_fd) for one in view.views)]
@@ -203,9 +209,50 @@ def tree_for(served: Archive | ShardSet | CompiledView, log_fd: int = 2) -> Any:
     try:
         # nlink=False: the Forest counts each merged directory's links from its parts'
         # (a listing of every shared directory in Python took 4.8 s of a 1,000-shard mount).
-        return _lowlevel.Forest(trees, sorted(archive.shared_directories(nlink=False)))
+        return _lowlevel.Forest(trees, sorted(archive.shared_directories(nlink=False))), trees
     except ValueError as error:
         raise MountError(f"the compiled daemon cannot serve {archive.path!r}: {error}") from None
+
+
+class _CacheHits:
+    """A URL mount's cache hits in C, added to the node cache's counters (``packfs
+    cache``): each Tree counts the blocks it served from the cache itself; every
+    FLUSH_EVERY seconds, and when the mount ends, what it counted since is added to its
+    source's counts (its misses are read through the source, which counts them)."""
+
+    def __init__(self, view: CompiledView, trees: list[Any]) -> None:
+        self._pairs = [(tree, one.remote[0].source) for tree, one in zip(trees, view.views)
+                       if one.remote is not None and hasattr(one.remote[0].source, "count_hits_elsewhere")]
+        self._added = [0] * len(self._pairs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _CacheHits:
+        if self._pairs:
+            from ..source.cachestats import FLUSH_EVERY
+
+            self._thread = threading.Thread(target=self._run, args=(FLUSH_EVERY,), daemon=True,
+                                            name="packfs-cache-hits")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        for _tree, source in self._pairs:
+            source.flush_counts()  # the daemon ends in os._exit: no atexit writes them
+
+    def _run(self, every: float) -> None:
+        while True:
+            stopped = self._stop.wait(every)
+            for index, (tree, source) in enumerate(self._pairs):
+                hits = tree.remote_counts()["cache_hits"]
+                source.count_hits_elsewhere(hits - self._added[index])
+                self._added[index] = hits
+            if stopped:
+                return
 
 
 def lowlevel_options(options: dict[str, Any]) -> tuple[str, dict[str, int], dict[str, int]]:
@@ -273,7 +320,7 @@ def serve(view: CompiledView, mountpoint: str, options: dict[str, Any], threads:
     MountError
         The compiled daemon cannot serve it, libfuse refused an option, mounting failed.
     """
-    tree = tree_for(view)
+    tree, parts = _made(view, 2)
     archive = view.archive
     text, overrides, loop = lowlevel_options(options)
     tree.override(**overrides)
@@ -293,7 +340,8 @@ def serve(view: CompiledView, mountpoint: str, options: dict[str, Any], threads:
             raise MountError(f"mounting {archive.path!r} at {mountpoint!r} failed: "
                              f"{said.reason() or 'libfuse error'}")
         threading.Thread(target=_raise_read_ahead, args=(mountpoint,), daemon=True).start()
-        status = tree.run(threads=threads, **loop)
+        with _CacheHits(view, parts):
+            status = tree.run(threads=threads, **loop)
     if status < 0:
         raise MountError(f"serving {archive.path!r} at {mountpoint!r} failed: libfuse's loop ended with "
                          f"{os.strerror(-status)}")

@@ -713,6 +713,14 @@ class CachedSource:
         if due:
             self.flush_counts()
 
+    def count_hits_elsewhere(self, hits: int) -> None:
+        """Add ``hits`` blocks that another reader in this process served from this
+        cache without this source: the compiled daemon reads cached blocks in C
+        (``cformat/blockcache.c``); what it misses it reads through this source, which
+        counts those itself."""
+        if hits > 0:
+            self._count("cache_hits", hits)
+
     def prefetch(self, progress: Optional[Callable[[int], None]] = None) -> int:
         """Fill the disk cache with every byte of the archive it does not hold (a
         whole-archive scan to come: ``packfs cache prefetch``), each byte once, a window
