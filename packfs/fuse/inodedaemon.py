@@ -24,9 +24,10 @@ import threading
 from typing import Any, Iterator
 
 from ..core import Archive, ShardSet
-from ..core.inplace import InPlace, in_place
+from ..core.inplace import InPlace, in_place, remote_view_problem
 from ..errors import MountError
-from ..source import shown_location
+from ..format import FLAG_CODECS
+from ..source import is_url, shown_location
 from .libfuse import CapturedStderr, options_error
 
 __all__ = ["LOWLEVEL", "CompiledView", "compiled_view", "unavailable", "compiled_libfuse_version", "tree_for", "serve", "lowlevel_options", "READ_AHEAD_KB"]
@@ -105,14 +106,46 @@ def compiled_view(archive: Archive | ShardSet) -> CompiledView | str:
     return view if isinstance(view, str) else CompiledView(archive, (view,))
 
 
-def unavailable(archive: Archive | ShardSet | None = None) -> str | None:
+def unavailable(archive: Archive | ShardSet | None = None, copy: bool = True) -> str | None:
     """Why the compiled daemon cannot serve ``archive`` (or, without one, cannot serve
     at all), in words for a one-line notice; None when it can (:func:`compiled_view`
-    gives what it would serve from)."""
+    gives what it would serve from).  Without ``copy``, a URL's metadata is not copied
+    to find out (``packfs info``): only what its open read is asked, and a copy that
+    would fail (a full disk) is not foreseen."""
     if archive is None:
         return _extension_unavailable()
+    if not copy and _urls(archive):
+        reason = _extension_unavailable()
+        if reason is not None:
+            return reason
+        shards = [archive.shard(k) for k in range(archive.shard_count)] if isinstance(archive, ShardSet) else [archive]
+        for index, shard in enumerate(shards):
+            reason = remote_view_problem(shard) or _zstd_problem(bool(shard.footer.flags & FLAG_CODECS))
+            if reason is not None:
+                return reason if len(shards) == 1 else f"shard {index}: {reason}"
+        if isinstance(archive, ShardSet) and archive.layer_count > 1:
+            return (f"the shard set has shards whose ranges overlap ({archive.layer_count} layers): the Python "
+                    f"daemon merges them")
+        return None
     view = compiled_view(archive)
     return view if isinstance(view, str) else None
+
+
+def _urls(archive: Archive | ShardSet) -> bool:
+    """Whether ``archive`` (every shard of a set) is read from URLs."""
+    if isinstance(archive, ShardSet):
+        return all(is_url(location) for location in archive.shard_locations)
+    return is_url(archive.source.name)
+
+
+def _zstd_problem(has_codecs: bool) -> str | None:
+    if has_codecs:
+        from .. import _lowlevel
+
+        if not _lowlevel.ZSTD_VERSION:
+            return ("the archive has codecs (format 1.5) and packfs._lowlevel was built without libzstd "
+                    "(install libzstd-dev and reinstall packfs)")
+    return None
 
 
 def _descriptors_for(shards: int) -> str | None:
@@ -144,13 +177,7 @@ def _shard_view(archive: Archive) -> InPlace | str:
     view = in_place(archive, remote=True)
     if isinstance(view, str):
         return view
-    if view.codecs is not None:
-        from .. import _lowlevel
-
-        if not _lowlevel.ZSTD_VERSION:
-            return ("the archive has codecs (format 1.5) and packfs._lowlevel was built without libzstd "
-                    "(install libzstd-dev and reinstall packfs)")
-    return view
+    return _zstd_problem(view.codecs is not None) or view
 
 
 def compiled_libfuse_version() -> str:
