@@ -218,6 +218,9 @@ class ResumableDistributedSampler(DistributedSampler):
         """Resume from :meth:`state_dict`'s state: the sampler's epoch becomes the saved
         one, whose first ``start`` indices are skipped."""
         mine = self._settings()
+        foreign = sorted(set(state).difference(mine, ("epoch", "start", "seed")))
+        if foreign:
+            raise ValueError(f"the state has {', '.join(foreign)}: it was saved by another kind of sampler")
         for key in mine:
             if key not in state:
                 raise ValueError(f"the state has no {key}: it was saved by another kind of sampler")

@@ -64,8 +64,10 @@ class WindowPlan:
     starts, sizes
         Per sample, its record's offset in that object and its stored size.
     window_bytes
-        About how many bytes of records a window holds (a record larger than that is a
-        window of its own).
+        About how many bytes of records a window holds: the records that start within
+        one stretch of that many bytes (counting only the selection's records), so a
+        window holds under ``window_bytes`` plus its last record; a record of
+        ``window_bytes`` or more is a window of its own.
 
     Raises
     ------
@@ -86,14 +88,17 @@ class WindowPlan:
         # deduplicated records, in selection order).
         order = np.lexsort((starts, objects)).astype(np.int64)
         sorted_objects, sorted_sizes = objects[order], sizes[order]
-        # Bytes of records before each one within its object: a window is every record
-        # that starts in one window_bytes-long stretch of that count.
+        # A record of a window's size or more is a window of its own (joined to its
+        # neighbours it would make theirs as large): it, the record after it and each
+        # object's first record start a segment, and within a segment a window is every
+        # record that starts in one window_bytes-long stretch of the bytes before it.
         before = np.cumsum(sorted_sizes) - sorted_sizes
-        first_of_object = np.ones(len(order), dtype=bool)
-        first_of_object[1:] = sorted_objects[1:] != sorted_objects[:-1]
-        object_base = np.maximum.accumulate(np.where(first_of_object, before, 0)) if len(order) else before
-        slot = (before - object_base) // self.window_bytes
-        new_window = first_of_object.copy()
+        alone = sorted_sizes >= self.window_bytes
+        segment = np.ones(len(order), dtype=bool)
+        segment[1:] = (sorted_objects[1:] != sorted_objects[:-1]) | alone[1:] | alone[:-1]
+        base = np.maximum.accumulate(np.where(segment, before, 0)) if len(order) else before
+        slot = (before - base) // self.window_bytes
+        new_window = segment.copy()
         new_window[1:] |= slot[1:] != slot[:-1]
         window_of_sorted = np.cumsum(new_window) - 1
         #: positions of the samples in archive order
