@@ -45,12 +45,16 @@ import numpy as np
 
 __all__ = ["WindowPlan", "DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOWS_PER_POOL", "plan_windows"]
 
-# Chosen by measurement (bench/shuffle_quality.py, docs/remote.md's table): 8 MiB is
-# one GET of the remote's largest part (RemoteFile's part_bytes), so ~1 GiB of 50-150
-# KB JPEGs is ~130 windows and ~1.5 GETs each; 32 windows a pool keep a batch's
-# classes near a uniform shuffle's while the first batch waits for at most one pool.
+# Chosen by measurement (bench/shuffle_quality.py; the table in docs/remote.md): 8 MiB
+# is RemoteFile's largest GET (part_bytes), so ~1 GiB of 50-150 KB JPEGs is 120
+# windows and ~180 GETs an epoch (MosaicML streaming: 130); 4 MiB windows make ~250.
+# A batch's classes are bounded by the distinct windows it draws from, so the pool
+# must be several times the batch: 128 windows (1 GiB of the node cache) give a batch
+# of 64 the classes of a uniform shuffle there, 64 windows 0.86 of them, 32 only 0.66.
+# The price is the first batch of each pool, which waits for the ~50 windows it
+# touches (~400 MiB, fetched in parallel).
 DEFAULT_WINDOW_BYTES = 8 << 20
-DEFAULT_WINDOWS_PER_POOL = 32
+DEFAULT_WINDOWS_PER_POOL = 128
 
 
 class WindowPlan:
@@ -127,8 +131,9 @@ class WindowPlan:
         return self.order[self.bounds[window]:self.bounds[window + 1]]
 
     def epoch_order(self, seed: int, epoch: int, windows_per_pool: int) -> np.ndarray:
-        """Every sample once, in epoch ``epoch``'s order: the windows permuted, taken
-        ``windows_per_pool`` at a time, each pool's samples shuffled together.  The same
+        """Every sample once, in epoch ``epoch``'s order: the windows permuted, dealt in
+        that order into pools of at most ``windows_per_pool`` (as equal as they divide),
+        each pool's samples shuffled together, pool after pool.  The same
         (seed, epoch, windows_per_pool) give the same order on every rank and process.
 
         Raises
@@ -144,8 +149,12 @@ class WindowPlan:
         starts = self.bounds[:-1][permuted]
         offsets = np.arange(len(self.order), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         laid = self.order[np.repeat(starts, lengths) + offsets]
-        # ... then shuffled within each pool: sorted by (pool, a random key).
-        pool = np.repeat(np.arange(self.windows, dtype=np.int64) // int(windows_per_pool), lengths)
+        # ... then shuffled within each pool: sorted by (pool, a random key).  The
+        # windows are dealt into pools of equal counts (at most windows_per_pool each):
+        # 120 windows by 96 are two pools of 60, not 96 and a last of 24, whose
+        # batches would mix a quarter as well.
+        pools = -(-self.windows // int(windows_per_pool))
+        pool = np.repeat(np.arange(self.windows, dtype=np.int64) * pools // max(1, self.windows), lengths)
         return laid[np.lexsort((rng.random(len(laid)), pool))]
 
 
