@@ -45,16 +45,18 @@ import numpy as np
 
 __all__ = ["WindowPlan", "DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOWS_PER_POOL", "plan_windows"]
 
-# Chosen by measurement (bench/shuffle_quality.py; the table in docs/remote.md): 8 MiB
+# Chosen by measurement (bench/shuffle_quality.py; the tables in docs/remote.md): 8 MiB
 # is RemoteFile's largest GET (part_bytes), so ~1 GiB of 50-150 KB JPEGs is 120
 # windows and ~180 GETs an epoch (MosaicML streaming: 130); 4 MiB windows make ~250.
 # A batch's classes are bounded by the distinct windows it draws from, so the pool
-# must be several times the batch: 128 windows (1 GiB of the node cache) give a batch
-# of 64 the classes of a uniform shuffle there, 64 windows 0.86 of them, 32 only 0.66.
-# The price is the first batch of each pool, which waits for the ~50 windows it
-# touches (~400 MiB, fetched in parallel).
+# must be several times the batch: with 1,000 classes of 100 files, a batch of 64
+# from pools of 256 windows has 0.93 of a uniform shuffle's classes, from 128 0.85,
+# from 64 0.74 (on the 100 classes, 128 and more are the whole dataset: 1.00).
+# What the first batch of a pool waits for is the windows it touches, at most one a
+# sample whatever the pool (~460 MiB here, fetched in parallel); what a pool costs is
+# node-cache space (2 GiB of the default 32), never memory.
 DEFAULT_WINDOW_BYTES = 8 << 20
-DEFAULT_WINDOWS_PER_POOL = 128
+DEFAULT_WINDOWS_PER_POOL = 256
 
 
 class WindowPlan:
