@@ -267,7 +267,8 @@ class WindowedSampler(ResumableDistributedSampler):
         Windows shuffled together (None: :data:`packfs.windows.DEFAULT_WINDOWS_PER_POOL`);
         more mixes batches better, and the first batch waits for more windows.
     num_replicas, rank
-        The world and this rank (None: from ``torch.distributed``).
+        The world and this rank (None: from ``torch.distributed`` when a process group
+        is initialized, else a world of 1 and rank 0).
     seed, drop_last
         As ``DistributedSampler``'s.
 
@@ -280,6 +281,12 @@ class WindowedSampler(ResumableDistributedSampler):
     def __init__(self, dataset: Any, window_bytes: int | None = None, windows_per_pool: int | None = None,
                  num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
                  drop_last: bool = False) -> None:
+        if num_replicas is None or rank is None:
+            # One process without a process group is a world of one (the recipe's
+            # single-GPU loop), where DistributedSampler would raise.
+            group = torch.distributed.is_available() and torch.distributed.is_initialized()
+            num_replicas = (torch.distributed.get_world_size() if group else 1) if num_replicas is None else num_replicas
+            rank = (torch.distributed.get_rank() if group else 0) if rank is None else rank
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
         self.windows_per_pool = DEFAULT_WINDOWS_PER_POOL if windows_per_pool is None else int(windows_per_pool)
         if self.windows_per_pool < 1:

@@ -136,6 +136,8 @@ def test_ranks_take_every_sample_once_with_equal_counts(local_dataset: PackedDat
         plan = samplers[0].plan
         order = np.resize(plan.epoch_order(9, epoch, 3), len(together))
         assert [share[i] for i in range(len(shares[0])) for share in shares] == order.tolist()
+    alone = WindowedSampler(local_dataset, window_bytes=40_000)  # no process group: a world of one
+    assert (alone.num_replicas, alone.rank) == (1, 0) and sorted(alone) == list(range(len(local_dataset)))
     dropped = WindowedSampler(local_dataset, window_bytes=40_000, num_replicas=2, rank=1, drop_last=True)
     assert len(list(dropped)) == len(local_dataset) // 2
 
