@@ -72,6 +72,7 @@ import logging
 import mmap
 import os
 import queue
+import random
 import secrets
 import stat
 import struct
@@ -778,14 +779,20 @@ class CachedSource:
         # is written, and a batch touching 64 windows of 8 MiB would otherwise hold
         # 512 MiB in this process at once.
         step = max(BLOCK_BYTES, min(CHUNK_BYTES, getattr(self.remote, "memory_cap", CHUNK_BYTES * 4) // 4))
+        # In an order of this call's own: the DataLoader workers of a node ask for the
+        # same windows at the start of a pool, and walking the runs in the same
+        # (archive) order, each would wait behind the first one's group instead of
+        # fetching another (the lock is per run: a run another holds is waited for).
+        runs = self._plan(missing, cached)
+        random.Random(os.getpid() ^ time.monotonic_ns()).shuffle(runs)
         group: List[int] = []
-        for run in self._plan(missing, cached):
+        for run in runs:
             if group and (len(group) + len(run)) * BLOCK_BYTES > step:
-                self._fetch(group, None, cached)
+                self._fetch(sorted(group), None, cached)  # whole runs: planned again as they were
                 group = []
             group += run
         if group:
-            self._fetch(group, None, cached)
+            self._fetch(sorted(group), None, cached)
         return self.stats()["readahead_bytes"] - before
 
     def flush_counts(self) -> None:
