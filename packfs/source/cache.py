@@ -72,7 +72,6 @@ import logging
 import mmap
 import os
 import queue
-import random
 import secrets
 import stat
 import struct
@@ -779,20 +778,14 @@ class CachedSource:
         # is written, and a batch touching 64 windows of 8 MiB would otherwise hold
         # 512 MiB in this process at once.
         step = max(BLOCK_BYTES, min(CHUNK_BYTES, getattr(self.remote, "memory_cap", CHUNK_BYTES * 4) // 4))
-        # In an order of this call's own: the DataLoader workers of a node ask for the
-        # same windows at the start of a pool, and walking the runs in the same
-        # (archive) order, each would wait behind the first one's group instead of
-        # fetching another (the lock is per run: a run another holds is waited for).
-        runs = self._plan(missing, cached)
-        random.Random(os.getpid() ^ time.monotonic_ns()).shuffle(runs)
         group: List[int] = []
-        for run in runs:
+        for run in self._plan(missing, cached):
             if group and (len(group) + len(run)) * BLOCK_BYTES > step:
-                self._fetch(sorted(group), None, cached)  # whole runs: planned again as they were
+                self._fetch(group, None, cached)
                 group = []
             group += run
         if group:
-            self._fetch(sorted(group), None, cached)
+            self._fetch(group, None, cached)
         return self.stats()["readahead_bytes"] - before
 
     def flush_counts(self) -> None:
