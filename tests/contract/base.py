@@ -247,6 +247,26 @@ class ReaderContract:
         with pytest.raises((PathNotFoundError, NotAFileError)):
             reader.read_many(["hello.txt", "a"])
 
+    def test_prefetch_makes_files_present_without_reading_them(self, reader: ArchiveReader, kind: ReaderKind,
+                                                              tmp_path: Path) -> None:
+        kind.require("prefetch")
+        tree = kind.packed.tree
+        paths = files_of(tree)
+        expected = [contents(tree, path) for path in paths]
+        if kind.name == "url":  # through a disk cache of its own: the first call fetches
+            reader = kind.open("once", cache_dir=tmp_path / "cache")
+        try:
+            entries = [reader.lookup(path) for path in paths]
+            first = reader.prefetch(entries)
+            assert first > 0 if kind.name == "url" else first == 0  # a local archive has nothing to fetch
+            assert reader.prefetch(entries) == 0 and reader.prefetch([]) == 0  # each byte once
+            requests = reader.stats().get("requests", 0)
+            assert reader.read_many(entries) == expected
+            assert reader.stats().get("requests", 0) == requests  # read from the cache
+        finally:
+            if kind.name == "url":
+                reader.close()
+
     @pytest.mark.parametrize("chunk_size", [1, 4096, 1 << 20])
     def test_read_chunks(self, reader: ArchiveReader, kind: ReaderKind, chunk_size: int) -> None:
         for path in (b"big.bin", SPARSE.encode(), b"text.txt", b"empty.txt") if chunk_size > 1 else (b"hello.txt",):
