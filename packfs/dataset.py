@@ -34,9 +34,10 @@ import numpy as np
 from .errors import ClosedArchiveError, FormatError, NotADirectoryPathError, PathNotFoundError
 from .folder import PackedFolder, PathArg
 from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
-from .source import shown_location, with_cache_dir
+from .source import is_url, shown_location, with_cache_dir
+from .windows import DEFAULT_WINDOW_BYTES, WindowPlan, plan_windows
 
-__all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory"]
+__all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory", "remote_spec", "settled_window_bytes"]
 
 # Table and header pages that reads fault in are unmapped again after this many reads
 # (they stay in the page cache), so a worker's RSS does not grow with the epoch.
@@ -240,6 +241,13 @@ class PackedFiles(Sequence):
         For a URL: the disk cache shared by every process on the node
         (:mod:`packfs.source.cache`; None: ``$PACKFS_CACHE_DIR``, else
         ``~/.cache/packfs``; False: none).
+    window_bytes
+        Block-aware reading (:mod:`packfs.windows`): the selection is cut into windows
+        of about this many bytes of adjacent records, and the first read of a file of a
+        window in a process first makes the whole window present in the node's disk
+        cache (:meth:`packfs.core.Archive.prefetch`: one or a few large GETs, once per
+        node), so an epoch in a :class:`~packfs.windows.WindowPlan` order costs a GET
+        per window, not per file.  None: files are read as asked.
 
     Raises
     ------
@@ -249,7 +257,8 @@ class PackedFiles(Sequence):
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*", check_data: bool = True,
                  entries: Sequence[int] | np.ndarray | None = None, links: dict[int, str] | None = None,
-                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None,
+                 window_bytes: int | None = None) -> None:
         storage_options = with_cache_dir(storage_options, cache_dir)
         self._storage_options = storage_options  # a worker re-opens a URL with them
         if isinstance(archive, PackedFolder):
@@ -273,6 +282,12 @@ class PackedFiles(Sequence):
         self._links = links or {}  # position -> its path, for a file reached through a symlink
         self.entries = np.ascontiguousarray(entries, dtype=np.int64)
         self.entries.setflags(write=False)
+        # Made here, once, and handed to the workers with the selection (a worker
+        # that made its own would look up every file's record again).
+        self.window_bytes = None if window_bytes is None else int(window_bytes)
+        self._plan = None if window_bytes is None else plan_windows(self._folder.archive, self.entries,
+                                                                     int(window_bytes))
+        self._fetched: np.ndarray | None = None  # windows this process made present (a byte each)
 
     @property
     def folder(self) -> PackedFolder:
@@ -292,7 +307,44 @@ class PackedFiles(Sequence):
                     f"select them again"
                 )
             self._folder, self._pid = folder, os.getpid()
+            self._fetched = None  # the parent's windows are not this process's to vouch for
         return self._folder
+
+    def window_plan(self, window_bytes: int | None = None) -> WindowPlan:
+        """The selection's windows (:class:`~packfs.windows.WindowPlan`): of the
+        ``window_bytes`` the files were made with when that is not None (the windows
+        they fetch whole), else of ``window_bytes`` (None:
+        :data:`~packfs.windows.DEFAULT_WINDOW_BYTES`).
+
+        Raises
+        ------
+        ValueError
+            ``window_bytes`` differs from the files' own: a sampler's windows must be
+            the ones the files fetch."""
+        if self._plan is not None:
+            if window_bytes is not None and int(window_bytes) != self.window_bytes:
+                raise ValueError(f"these files fetch windows of {self.window_bytes} bytes, not {window_bytes}: "
+                                 f"give the dataset window_bytes={window_bytes}, or leave the sampler's unset")
+            return self._plan
+        return plan_windows(self.folder.archive, self.entries,
+                            DEFAULT_WINDOW_BYTES if window_bytes is None else int(window_bytes))
+
+    def _fetch_windows(self, indices: np.ndarray, folder: PackedFolder) -> None:
+        """Make the windows of files ``indices`` present in the node's disk cache, all of
+        them in one call (their GETs in flight together), each window once per process:
+        after that its files are read from the cache (another process's call for the
+        same window waits for this one's fetch, the cache's single flight)."""
+        plan = self._plan
+        if plan is None or not len(indices):
+            return
+        if self._fetched is None:
+            self._fetched = np.zeros(plan.windows, dtype=bool)
+        windows = np.unique(plan.window_of[indices])
+        windows = windows[~self._fetched[windows]]
+        if len(windows):
+            members = np.concatenate([plan.members(int(window)) for window in windows])
+            folder.archive.prefetch(self.entries[members])
+            self._fetched[windows] = True
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
@@ -308,6 +360,7 @@ class PackedFiles(Sequence):
     def __getitem__(self, index: int) -> bytes:  # type: ignore[override]
         entry = int(self.entries[operator.index(index)])
         folder = self.folder
+        self._fetch_windows(np.array([operator.index(index)], dtype=np.int64) % len(self.entries), folder)
         self._count_reads(1)
         return folder.archive.read(entry)
 
@@ -326,6 +379,7 @@ class PackedFiles(Sequence):
         indices = indices.astype(np.int64)
         entries = self.entries[indices]
         folder = self.folder
+        self._fetch_windows(indices % len(self.entries), folder)
         self._count_reads(len(entries))
         results: list[Any] = [None] * len(entries)
         for position, data in folder.archive.read_batch(entries):
@@ -363,6 +417,32 @@ class PackedFiles(Sequence):
 
     def __repr__(self) -> str:
         return f"PackedFiles({shown_archive(self.archive)!r}, {self.pattern!r}: {len(self)} files)"
+
+
+def remote_spec(spec: object) -> bool:
+    """Whether an archive given as ``spec`` (a path, URL, or list of them) is read from
+    a URL: what decides block-aware reading's default (:func:`settled_window_bytes`)."""
+    if isinstance(spec, (list, tuple)):
+        return any(remote_spec(item) for item in spec)
+    return isinstance(spec, str) and is_url(spec)
+
+
+def settled_window_bytes(window_bytes: int | str | None, spec: object) -> int | None:
+    """A dataset's ``window_bytes`` option settled: ``"auto"`` is
+    :data:`~packfs.windows.DEFAULT_WINDOW_BYTES` for an archive at a URL and None (read
+    as asked, a true uniform shuffle) for a local one; None or a size as given.
+
+    Raises
+    ------
+    ValueError
+        Neither "auto", None nor a positive size."""
+    if window_bytes == "auto":
+        return DEFAULT_WINDOW_BYTES if remote_spec(spec) else None
+    if window_bytes is None:
+        return None
+    if isinstance(window_bytes, str) or isinstance(window_bytes, bool) or int(window_bytes) < 1:
+        raise ValueError(f"window_bytes must be 'auto', None or a positive number of bytes, not {window_bytes!r}")
+    return int(window_bytes)
 
 
 def shown_archive(spec: object) -> object:

@@ -33,12 +33,13 @@ try:
 except ImportError as error:
     raise missing_dependency(error, "torch", "packfs.torch", "torch", "PyTorch") from None
 
-from .dataset import PackedFiles, files_by_directory, shown_archive
+from .dataset import PackedFiles, files_by_directory, settled_window_bytes, shown_archive
 from .folder import PackedFolder, PathArg
 from .source import with_cache_dir
+from .windows import DEFAULT_WINDOWS_PER_POOL, WindowPlan
 
-__all__ = ["PackedDataset", "PackedImageFolder", "ResumableDistributedSampler", "IMG_EXTENSIONS", "decode_pil",
-           "decode_cv2"]
+__all__ = ["PackedDataset", "PackedImageFolder", "ResumableDistributedSampler", "WindowedSampler", "IMG_EXTENSIONS",
+           "decode_pil", "decode_cv2"]
 
 # torchvision's list, so the same files count as images.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -69,6 +70,13 @@ class PackedDataset(Dataset):
         For a URL: the disk cache shared by every process on the node
         (:mod:`packfs.source.cache`; None: ``$PACKFS_CACHE_DIR``, else
         ``~/.cache/packfs``; False: none).
+    window_bytes
+        Block-aware reading (docs/remote.md): files are grouped into windows of about
+        this many bytes of adjacent records, and each window is fetched whole into the
+        node's disk cache when its first file is read, for an epoch ordered by
+        :meth:`sampler` (:class:`WindowedSampler`).  ``"auto"`` (the default): 8 MiB
+        for an archive at a URL, None for a local one; None: files are read as asked
+        (a true uniform shuffle costs a GET per file from a URL).
 
     Raises
     ------
@@ -78,9 +86,30 @@ class PackedDataset(Dataset):
 
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*",
                  transform: Callable[[bytes], Any] | None = None, check_data: bool = True,
-                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None) -> None:
-        self.files = PackedFiles(archive, pattern, check_data, storage_options=storage_options, cache_dir=cache_dir)
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None,
+                 window_bytes: int | str | None = "auto") -> None:
+        spec = archive.spec if isinstance(archive, PackedFolder) else archive
+        self.files = PackedFiles(archive, pattern, check_data, storage_options=storage_options, cache_dir=cache_dir,
+                                 window_bytes=settled_window_bytes(window_bytes, spec))
         self.transform = transform
+
+    @property
+    def window_bytes(self) -> int | None:
+        """The windows' size when files are fetched a window at a time (None: as asked)."""
+        return self.files.window_bytes
+
+    def window_plan(self, window_bytes: int | None = None) -> WindowPlan:
+        """The samples' windows (:meth:`packfs.dataset.PackedFiles.window_plan`)."""
+        return self.files.window_plan(window_bytes)
+
+    def sampler(self, windows_per_pool: int | None = None, num_replicas: int | None = None, rank: int | None = None,
+                seed: int = 0, drop_last: bool = False) -> WindowedSampler:
+        """The :class:`WindowedSampler` over this dataset's windows: the recipe for an
+        archive at a URL is ``DataLoader(dataset, batch_size=64,
+        sampler=dataset.sampler(), num_workers=4)`` (``sampler.set_epoch(epoch)`` each
+        epoch)."""
+        return WindowedSampler(self, windows_per_pool=windows_per_pool, num_replicas=num_replicas, rank=rank,
+                               seed=seed, drop_last=drop_last)
 
     @property
     def archive(self) -> str:
@@ -162,9 +191,18 @@ class ResumableDistributedSampler(DistributedSampler):
     def _skipped(self) -> int:
         return self.start if self.epoch == self.start_epoch else 0
 
+    def _epoch_indices(self) -> list[int]:
+        """This rank's whole share of the current epoch, in order (what a subclass with
+        another order replaces; skipping and resuming stay here)."""
+        return list(super().__iter__())
+
+    def _settings(self) -> dict[str, int]:
+        """What a saved state must match to resume here (a subclass adds its own)."""
+        return {"num_replicas": self.num_replicas, "rank": self.rank, "dataset_size": len(self.dataset),  # type: ignore[arg-type]
+                "shuffle": int(self.shuffle), "drop_last": int(self.drop_last)}
+
     def __iter__(self) -> Any:
-        indices = list(super().__iter__())
-        return iter(indices[self._skipped():])
+        return iter(self._epoch_indices()[self._skipped():])
 
     def __len__(self) -> int:
         return self.num_samples - self._skipped()
@@ -174,15 +212,18 @@ class ResumableDistributedSampler(DistributedSampler):
         of this iteration of the current epoch were consumed (those a resumed epoch
         skipped are added here)."""
         return {"epoch": self.epoch, "start": self._skipped() + int(samples_done), "seed": self.seed,
-                "num_replicas": self.num_replicas, "rank": self.rank, "dataset_size": len(self.dataset),  # type: ignore[arg-type]
-                "shuffle": int(self.shuffle), "drop_last": int(self.drop_last)}
+                **self._settings()}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume from :meth:`state_dict`'s state: the sampler's epoch becomes the saved
         one, whose first ``start`` indices are skipped."""
-        mine = {"num_replicas": self.num_replicas, "rank": self.rank, "dataset_size": len(self.dataset),  # type: ignore[arg-type]
-                "shuffle": int(self.shuffle), "drop_last": int(self.drop_last)}
-        for key in ("num_replicas", "rank", "dataset_size", "shuffle", "drop_last"):
+        mine = self._settings()
+        foreign = sorted(set(state).difference(mine, ("epoch", "start", "seed")))
+        if foreign:
+            raise ValueError(f"the state has {', '.join(foreign)}: it was saved by another kind of sampler")
+        for key in mine:
+            if key not in state:
+                raise ValueError(f"the state has no {key}: it was saved by another kind of sampler")
             if int(state[key]) != mine[key]:
                 raise ValueError(f"the state was saved with {key}={state[key]}, this sampler has {key}={mine[key]}: "
                                  f"a run resumes with the same world, rank and dataset")
@@ -191,6 +232,69 @@ class ResumableDistributedSampler(DistributedSampler):
         self.seed = int(state["seed"])
         self.set_epoch(int(state["epoch"]))
         self.start_epoch, self.start = int(state["epoch"]), int(state["start"])
+
+
+class WindowedSampler(ResumableDistributedSampler):
+    """A block-aware epoch order for a dataset at a URL (:mod:`packfs.windows`): the
+    dataset's windows of adjacent records permuted each epoch, taken
+    ``windows_per_pool`` at a time, each pool's samples shuffled together; rank ``r`` of
+    ``num_replicas`` takes every ``num_replicas``-th sample of that one order (from the
+    ``r``-th), so the ranks of a node read the same pool at the same time and each
+    window is fetched once per node, into the node's disk cache, by whichever process
+    reads it first.  ``DistributedSampler``'s rules otherwise: equal counts per rank
+    (the order padded with its own first samples, or cut with ``drop_last``),
+    :meth:`set_epoch` before each epoch, and :class:`ResumableDistributedSampler`'s
+    ``state_dict(samples_done)`` / ``load_state_dict`` to resume mid-epoch exactly.
+
+    ::
+
+        dataset = PackedImageFolder("s3://bucket/train.ffr", transform=preprocess)
+        loader = DataLoader(dataset, batch_size=64, sampler=WindowedSampler(dataset), num_workers=4)
+        for epoch in range(epochs):
+            loader.sampler.set_epoch(epoch)
+            ...
+
+    Parameters
+    ----------
+    dataset
+        A :class:`PackedDataset` or :class:`PackedImageFolder` (anything with
+        ``window_plan(window_bytes)``).
+    window_bytes
+        The windows' size: None takes the dataset's (the windows it fetches whole);
+        a dataset made with ``window_bytes=None`` (a local archive) gets windows of
+        :data:`packfs.windows.DEFAULT_WINDOW_BYTES`.
+    windows_per_pool
+        Windows shuffled together (None: :data:`packfs.windows.DEFAULT_WINDOWS_PER_POOL`);
+        more mixes batches better, and the first batch waits for more windows.
+    num_replicas, rank
+        The world and this rank (None: from ``torch.distributed``).
+    seed, drop_last
+        As ``DistributedSampler``'s.
+
+    Raises
+    ------
+    ValueError
+        ``windows_per_pool`` under 1, or ``window_bytes`` other than the dataset's.
+    """
+
+    def __init__(self, dataset: Any, window_bytes: int | None = None, windows_per_pool: int | None = None,
+                 num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
+                 drop_last: bool = False) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
+        self.windows_per_pool = DEFAULT_WINDOWS_PER_POOL if windows_per_pool is None else int(windows_per_pool)
+        if self.windows_per_pool < 1:
+            raise ValueError(f"windows_per_pool must be at least 1, not {windows_per_pool}")
+        self.plan = dataset.window_plan(window_bytes)
+
+    def _epoch_indices(self) -> list[int]:
+        order = self.plan.epoch_order(self.seed, self.epoch, self.windows_per_pool)
+        # DistributedSampler's padding (the order repeated from its start) or cut.
+        order = np.resize(order, self.total_size)
+        return order[self.rank:self.total_size:self.num_replicas].tolist()
+
+    def _settings(self) -> dict[str, int]:
+        return {**super()._settings(), "window_bytes": self.plan.window_bytes,
+                "windows_per_pool": self.windows_per_pool}
 
 
 def decode_pil(data: bytes) -> Any:
@@ -253,6 +357,13 @@ class PackedImageFolder(PackedDataset):
         For a URL: the disk cache shared by every process on the node
         (:mod:`packfs.source.cache`; None: ``$PACKFS_CACHE_DIR``, else
         ``~/.cache/packfs``; False: none).
+    window_bytes
+        Block-aware reading (docs/remote.md): files are grouped into windows of about
+        this many bytes of adjacent records, and each window is fetched whole into the
+        node's disk cache when its first file is read, for an epoch ordered by
+        :meth:`sampler` (:class:`WindowedSampler`).  ``"auto"`` (the default): 8 MiB
+        for an archive at a URL, None for a local one; None: files are read as asked
+        (a true uniform shuffle costs a GET per file from a URL).
 
     Raises
     ------
@@ -267,7 +378,8 @@ class PackedImageFolder(PackedDataset):
                  extensions: tuple[str, ...] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, check_data: bool = True,
-                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None,
+                 window_bytes: int | str | None = "auto") -> None:
         storage_options = with_cache_dir(storage_options, cache_dir)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("give extensions or is_valid_file, not both")
@@ -308,7 +420,8 @@ class PackedImageFolder(PackedDataset):
             )
         self.files = PackedFiles(folder, f"{self.root}/*/**" if self.root else "*/**", check_data,
                                  entries=np.array(entries, dtype=np.int64), links=links,
-                                 storage_options=storage_options)
+                                 storage_options=storage_options,
+                                 window_bytes=settled_window_bytes(window_bytes, folder.spec))
         self._targets = np.array(targets, dtype=np.int32)  # 4 bytes a sample in every pickle
         self._targets.setflags(write=False)
         self.transform = transform

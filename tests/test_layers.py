@@ -18,7 +18,7 @@ LAYERS = {
     "core": 3,
     "write": 4,
     "folder": 5, "extract": 5, "records": 5, "nodecache": 5,
-    "dataset": 6, "torch": 6, "fsspec": 6, "ffrecord": 6, "fuse": 6, "mount": 6,
+    "dataset": 6, "windows": 6, "torch": 6, "fsspec": 6, "ffrecord": 6, "fuse": 6, "mount": 6,
     "_lowlevel": 6,  # the compiled daemon, imported by packfs.fuse.inodedaemon
     "cli": 7, "__main__": 7, "manpage": 7,
 }

@@ -249,6 +249,14 @@ class ArchiveReader(Protocol):
         """Path-table section ``name`` over every entry, as a numpy array."""
         ...
 
+    def prefetch(self, entries: Sequence[int]) -> int:
+        """Make the stored bytes of files ``entries`` present in the node's disk cache
+        (an archive at a URL read through one), fetched in a few large ranged GETs and
+        once per node, without returning them: what a reader asks before reading many
+        files of one stretch of the archive.  The bytes fetched; 0 for a local archive
+        or one read without a disk cache."""
+        ...
+
     # -- listings -----------------------------------------------------------------------
 
     def children(self, directory: int) -> Sequence[int]:

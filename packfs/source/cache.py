@@ -742,6 +742,39 @@ class CachedSource:
         self.flush_counts()
         return self.stats()["readahead_bytes"] - before
 
+    def prefetch_spans(self, spans: Sequence[Tuple[int, int]]) -> int:
+        """Make the bytes of every (start, end) span present in the disk cache without
+        reading them into this process's memory: what a reader about to read many
+        records of one stretch of the archive (a window of a block-aware epoch) asks
+        first, so the stretch costs one or a few large GETs instead of one per record.
+
+        The missing blocks of all the spans are fetched at once: nearby ones joined into
+        runs (:meth:`_plan`: up to the remote's ``part_bytes`` each, never across a block
+        the cache holds, so no byte is fetched twice), every run one GET, up to the
+        remote's ``in_flight`` at once, received into an anonymous map that is unmapped
+        once written (a read ahead's path: nothing stays in RSS).  Another thread or
+        process fetching the same blocks is waited for (the single flight of
+        :meth:`_fetch`), not doubled.  Spans reaching into the suffix the open fetched
+        stop at it.  Returns the bytes fetched by this call; 0 without a disk cache
+        (there is nowhere to keep them: the records are then read as asked)."""
+        if self.directory is None:
+            return 0
+        end_of_data = self.remote.suffix_start
+        wanted: Set[int] = set()
+        for start, end in spans:
+            self.remote.check_span(start, end)
+            end = min(end, end_of_data)
+            if start < end:
+                wanted.update(range(start // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1))
+        if not wanted:
+            return 0
+        blocks = sorted(wanted)
+        before = self.stats()["readahead_bytes"]
+        missing = self._read_cached(blocks, None)
+        if missing:
+            self._fetch(missing, None, wanted.difference(missing))
+        return self.stats()["readahead_bytes"] - before
+
     def flush_counts(self) -> None:
         """Add what this process counted since it last did (its block hits, misses and
         waits, its remote's requests and bytes) to the counters every process using
