@@ -241,11 +241,17 @@ def run_job(job: dict, python: Path, proxy, env: dict, timeout: float, log: Path
             if not line.startswith(b"@@MARK "):
                 continue
             mark = json.loads(line[7:])
-            counters = (proxy.requests, proxy.response_bytes)
+            counters = (proxy.requests, proxy.response_bytes, len(proxy.heads))
             if mark["kind"] == "start":
                 before = counters
             elif mark["kind"] == "epoch":
                 mark["requests"], mark["bytes"] = counters[0] - before[0], counters[1] - before[1]
+                # What the epoch asked, by request line (method and path, query left out), for the JSON.
+                asked: dict = {}
+                for head in proxy.heads[before[2]:counters[2]]:
+                    line = head.split(b"\r\n", 1)[0].decode(errors="replace").split("?")[0]
+                    asked[line] = asked.get(line, 0) + 1
+                mark["asked"] = dict(sorted(asked.items(), key=lambda item: -item[1])[:20])
                 result["epochs"].append(mark)
                 before = counters
             process.stdin.write(b"\n")

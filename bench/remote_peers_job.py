@@ -51,23 +51,21 @@ def decode(data: bytes) -> torch.Tensor:
 def packfs_loader(job: dict):
     from packfs.torch import PackedImageFolder
 
-    options = {"cache_dir": job["cache_dir"]}
-    extra = {}
-    sampler = None
-    if job["packfs_mode"] == "windowed":
-        # Block-aware reading (issue 36, branch i36-sampler): windows of adjacent records,
-        # each one or a few large ranged GETs, shuffled across many windows at once.
-        try:
-            from packfs.torch import WindowedSampler  # type: ignore[attr-defined]
-        except ImportError:
-            raise SystemExit("--packfs-mode windowed needs packfs.torch.WindowedSampler (branch i36-sampler)")
-        if job.get("window_bytes"):
-            extra["window_bytes"] = job["window_bytes"]
-    dataset = PackedImageFolder(job["url"], root="train", transform=to_tensor, **options, **extra)
-    if job["packfs_mode"] == "windowed":
-        sampler = WindowedSampler(dataset, seed=job["seed"])
-        return _EpochLoader(dataset, sampler=sampler)
-    return _EpochLoader(dataset, shuffle=True)
+    if job["packfs_mode"] == "uniform":
+        # Today's default for a local archive, asked for explicitly at a URL: every file
+        # read as asked (window_bytes=None), in a uniform shuffle: a GET per sample.
+        dataset = PackedImageFolder(job["url"], root="train", transform=to_tensor, cache_dir=job["cache_dir"],
+                                    window_bytes=None)
+        return _EpochLoader(dataset, shuffle=True)
+    # Block-aware reading (issue 36): windows of adjacent records, each fetched whole into
+    # the node cache by whichever worker reads it first, shuffled a pool of windows at a
+    # time (WindowedSampler); the dataset's default window size for a URL unless given.
+    from packfs.torch import WindowedSampler
+
+    dataset = PackedImageFolder(job["url"], root="train", transform=to_tensor, cache_dir=job["cache_dir"],
+                                window_bytes=job.get("window_bytes") or "auto")
+    # One process: num_replicas and rank given (without them it asks torch.distributed).
+    return _EpochLoader(dataset, sampler=WindowedSampler(dataset, num_replicas=1, rank=0, seed=job["seed"]))
 
 
 class _EpochLoader:
@@ -121,7 +119,20 @@ def plain_loader(job: dict):
     return _EpochLoader(PlainObjects(job["bucket"], job["prefix"]), shuffle=True)
 
 
+def import_streaming() -> None:
+    """Import MosaicML streaming, whose package imports torchvision (for vision data sets
+    not used here).  PyPI's torchvision is a CUDA build: its compiled ops cannot load
+    beside the CPU torch, and its import then fails registering meta kernels for those
+    absent ops.  Those registrations are skipped (an empty module in their place);
+    torchvision's Python parts, all that streaming imports, load as they are."""
+    import types
+
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    import streaming  # noqa: F401
+
+
 def mds_loader(job: dict):
+    import_streaming()
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
@@ -181,6 +192,7 @@ def samples(images: str):
 
 
 def write_mds(images: str, out: str) -> None:
+    import_streaming()
     from streaming import MDSWriter
 
     # Its defaults: shards up to 64 MiB (size_limit 1 << 26), no compression.
