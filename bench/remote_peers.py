@@ -52,6 +52,7 @@ workers (which inherit it), on CPU 1 (``taskset -c 1``).
     .venv/bin/python bench/remote_peers.py --quick     # 1,000 images, 3 rounds: ~10 min
     .venv/bin/python bench/remote_peers.py             # 10,000 images, 3 rounds
     .venv/bin/python bench/remote_peers.py --packfs-mode windowed   # block-aware reading (issue 36)
+    .venv/bin/python bench/remote_peers.py --render results.json    # the tables again, from a JSON
 
 ``--packfs-mode``: ``uniform`` (today's default: a uniform shuffle, one GET per
 sample), ``windowed`` (packfs.torch.WindowedSampler, from branch i36-sampler), or
@@ -317,7 +318,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-serial", action="store_true", help="skip the serial slow endpoint")
     parser.add_argument("--timeout", type=float, default=1800.0, help="per job, seconds")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the raw figures (default: WORK/results.json)")
+    parser.add_argument("--render", type=Path, default=None, help="print the tables of a JSON this wrote, and stop")
     args = parser.parse_args(argv)
+    if args.render:
+        print(render(json.loads(args.render.read_text())))
+        return 0
 
     import boto3
 
@@ -401,6 +406,7 @@ def main(argv=None) -> int:
                     shutil.rmtree(cache, ignore_errors=True)
                     figures.update({"system": system, "round": round_})
                     results["runs"].append(figures)
+                    out_json.write_text(json.dumps(results, indent=1))  # so far: a stopped run keeps its figures
                     print(_one_line(figures), flush=True)
         finally:
             proxy.close()
@@ -415,6 +421,7 @@ def main(argv=None) -> int:
                     shutil.rmtree(cache, ignore_errors=True)
                     figures.update({"system": system, "data": serial_name})
                     results["serial"].append(figures)
+                    out_json.write_text(json.dumps(results, indent=1))
                     print("serial " + _one_line(figures), flush=True)
             finally:
                 slow.close()
