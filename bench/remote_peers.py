@@ -174,8 +174,12 @@ def convert(system: str, python: Path, images: Path, out: Path) -> float:
         command = [str(python), "-m", "packfs", "pack", str(images), str(out / "data.ffr")]
     else:
         command = [str(python), str(HERE / "remote_peers_job.py"), "--write", system, str(images), str(out)]
+    scratch = out.parent / f".tmp-{system}"  # litData's optimize works in $TMPDIR/chunks
+    scratch.mkdir(exist_ok=True)
     began = time.perf_counter()
-    subprocess.run(["taskset", "-c", str(JOB_CPU)] + command, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["taskset", "-c", str(JOB_CPU)] + command, check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "TMPDIR": str(scratch)})
+    shutil.rmtree(scratch, ignore_errors=True)
     return time.perf_counter() - began
 
 
@@ -359,76 +363,84 @@ def main(argv=None) -> int:
     out_json = args.out or work / "results.json"
     moto_root = work / "moto"
     shutil.rmtree(moto_root, ignore_errors=True)
-    with _moto(moto_root) as (moto_port, moto_client):
-        moto_client.create_bucket(Bucket=BUCKET)
-        specs: dict = {}
-        for data in datasets:
-            for system in systems:
-                writer = system.split("-")[0]
-                if (data, writer) not in specs:
-                    print(f"writing and uploading {data} for {writer} ...", flush=True)
-                    specs[(data, writer)] = prepare(writer, work, data, work / data, moto_client, results["convert"])
-        endpoint_env = lambda port: {  # noqa: E731
-            **os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
-            "AWS_REGION": S3_REGION, "AWS_DEFAULT_REGION": S3_REGION,
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
-            "S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",  # MosaicML streaming's
-            "AWS_ALLOW_HTTP": "true"}  # litData's obstore (a plain-http endpoint is refused without it)
-
-        def job_for(system: str, data: str, port: int, epochs: int, cache: Path) -> dict:
-            spec = dict(specs[(data, system.split("-")[0])])
-            shutil.rmtree(cache, ignore_errors=True)
-            cache.mkdir(parents=True)
-            spec.update({"cache_dir": str(cache), "epochs": epochs, "batch": args.batch, "workers": args.workers,
-                         "seed": 0, "packfs_mode": "windowed" if system == "packfs-windowed" else "uniform",
-                         "window_bytes": args.window_bytes,
-                         "storage_options": {"endpoint_url": f"http://127.0.0.1:{port}",
-                                             "aws_access_key_id": S3_KEY, "aws_secret_access_key": S3_SECRET,
-                                             "region_name": S3_REGION}})
-            if "shards" in spec:  # webdataset reads URLs with curl: presigned ones, for the proxy's port
-                signer = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id=S3_KEY,
-                                      aws_secret_access_key=S3_SECRET, region_name=S3_REGION)
-                spec["urls"] = [signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key},
-                                                              ExpiresIn=6 * 3600) for key in spec.pop("shards")]
-            return spec
-
-        logs = work / "logs"  # each job's stderr
-        shutil.rmtree(logs, ignore_errors=True)
-        logs.mkdir()
-        proxy = Proxy(moto_port, rtt=args.rtt_ms / 1000, bandwidth=args.bandwidth_mib * 2**20)
-        try:
-            for round_ in range(args.rounds):
+    try:
+        with _moto(moto_root) as (moto_port, moto_client):
+            moto_client.create_bucket(Bucket=BUCKET)
+            specs: dict = {}
+            for data in datasets:
                 for system in systems:
-                    cache = work / "cache" / system
-                    job = job_for(system, main_name, proxy.port, args.epochs, cache)
-                    figures = run_job(job, python_for(system.split("-")[0], work), proxy,
-                                      endpoint_env(proxy.port), args.timeout, logs / f"{system}-{round_ + 1}.log")
-                    shutil.rmtree(cache, ignore_errors=True)
-                    figures.update({"system": system, "round": round_})
-                    results["runs"].append(figures)
-                    out_json.write_text(json.dumps(results, indent=1))  # so far: a stopped run keeps its figures
-                    print(_one_line(figures), flush=True)
-        finally:
-            proxy.close()
-        if not args.no_serial:
-            slow = Proxy(moto_port, rtt=args.serial_ms / 1000, bandwidth=args.bandwidth_mib * 2**20, serial=True)
+                    writer = system.split("-")[0]
+                    if (data, writer) not in specs:
+                        print(f"writing and uploading {data} for {writer} ...", flush=True)
+                        specs[(data, writer)] = prepare(writer, work, data, work / data, moto_client,
+                                                        results["convert"])
+            endpoint_env = lambda port: {  # noqa: E731
+                **os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                "AWS_REGION": S3_REGION, "AWS_DEFAULT_REGION": S3_REGION,
+                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
+                "S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",  # MosaicML streaming's
+                "AWS_ALLOW_HTTP": "true",  # litData's obstore (a plain-http endpoint is refused without it)
+                "TMPDIR": str(scratch)}  # whatever a job leaves there goes with the run
+
+            def job_for(system: str, data: str, port: int, epochs: int, cache: Path) -> dict:
+                spec = dict(specs[(data, system.split("-")[0])])
+                shutil.rmtree(cache, ignore_errors=True)
+                cache.mkdir(parents=True)
+                spec.update({"cache_dir": str(cache), "epochs": epochs, "batch": args.batch, "workers": args.workers,
+                             "seed": 0, "packfs_mode": "windowed" if system == "packfs-windowed" else "uniform",
+                             "window_bytes": args.window_bytes,
+                             "storage_options": {"endpoint_url": f"http://127.0.0.1:{port}",
+                                                 "aws_access_key_id": S3_KEY, "aws_secret_access_key": S3_SECRET,
+                                                 "region_name": S3_REGION}})
+                if "shards" in spec:  # webdataset reads URLs with curl: presigned ones, for the proxy's port
+                    signer = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id=S3_KEY,
+                                          aws_secret_access_key=S3_SECRET, region_name=S3_REGION)
+                    spec["urls"] = [signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key},
+                                                                  ExpiresIn=6 * 3600) for key in spec.pop("shards")]
+                return spec
+
+            scratch = work / "tmp"
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir()
+            logs = work / "logs"  # each job's stderr
+            shutil.rmtree(logs, ignore_errors=True)
+            logs.mkdir()
+            proxy = Proxy(moto_port, rtt=args.rtt_ms / 1000, bandwidth=args.bandwidth_mib * 2**20)
             try:
-                for system in systems:
-                    cache = work / "cache" / system
-                    job = job_for(system, serial_name, slow.port, 1, cache)
-                    figures = run_job(job, python_for(system.split("-")[0], work), slow,
-                                      endpoint_env(slow.port), args.timeout, logs / f"{system}-serial.log")
-                    shutil.rmtree(cache, ignore_errors=True)
-                    figures.update({"system": system, "data": serial_name})
-                    results["serial"].append(figures)
-                    out_json.write_text(json.dumps(results, indent=1))
-                    print("serial " + _one_line(figures), flush=True)
+                for round_ in range(args.rounds):
+                    for system in systems:
+                        cache = work / "cache" / system
+                        job = job_for(system, main_name, proxy.port, args.epochs, cache)
+                        figures = run_job(job, python_for(system.split("-")[0], work), proxy,
+                                          endpoint_env(proxy.port), args.timeout, logs / f"{system}-{round_ + 1}.log")
+                        shutil.rmtree(cache, ignore_errors=True)
+                        figures.update({"system": system, "round": round_})
+                        results["runs"].append(figures)
+                        out_json.write_text(json.dumps(results, indent=1))  # so far: a stopped run keeps its figures
+                        print(_one_line(figures), flush=True)
             finally:
-                slow.close()
+                proxy.close()
+            if not args.no_serial:
+                slow = Proxy(moto_port, rtt=args.serial_ms / 1000, bandwidth=args.bandwidth_mib * 2**20, serial=True)
+                try:
+                    for system in systems:
+                        cache = work / "cache" / system
+                        job = job_for(system, serial_name, slow.port, 1, cache)
+                        figures = run_job(job, python_for(system.split("-")[0], work), slow,
+                                          endpoint_env(slow.port), args.timeout, logs / f"{system}-serial.log")
+                        shutil.rmtree(cache, ignore_errors=True)
+                        figures.update({"system": system, "data": serial_name})
+                        results["serial"].append(figures)
+                        out_json.write_text(json.dumps(results, indent=1))
+                        print("serial " + _one_line(figures), flush=True)
+                finally:
+                    slow.close()
+    finally:
+        for scratch in ("written", "tmp"):  # the written copies (GBs, remade each run) and the jobs' TMPDIR
+            shutil.rmtree(work / scratch, ignore_errors=True)
     out_json.write_text(json.dumps(results, indent=1))
     print(render(results))
     print(f"\nraw figures: {out_json}")
-    shutil.rmtree(work / "written", ignore_errors=True)  # the written copies: GBs, remade each run
     return 0
 
 
@@ -479,7 +491,8 @@ ROWS = [  # (label, function of one run's figures, best is "low"/"high", format)
     ("bytes fetched in epoch 1 / dataset bytes", lambda r: r["epochs"][0]["bytes"] / DATASET_BYTES[0], "low", "{:.3f}"),
     ("bytes fetched in epoch 2, MiB", lambda r: r["epochs"][1]["bytes"] / 2**20, "low", "{:.1f}"),
     ("peak memory of the job (PSS, parent + workers), MiB", lambda r: r["peak_pss"] / 2**20, "low", "{:,.0f}"),
-    ("classes per batch of 64 (uniform: {uniform:.1f})", lambda r: r["epochs"][0]["classes_per_batch"], "high", "{:.1f}"),
+    ("classes per batch of 64 (uniform: {uniform:.1f})", lambda r: r["epochs"][0]["classes_per_batch"], "high",
+     "{:.1f}"),
 ]
 DATASET_BYTES = [1]
 
