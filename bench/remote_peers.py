@@ -49,8 +49,8 @@ CPU placement (2 cores): moto_server, the proxy and this script on CPU 0
 (``sched_setaffinity``, inherited by moto); every job and writer, and the DataLoader's
 workers (which inherit it), on CPU 1 (``taskset -c 1``).
 
-    .venv/bin/python bench/remote_peers.py --quick     # 1,000 images, 3 rounds: ~10 min
-    .venv/bin/python bench/remote_peers.py             # 10,000 images, 3 rounds
+    .venv/bin/python bench/remote_peers.py --quick     # 1,000 images, 3 rounds: ~15 min
+    .venv/bin/python bench/remote_peers.py             # 10,000 images, 3 rounds: ~70 min
     .venv/bin/python bench/remote_peers.py --packfs-mode windowed   # block-aware reading (issue 36)
     .venv/bin/python bench/remote_peers.py --render results.json    # the tables again, from a JSON
 
@@ -58,6 +58,8 @@ workers (which inherit it), on CPU 1 (``taskset -c 1``).
 sample), ``windowed`` (packfs.torch.WindowedSampler, from branch i36-sampler), or
 ``both`` (two packfs rows).  Results: a markdown table on stdout (each row's median,
 min-max, and the ratio to the best peer) and the raw figures as JSON (``--out``).
+The last runs' tables, and what they show, are in docs/performance.md ("Training from
+object storage against the peers").
 """
 
 from __future__ import annotations
