@@ -217,6 +217,7 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=100)
     parser.add_argument("--windows", default="2,4,8,16", help="window sizes, MiB")
     parser.add_argument("--pools", default="4,8,16,32,64", help="windows per pool")
+    parser.add_argument("--first-pools", default="0", help="windows in the first pool, a pool of its own (0: none)")
     options = parser.parse_args()
     labels, starts, sizes = layout(options.classes, options.per_class)
     n = len(labels)
@@ -235,10 +236,14 @@ def main() -> None:
     for mib in [float(v) for v in options.windows.split(",")]:
         plan = WindowPlan(np.zeros(n, np.int64), starts, sizes, int(mib * 2 ** 20))
         for pool in [int(v) for v in options.pools.split(",")]:
-            def windowed(seed: int, epoch: int, plan: WindowPlan = plan, pool: int = pool) -> tuple:
-                order = plan.epoch_order(seed, epoch, pool)
-                return (order, *window_gets(plan, order, starts, sizes))
-            rows.append(run(f"windows of {mib:g} MiB, {pool} a pool ({plan.windows} windows)", windowed, labels))
+            for first_pool in [int(v) for v in options.first_pools.split(",")]:
+                def windowed(seed: int, epoch: int, plan: WindowPlan = plan, pool: int = pool,
+                             first_pool: int = first_pool) -> tuple:
+                    order = plan.epoch_order(seed, epoch, pool, first_pool)
+                    return (order, *window_gets(plan, order, starts, sizes))
+                ramp = f", the first {first_pool}" if first_pool else ""
+                rows.append(run(f"windows of {mib:g} MiB, {pool} a pool{ramp} ({plan.windows} windows)", windowed,
+                                labels))
     for name, shard in (("litData-style: 64 MiB chunks, shuffled within", shard_cut(sizes, shard_bytes=64 << 20)),
                         ("webdataset-style: shards of 100 files, shuffle(1000)", shard_cut(sizes, shard_files=100))):
         def model(seed: int, epoch: int, shard: np.ndarray = shard, name: str = name) -> tuple:

@@ -24,9 +24,12 @@ What that needs, and how it is met here:
 from __future__ import annotations
 
 import fnmatch
+import logging
 import operator
 import os
+import queue
 import re
+import threading
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -37,7 +40,7 @@ from .format import S_IFDIR, S_IFLNK, S_IFMT, S_IFREG
 from .source import is_url, shown_location, with_cache_dir
 from .windows import DEFAULT_WINDOW_BYTES, WindowPlan, plan_windows
 
-__all__ = ["PackedFiles", "Glob", "select_files", "files_by_directory", "remote_spec", "settled_window_bytes"]
+__all__ = ["PackedFiles", "PoolsAhead", "Glob", "select_files", "files_by_directory", "remote_spec", "settled_window_bytes"]
 
 # Table and header pages that reads fault in are unmapped again after this many reads
 # (they stay in the page cache), so a worker's RSS does not grow with the epoch.
@@ -248,6 +251,10 @@ class PackedFiles(Sequence):
         cache (:meth:`packfs.core.Archive.prefetch`: one or a few large GETs, once per
         node), so an epoch in a :class:`~packfs.windows.WindowPlan` order costs a GET
         per window, not per file.  None: files are read as asked.
+    fetch_windows
+        With windows, whether reads fetch whole windows from the start (False: only
+        once a :class:`packfs.torch.WindowedSampler` orders the files' dataset, as
+        ``window_bytes="auto"`` datasets do; :attr:`fetch_windows` is the switch).
 
     Raises
     ------
@@ -258,7 +265,7 @@ class PackedFiles(Sequence):
     def __init__(self, archive: PathArg | PackedFolder, pattern: str = "**/*", check_data: bool = True,
                  entries: Sequence[int] | np.ndarray | None = None, links: dict[int, str] | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: PathArg | bool | None = None,
-                 window_bytes: int | None = None) -> None:
+                 window_bytes: int | None = None, fetch_windows: bool = True) -> None:
         storage_options = with_cache_dir(storage_options, cache_dir)
         self._storage_options = storage_options  # a worker re-opens a URL with them
         if isinstance(archive, PackedFolder):
@@ -288,6 +295,12 @@ class PackedFiles(Sequence):
         self._plan = None if window_bytes is None else plan_windows(self._folder.archive, self.entries,
                                                                      int(window_bytes))
         self._fetched: np.ndarray | None = None  # windows this process made present (a byte each)
+        #: Whether a read fetches its file's whole window first: with windows and
+        #: ``fetch_windows``; a WindowedSampler over the files' dataset sets it (the
+        #: order is windowed).  A uniformly shuffled epoch that fetched whole windows
+        #: would fetch every window in its first batches, and a dataset larger than
+        #: the cache over and over.
+        self.fetch_windows = self._plan is not None and fetch_windows
 
     @property
     def folder(self) -> PackedFolder:
@@ -335,16 +348,31 @@ class PackedFiles(Sequence):
         after that its files are read from the cache (another process's call for the
         same window waits for this one's fetch, the cache's single flight)."""
         plan = self._plan
-        if plan is None or not len(indices):
+        if plan is None or not self.fetch_windows or not len(indices):
             return
+        self._prefetch(np.unique(plan.window_of[indices]), folder)
+
+    def prefetch_windows(self, windows: Sequence[int] | np.ndarray) -> int:
+        """Make windows ``windows`` of :meth:`window_plan` present in the node's disk
+        cache now (one or a few large GETs each, once per node), the bytes fetched: what
+        a :class:`packfs.torch.WindowedSampler` asks of the next pool while the current
+        one is read.  0 without windows, locally, or without a disk cache."""
+        if self._plan is None:
+            return 0
+        return self._prefetch(np.asarray(windows, dtype=np.int64), self.folder)
+
+    def _prefetch(self, windows: np.ndarray, folder: PackedFolder) -> int:
+        plan = self._plan
+        assert plan is not None
         if self._fetched is None:
             self._fetched = np.zeros(plan.windows, dtype=bool)
-        windows = np.unique(plan.window_of[indices])
         windows = windows[~self._fetched[windows]]
-        if len(windows):
-            members = np.concatenate([plan.members(int(window)) for window in windows])
-            folder.archive.prefetch(self.entries[members])
-            self._fetched[windows] = True
+        if not len(windows):
+            return 0
+        members = np.concatenate([plan.members(int(window)) for window in windows])
+        fetched = folder.archive.prefetch(self.entries[members])
+        self._fetched[windows] = True
+        return fetched
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
@@ -417,6 +445,53 @@ class PackedFiles(Sequence):
 
     def __repr__(self) -> str:
         return f"PackedFiles({shown_archive(self.archive)!r}, {self.pattern!r}: {len(self)} files)"
+
+
+class PoolsAhead:
+    """Fetches pools of windows into the node's disk cache on a thread of its own, one
+    after another in the order asked: a :class:`packfs.torch.WindowedSampler`, in the
+    process that draws the epoch's order, asks for the next pool as the current one
+    starts being read, so that the workers find it in the cache (or wait for its fetch,
+    the cache's single flight) instead of waiting for all of its windows at its first
+    batch.  What fails is left to the workers' own reads (which fetch what is missing
+    and raise what is wrong), and said once in the log.
+
+    The thread is a daemon (a run that ends mid-epoch does not wait for it), made at the
+    first pool asked; :meth:`restart` drops what an abandoned iteration had asked."""
+
+    def __init__(self, files: PackedFiles) -> None:
+        self._files = files
+        self._asked: queue.SimpleQueue[tuple[int, np.ndarray]] = queue.SimpleQueue()
+        self._generation = 0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.fetched = 0  # bytes this thread fetched
+        self._warned = False
+
+    def restart(self) -> None:
+        """A new iteration: pools asked before are not fetched any more."""
+        with self._lock:
+            self._generation += 1
+
+    def ask(self, windows: np.ndarray) -> None:
+        """Fetch ``windows`` after what was asked before."""
+        with self._lock:
+            self._asked.put((self._generation, windows))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="packfs-pools-ahead", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            generation, windows = self._asked.get()
+            if generation != self._generation:
+                continue
+            try:
+                self.fetched += self._files.prefetch_windows(windows)
+            except Exception as error:  # the workers' reads fetch it, or raise what is wrong
+                if not self._warned:
+                    self._warned = True
+                    logging.getLogger("packfs.dataset").warning("fetching the next windows ahead failed: %s", error)
 
 
 def remote_spec(spec: object) -> bool:

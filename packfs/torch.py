@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -33,10 +33,10 @@ try:
 except ImportError as error:
     raise missing_dependency(error, "torch", "packfs.torch", "torch", "PyTorch") from None
 
-from .dataset import PackedFiles, files_by_directory, settled_window_bytes, shown_archive
+from .dataset import PackedFiles, PoolsAhead, files_by_directory, settled_window_bytes, shown_archive
 from .folder import PackedFolder, PathArg
 from .source import with_cache_dir
-from .windows import DEFAULT_WINDOWS_PER_POOL, WindowPlan
+from .windows import DEFAULT_FIRST_POOL, DEFAULT_WINDOWS_PER_POOL, WindowPlan
 
 __all__ = ["PackedDataset", "PackedImageFolder", "ResumableDistributedSampler", "WindowedSampler", "IMG_EXTENSIONS",
            "decode_pil", "decode_cv2"]
@@ -75,8 +75,11 @@ class PackedDataset(Dataset):
         this many bytes of adjacent records, and each window is fetched whole into the
         node's disk cache when its first file is read, for an epoch ordered by
         :meth:`sampler` (:class:`WindowedSampler`).  ``"auto"`` (the default): 8 MiB
-        for an archive at a URL, None for a local one; None: files are read as asked
-        (a true uniform shuffle costs a GET per file from a URL).
+        for an archive at a URL, None for a local one, and windows are fetched whole
+        only once a :class:`WindowedSampler` orders the dataset (a uniform shuffle
+        over it reads file by file); a size: windows of that size, fetched whole from
+        the first read; None: files are read as asked (a true uniform shuffle costs a
+        GET per file from a URL).
 
     Raises
     ------
@@ -90,7 +93,8 @@ class PackedDataset(Dataset):
                  window_bytes: int | str | None = "auto") -> None:
         spec = archive.spec if isinstance(archive, PackedFolder) else archive
         self.files = PackedFiles(archive, pattern, check_data, storage_options=storage_options, cache_dir=cache_dir,
-                                 window_bytes=settled_window_bytes(window_bytes, spec))
+                                 window_bytes=settled_window_bytes(window_bytes, spec),
+                                 fetch_windows=window_bytes != "auto")
         self.transform = transform
 
     @property
@@ -103,13 +107,14 @@ class PackedDataset(Dataset):
         return self.files.window_plan(window_bytes)
 
     def sampler(self, windows_per_pool: int | None = None, num_replicas: int | None = None, rank: int | None = None,
-                seed: int = 0, drop_last: bool = False) -> WindowedSampler:
+                seed: int = 0, drop_last: bool = False, first_pool: int | None = None,
+                fetch_ahead: bool = True) -> WindowedSampler:
         """The :class:`WindowedSampler` over this dataset's windows: the recipe for an
         archive at a URL is ``DataLoader(dataset, batch_size=64,
         sampler=dataset.sampler(), num_workers=4)`` (``sampler.set_epoch(epoch)`` each
         epoch)."""
         return WindowedSampler(self, windows_per_pool=windows_per_pool, num_replicas=num_replicas, rank=rank,
-                               seed=seed, drop_last=drop_last)
+                               seed=seed, drop_last=drop_last, first_pool=first_pool, fetch_ahead=fetch_ahead)
 
     @property
     def archive(self) -> str:
@@ -267,34 +272,100 @@ class WindowedSampler(ResumableDistributedSampler):
         Windows shuffled together (None: :data:`packfs.windows.DEFAULT_WINDOWS_PER_POOL`);
         more mixes batches better, and the first batch waits for more windows.
     num_replicas, rank
-        The world and this rank (None: from ``torch.distributed``).
+        The world and this rank (None: from ``torch.distributed`` when a process group
+        is initialized, else a world of 1 and rank 0).
     seed, drop_last
         As ``DistributedSampler``'s.
+    first_pool
+        Windows in an epoch's first pool, a pool of their own (None:
+        :data:`packfs.windows.DEFAULT_FIRST_POOL`; 0: none apart): the first batch waits
+        for these few windows, not for the ~one a sample a full pool's batch touches.
+    fetch_ahead
+        Fetch each pool's successor into the node's disk cache, on a thread of this
+        process, as the pool starts being drawn (:class:`packfs.dataset.PoolsAhead`),
+        so that the workers find it there.
 
     Raises
     ------
     ValueError
-        ``windows_per_pool`` under 1, or ``window_bytes`` other than the dataset's.
+        ``windows_per_pool`` under 1, ``first_pool`` under 0, or ``window_bytes``
+        other than the dataset's.
     """
 
     def __init__(self, dataset: Any, window_bytes: int | None = None, windows_per_pool: int | None = None,
                  num_replicas: int | None = None, rank: int | None = None, seed: int = 0,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, first_pool: int | None = None, fetch_ahead: bool = True) -> None:
+        if num_replicas is None or rank is None:
+            # One process without a process group is a world of one (the recipe's
+            # single-GPU loop), where DistributedSampler would raise.
+            group = torch.distributed.is_available() and torch.distributed.is_initialized()
+            num_replicas = (torch.distributed.get_world_size() if group else 1) if num_replicas is None else num_replicas
+            rank = (torch.distributed.get_rank() if group else 0) if rank is None else rank
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
         self.windows_per_pool = DEFAULT_WINDOWS_PER_POOL if windows_per_pool is None else int(windows_per_pool)
         if self.windows_per_pool < 1:
             raise ValueError(f"windows_per_pool must be at least 1, not {windows_per_pool}")
+        self.first_pool = DEFAULT_FIRST_POOL if first_pool is None else int(first_pool)
+        if self.first_pool < 0:
+            raise ValueError(f"first_pool must be 0 or more, not {first_pool}")
         self.plan = dataset.window_plan(window_bytes)
+        # The dataset's reads fetch whole windows from now on (its order is windowed),
+        # and this process fetches each pool ahead of its reads.
+        files = getattr(dataset, "files", None)
+        self._ahead: PoolsAhead | None = None
+        if isinstance(files, PackedFiles) and files.window_bytes is not None:
+            files.fetch_windows = True
+            if fetch_ahead:
+                self._ahead = PoolsAhead(files)
 
-    def _epoch_indices(self) -> list[int]:
-        order = self.plan.epoch_order(self.seed, self.epoch, self.windows_per_pool)
+    def _epoch(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        return self.plan.epoch_pools(self.seed, self.epoch, self.windows_per_pool, self.first_pool)
+
+    def _share(self, order: np.ndarray) -> list[int]:
         # DistributedSampler's padding (the order repeated from its start) or cut.
         order = np.resize(order, self.total_size)
         return order[self.rank:self.total_size:self.num_replicas].tolist()
 
+    def _epoch_indices(self) -> list[int]:
+        return self._share(self._epoch()[0])
+
+    def __iter__(self) -> Any:
+        order, starts, pools = self._epoch()
+        skipped = self._skipped()
+        indices = self._share(order)[skipped:]
+        if self._ahead is None:
+            return iter(indices)
+        # Where each pool starts in this rank's share (every world-th sample from the
+        # rank-th), counted from the first index this iteration yields.
+        local = -(-(starts - self.rank) // self.num_replicas) - skipped
+        return self._fetching_ahead(indices, np.maximum(local, 0), pools)
+
+    def _fetching_ahead(self, indices: list[int], starts: np.ndarray, pools: list[np.ndarray]) -> Iterator[int]:
+        """``indices``, asking this process's fetcher for each pool's successor as the
+        pool starts being drawn (the DataLoader draws a few batches ahead of its
+        workers' reads), and for the first pool and the next at once."""
+        ahead = self._ahead
+        assert ahead is not None
+        ahead.restart()
+        current = max(0, int(np.searchsorted(starts, 0, side="right")) - 1)
+        for pool in pools[current:current + 2]:
+            ahead.ask(pool)
+        following = current + 1
+        for position, index in enumerate(indices):
+            while following < len(pools) and position >= starts[following]:
+                if following + 1 < len(pools):
+                    ahead.ask(pools[following + 1])
+                following += 1
+            yield index
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_ahead"] = None  # a thread: a copy of the sampler fetches nothing ahead
+        return state
+
     def _settings(self) -> dict[str, int]:
         return {**super()._settings(), "window_bytes": self.plan.window_bytes,
-                "windows_per_pool": self.windows_per_pool}
+                "windows_per_pool": self.windows_per_pool, "first_pool": self.first_pool}
 
 
 def decode_pil(data: bytes) -> Any:
@@ -362,8 +433,11 @@ class PackedImageFolder(PackedDataset):
         this many bytes of adjacent records, and each window is fetched whole into the
         node's disk cache when its first file is read, for an epoch ordered by
         :meth:`sampler` (:class:`WindowedSampler`).  ``"auto"`` (the default): 8 MiB
-        for an archive at a URL, None for a local one; None: files are read as asked
-        (a true uniform shuffle costs a GET per file from a URL).
+        for an archive at a URL, None for a local one, and windows are fetched whole
+        only once a :class:`WindowedSampler` orders the dataset (a uniform shuffle
+        over it reads file by file); a size: windows of that size, fetched whole from
+        the first read; None: files are read as asked (a true uniform shuffle costs a
+        GET per file from a URL).
 
     Raises
     ------
@@ -421,7 +495,8 @@ class PackedImageFolder(PackedDataset):
         self.files = PackedFiles(folder, f"{self.root}/*/**" if self.root else "*/**", check_data,
                                  entries=np.array(entries, dtype=np.int64), links=links,
                                  storage_options=storage_options,
-                                 window_bytes=settled_window_bytes(window_bytes, folder.spec))
+                                 window_bytes=settled_window_bytes(window_bytes, folder.spec),
+                                 fetch_windows=window_bytes != "auto")
         self._targets = np.array(targets, dtype=np.int32)  # 4 bytes a sample in every pickle
         self._targets.setflags(write=False)
         self.transform = transform

@@ -43,18 +43,28 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["WindowPlan", "DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOWS_PER_POOL", "plan_windows"]
+__all__ = ["WindowPlan", "DEFAULT_WINDOW_BYTES", "DEFAULT_WINDOWS_PER_POOL", "DEFAULT_FIRST_POOL", "plan_windows"]
 
-# Chosen by measurement (bench/shuffle_quality.py; the table in docs/remote.md): 8 MiB
+# Chosen by measurement (bench/shuffle_quality.py; the tables in docs/remote.md): 8 MiB
 # is RemoteFile's largest GET (part_bytes), so ~1 GiB of 50-150 KB JPEGs is 120
 # windows and ~180 GETs an epoch (MosaicML streaming: 130); 4 MiB windows make ~250.
 # A batch's classes are bounded by the distinct windows it draws from, so the pool
-# must be several times the batch: 128 windows (1 GiB of the node cache) give a batch
-# of 64 the classes of a uniform shuffle there, 64 windows 0.86 of them, 32 only 0.66.
-# The price is the first batch of each pool, which waits for the ~50 windows it
-# touches (~400 MiB, fetched in parallel).
+# must be several times the batch: with 1,000 classes of 100 files, a batch of 64
+# from pools of 256 windows has 0.93 of a uniform shuffle's classes, from 128 0.85,
+# from 64 0.74 (on the issue's 100 classes, 128 and more are the whole dataset: 1.00).
+# What the first batch of a pool waits for is the windows it touches, at most one a
+# sample whatever the pool (~460 MiB here, fetched in parallel); what a pool costs is
+# node-cache space (2 GiB of the default 32), never memory.
 DEFAULT_WINDOW_BYTES = 8 << 20
-DEFAULT_WINDOWS_PER_POOL = 128
+DEFAULT_WINDOWS_PER_POOL = 256
+# An epoch's first pool: its first batch waits for the windows it touches, and with a
+# full pool that is about one a sample (~450 MiB of 8 MiB windows for a batch of 64).
+# A first pool of 8 windows (64 MiB) is fetched in well under a second at a shard
+# format's request count, and the next pool is fetched while it is read
+# (packfs.dataset.PoolsAhead); its batches draw from 8 windows, which costs an epoch
+# of 120 windows (the issue's 10,000 JPEGs) about 5% of its classes per batch
+# (bench/shuffle_quality.py).
+DEFAULT_FIRST_POOL = 8
 
 
 class WindowPlan:
@@ -130,18 +140,30 @@ class WindowPlan:
         """Window ``window``'s samples (positions), in archive order."""
         return self.order[self.bounds[window]:self.bounds[window + 1]]
 
-    def epoch_order(self, seed: int, epoch: int, windows_per_pool: int) -> np.ndarray:
-        """Every sample once, in epoch ``epoch``'s order: the windows permuted, dealt in
-        that order into pools of at most ``windows_per_pool`` (as equal as they divide),
-        each pool's samples shuffled together, pool after pool.  The same
-        (seed, epoch, windows_per_pool) give the same order on every rank and process.
+    def epoch_order(self, seed: int, epoch: int, windows_per_pool: int, first_pool: int = 0) -> np.ndarray:
+        """Every sample once, in epoch ``epoch``'s order (:meth:`epoch_pools`'s)."""
+        return self.epoch_pools(seed, epoch, windows_per_pool, first_pool)[0]
+
+    def epoch_pools(self, seed: int, epoch: int, windows_per_pool: int,
+                    first_pool: int = 0) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """Epoch ``epoch``'s order, where each pool starts in it, and each pool's windows.
+
+        The windows are permuted and dealt in that order into pools: the first
+        ``first_pool`` of them (0: none apart) make a pool of their own, so that the
+        epoch's first batch waits for a few windows, not for every window a batch of
+        a full pool touches; the rest are dealt into pools of at most
+        ``windows_per_pool`` (as equal as they divide).  Each pool's samples are
+        shuffled together, pool after pool.  The same arguments give the same order on
+        every rank and process.
 
         Raises
         ------
         ValueError
-            ``windows_per_pool`` under 1."""
+            ``windows_per_pool`` under 1, or ``first_pool`` under 0."""
         if int(windows_per_pool) < 1:
             raise ValueError(f"windows_per_pool must be at least 1, not {windows_per_pool}")
+        if int(first_pool) < 0:
+            raise ValueError(f"first_pool must be 0 or more, not {first_pool}")
         rng = np.random.default_rng([int(seed) & (2 ** 63 - 1), int(epoch)])
         permuted = rng.permutation(self.windows)
         lengths = np.diff(self.bounds)[permuted]
@@ -150,12 +172,20 @@ class WindowPlan:
         offsets = np.arange(len(self.order), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         laid = self.order[np.repeat(starts, lengths) + offsets]
         # ... then shuffled within each pool: sorted by (pool, a random key).  The
-        # windows are dealt into pools of equal counts (at most windows_per_pool each):
-        # 120 windows by 96 are two pools of 60, not 96 and a last of 24, whose
-        # batches would mix a quarter as well.
-        pools = -(-self.windows // int(windows_per_pool))
-        pool = np.repeat(np.arange(self.windows, dtype=np.int64) * pools // max(1, self.windows), lengths)
-        return laid[np.lexsort((rng.random(len(laid)), pool))]
+        # windows after the first pool are dealt into pools of equal counts (at most
+        # windows_per_pool each): 120 windows by 96 are two pools of 60, not 96 and a
+        # last of 24, whose batches would mix a quarter as well.
+        first = min(int(first_pool), self.windows) if int(first_pool) < self.windows else 0
+        rest = self.windows - first
+        pools = -(-rest // int(windows_per_pool))
+        window_pool = np.arange(rest, dtype=np.int64) * pools // max(1, rest) + (1 if first else 0)
+        window_pool = np.concatenate([np.zeros(first, dtype=np.int64), window_pool])
+        pool = np.repeat(window_pool, lengths)
+        order = laid[np.lexsort((rng.random(len(laid)), pool))]
+        counts = np.bincount(pool, minlength=int(window_pool[-1]) + 1 if len(window_pool) else 0)
+        pool_starts = (np.cumsum(counts) - counts).astype(np.int64)
+        edges = np.flatnonzero(np.diff(window_pool)) + 1
+        return order, pool_starts, np.split(permuted.astype(np.int64), edges)
 
 
 def plan_windows(archive: Any, entries: Sequence[int] | np.ndarray, window_bytes: int) -> WindowPlan:

@@ -23,8 +23,7 @@ from packfs.write import pack_folder
 from tests.conftest import damaged_copy
 from tests.test_compress_pack import _json
 from tests.test_core_format import _format_module
-from tests.codec_archives import Layout
-from tests.test_inodedaemon_codecs import CONTENTS, _build
+from tests.test_inodedaemon_codecs import CONTENTS, _build, claim_a_huge_sparse_file
 
 MIB = 1 << 20
 
@@ -181,15 +180,7 @@ def test_a_huge_sparse_file_meets_the_python_paths_limit(tmp_path: Path) -> None
     """A hostile archive's sparse file claiming 2**62 bytes in a few: the library
     refuses it before allocating (over the whole-read limit), and PackedFolder.read
     raises the Python path's TooLargeToReadError."""
-    import numpy as np
-
-    def tamper(layout: Layout) -> None:
-        sizes = np.frombuffer(layout.sections[5], "<u8").copy()
-        records = np.frombuffer(layout.sections[6], "<u8")
-        sizes[list(records).index(layout.record_of["sparse.bin"])] = 1 << 62
-        layout.sections[5] = sizes.tobytes()
-
-    archive = _build(tmp_path / "huge.ffr", tamper)
+    archive = _build(tmp_path / "huge.ffr", claim_a_huge_sparse_file)
     with packfs.PackedFolder(archive) as folder:
         assert folder._compiled is not None
         assert folder.archive.compiled_read("sparse.bin", whole_read_limit()) is None
@@ -198,3 +189,65 @@ def test_a_huge_sparse_file_meets_the_python_paths_limit(tmp_path: Path) -> None
         with pytest.raises(TooLargeToReadError):
             folder._compiled.read_file(b"sparse.bin", max_size=whole_read_limit())
         assert folder.read("small.txt") == CONTENTS["small.txt"]
+
+
+def test_a_fork_while_a_thread_loads_a_dictionary_leaves_the_child_no_lock_held(tmp_path: Path) -> None:
+    """A DataLoader forks its workers while other threads may be reading: a child must
+    never inherit a lock held by a thread it does not have.  A thread's first read of a
+    dictionary-compressed file loads the dictionary; here its record's bytes come through
+    a reader (as a URL tree's do) that stops, in this process only, until the fork is
+    over.  The child then reads the same file through the same Tree, under a deadline:
+    the dictionaries' lock must not be held across the record's read."""
+    import dataclasses
+    import signal
+    import threading
+    import time
+
+    from packfs.core.inplace import in_place
+
+    module = _format_module()
+    dictionaries: dict[str, int] = {}
+    archive = _build(tmp_path / "dictionaries.ffr", lambda layout: dictionaries.update(layout.dictionary_record))
+    expected = CONTENTS["dict/a.json"]
+    with Archive(archive) as opened:
+        start, _end = opened._container.record_span(dictionaries["json"])  # the record a reader asks for first
+        parent, fd = os.getpid(), os.open(archive, os.O_RDONLY)
+        reading, forked = threading.Event(), threading.Event()
+
+        def reader(at: int, count: int, limit: int = 0) -> bytes:
+            if os.getpid() == parent and at <= start < at + count:
+                reading.set()
+                forked.wait(60)
+            return os.pread(fd, count, at)
+
+        view = in_place(opened)
+        assert not isinstance(view, str)
+        view = dataclasses.replace(view, remote=(reader, -1, "", 0, opened.size, *opened.data_area))
+        positional, keywords = view.tree_arguments(True, -1)
+        tree = module.Tree(*positional, **keywords)
+        results: list[bytes] = []
+        thread = threading.Thread(target=lambda: results.append(tree.read_file(b"dict/a.json")))
+        thread.start()
+        try:
+            assert reading.wait(30), "the dictionary's record was never read"
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os._exit(0 if tree.read_file(b"dict/a.json") == expected else 1)
+                finally:
+                    os._exit(2)
+            deadline = time.monotonic() + 30
+            done, status = os.waitpid(pid, os.WNOHANG)
+            while not done:
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    pytest.fail("the child hung on a lock its parent's thread held at the fork")
+                time.sleep(0.01)
+                done, status = os.waitpid(pid, os.WNOHANG)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        finally:
+            forked.set()
+            thread.join()
+            os.close(fd)
+        assert results == [expected]

@@ -576,20 +576,22 @@ def test_a_zstd_record_is_one_frame_and_nothing_after_it(tmp_path: Path, after: 
         assert tree.read_file(b"dict/a.json") == CONTENTS["dict/a.json"]
 
 
+def claim_a_huge_sparse_file(layout: Layout) -> None:
+    """A tamper for _build: sparse.bin's size says 2**62 bytes (its record holds a few)."""
+    import numpy as np
+
+    sizes = np.frombuffer(layout.sections[5], "<u8").copy()
+    records = np.frombuffer(layout.sections[6], "<u8")
+    sizes[list(records).index(layout.record_of["sparse.bin"])] = 1 << 62
+    layout.sections[5] = sizes.tobytes()
+
+
 def test_read_file_allocates_at_most_max_size(tmp_path: Path) -> None:
     """A sparse file may claim any size up to 2**63 - 1 in a few bytes of the archive
     (fuzz finding tests/fuzz_c/read-file-of-a-huge-file.ffr): read_file(max_size=)
     answers EFBIG having allocated at most max_size + 1 bytes, and without a limit a
     size no allocation can hold is ENOMEM, not a crash."""
-    import numpy as np
-
-    def tamper(layout: Layout) -> None:
-        sizes = np.frombuffer(layout.sections[5], "<u8").copy()
-        records = np.frombuffer(layout.sections[6], "<u8")
-        sizes[list(records).index(layout.record_of["sparse.bin"])] = 1 << 62
-        layout.sections[5] = sizes.tobytes()
-
-    archive = _build(tmp_path / "huge.ffr", tamper)
+    archive = _build(tmp_path / "huge.ffr", claim_a_huge_sparse_file)
     opened, tree = _lowlevel_tree(archive)
     with opened:
         assert tree.getattr(tree.lookup(1, b"sparse.bin")["st_ino"])["st_size"] == 1 << 62

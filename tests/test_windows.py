@@ -117,6 +117,28 @@ def local_dataset(tmp_path_factory) -> PackedDataset:
     return dataset
 
 
+def test_a_first_pool_of_its_own_then_pools_of_equal_counts() -> None:
+    sizes = np.full(1_000, 100)
+    plan = WindowPlan(np.zeros(1_000), np.arange(1_000) * 100, sizes, 1_000)  # 100 windows of 10
+    for first in (0, 8, 99, 100, 150):
+        order, starts, pools = plan.epoch_pools(3, 1, 40, first)
+        assert sorted(order.tolist()) == list(range(1_000))
+        assert (order == plan.epoch_order(3, 1, 40, first)).all()
+        counts = [len(pool) for pool in pools]
+        # A first pool short of every window stands alone; then pools of at most 40.
+        expected = ([first] if 0 < first < 100 else []) + [len(part) for part in np.array_split(
+            np.arange(100 - (first if 0 < first < 100 else 0)), -(-(100 - (first if 0 < first < 100 else 0)) // 40))]
+        assert counts == expected, (first, counts)
+        assert sorted(np.concatenate(pools).tolist()) == list(range(100))
+        bounds = list(starts) + [1_000]
+        for k, pool in enumerate(pools):  # each pool's samples are its windows' samples
+            assert set(plan.window_of[order[bounds[k]:bounds[k + 1]]].tolist()) == set(pool.tolist())
+    # No first pool apart: the order of a plain pooled epoch.
+    assert (plan.epoch_pools(3, 1, 40, 0)[0] == plan.epoch_order(3, 1, 40)).all()
+    with pytest.raises(ValueError, match="first_pool"):
+        plan.epoch_pools(3, 1, 40, -1)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_ranks_take_every_sample_once_with_equal_counts(local_dataset: PackedDataset, world: int) -> None:
     samplers = [WindowedSampler(local_dataset, window_bytes=40_000, windows_per_pool=3, num_replicas=world,
@@ -134,8 +156,10 @@ def test_ranks_take_every_sample_once_with_equal_counts(local_dataset: PackedDat
         assert len(together) - len(local_dataset) == (-len(local_dataset)) % world
         # Rank r's i-th sample is the order's (i * world + r)-th: all ranks in one pool.
         plan = samplers[0].plan
-        order = np.resize(plan.epoch_order(9, epoch, 3), len(together))
+        order = np.resize(plan.epoch_order(9, epoch, 3, samplers[0].first_pool), len(together))
         assert [share[i] for i in range(len(shares[0])) for share in shares] == order.tolist()
+    alone = WindowedSampler(local_dataset, window_bytes=40_000)  # no process group: a world of one
+    assert (alone.num_replicas, alone.rank) == (1, 0) and sorted(alone) == list(range(len(local_dataset)))
     dropped = WindowedSampler(local_dataset, window_bytes=40_000, num_replicas=2, rank=1, drop_last=True)
     assert len(list(dropped)) == len(local_dataset) // 2
 
@@ -154,8 +178,10 @@ def test_a_windowed_epoch_resumes_mid_way_with_exactly_the_rest(local_dataset: P
     assert list(again) == whole[150:]
     again.set_epoch(4)
     assert len(list(again)) == len(whole)  # the next epoch whole
-    # Another pool size, window size or kind of sampler is another order: refused.
+    # Another pool size, first pool, window size or kind of sampler is another order: refused.
     for other in (WindowedSampler(local_dataset, window_bytes=30_000, windows_per_pool=3, num_replicas=2, rank=1),
+                  WindowedSampler(local_dataset, window_bytes=30_000, windows_per_pool=2, num_replicas=2, rank=1,
+                                  first_pool=3),
                   WindowedSampler(local_dataset, window_bytes=20_000, windows_per_pool=2, num_replicas=2, rank=1),
                   ResumableDistributedSampler(local_dataset, num_replicas=2, rank=1)):
         with pytest.raises(ValueError):
@@ -343,3 +369,93 @@ def test_a_shard_set_at_urls_has_windows_per_shard(nginx, tmp_path: Path) -> Non
     print(f"a set of 3 shards at URLs: {gets} data GETs for {plan.windows} windows of 300 files")
     assert 3 <= plan.windows and gets <= 2 * plan.windows and gets < 60
     assert all(bytes_asked_twice(spans) == 0 for spans in by_shard.values())
+
+
+def test_a_prefetch_holds_at_most_a_quarter_of_memory_cap_at_once(nginx, windows_url, tmp_path: Path) -> None:  # noqa: F811
+    """A process's peak RSS while it prefetches the rest of the 24 MiB archive in one
+    call, with memory_cap 8 MiB: the windows go through the process 2 MiB at a time (a
+    fresh process, warmed up by a first small prefetch; its peak, VmHWM, reset before
+    the call through /proc/self/clear_refs)."""
+    url, _ = windows_url
+    script = (
+        "import sys\n"
+        "from packfs.dataset import PackedFiles\n"
+        "files = PackedFiles(sys.argv[1], '**/*.bin', window_bytes=1 << 20,\n"
+        "                    storage_options={'memory_cap': 8 << 20}, cache_dir=sys.argv[2])\n"
+        "archive = files.folder.archive\n"
+        "def kib(name):\n"
+        "    with open('/proc/self/status') as status:\n"
+        "        return next(int(line.split()[1]) for line in status if line.startswith(name + ':'))\n"
+        "archive.prefetch(files.entries[:20])  # connections and threads made, modules imported\n"
+        "with open('/proc/self/clear_refs', 'w') as clear:\n"
+        "    clear.write('5')  # the peak is now the current RSS\n"
+        "now = kib('VmRSS')\n"
+        "fetched = archive.prefetch(files.entries)\n"
+        "print(fetched, (kib('VmHWM') - now) * 1024)\n")
+    done = subprocess.run([sys.executable, "-c", script, url, str(tmp_path / "cache")], cwd=REPO,
+                          capture_output=True, text=True, timeout=time_limit(120))
+    assert done.returncode == 0, done.stderr[-3000:]
+    fetched, growth = map(int, done.stdout.split())
+    print(f"prefetched {fetched / 2 ** 20:.1f} MiB, peak RSS grew {growth / 2 ** 20:.1f} MiB")
+    assert fetched > 20 << 20
+    # Held at once, the 22 MiB would all be resident (measured: 21.9 MiB).  In groups,
+    # the peak rises by about 8 MiB whatever memory_cap (8 and 32 MiB measured): not
+    # the windows' bytes, which is what this tells apart.
+    assert growth < fetched // 2
+
+
+def test_auto_windows_are_fetched_whole_only_under_a_windowed_sampler(nginx, windows_url) -> None:  # noqa: F811
+    """A dataset at a URL made with the default window_bytes="auto" reads file by file
+    under any other order (a uniform shuffle fetching whole windows would fetch every
+    window in its first batches, and a dataset larger than the cache over and over);
+    a WindowedSampler over it switches whole windows on."""
+    url, _ = windows_url
+    dataset = PackedDataset(url, "**/*.bin")
+    assert dataset.window_bytes == 8 << 20 and not dataset.files.fetch_windows
+    nginx.clear_log()
+    scattered = [3, 170, 333, 480]
+    assert [int(data[:8]) for data in dataset[scattered]] == [
+        int(dataset.path(index).rsplit("/", 1)[1][:5]) for index in scattered]
+    gets = _data_gets(nginx)
+    assert len(gets) == 4 and max(end - start for start, end in gets) < 100_000
+    sampler = dataset.sampler(num_replicas=1, rank=0, fetch_ahead=False)
+    assert dataset.files.fetch_windows
+    nginx.clear_log()
+    dataset[[10]]
+    assert sum(end - start for start, end in _data_gets(nginx)) > 1 << 20  # its window, whole
+    assert len(list(sampler)) == SAMPLES
+
+
+def test_the_sampler_fetches_each_pool_ahead_of_its_reads(nginx, windows_url) -> None:  # noqa: F811
+    """The process that draws the order fetches the next pool's windows while the
+    current pool is read: once the order is drawn (a DataLoader draws it ahead of its
+    workers), every window arrives in the cache, each byte once, and the reads fetch
+    nothing more."""
+    import time
+
+    url, local = windows_url
+    dataset = PackedDataset(url, "**/*.bin", window_bytes=WINDOW)
+    sampler = WindowedSampler(dataset, windows_per_pool=POOL, first_pool=2, num_replicas=1, rank=0)
+    plan = sampler.plan
+    order, starts, pools = plan.epoch_pools(sampler.seed, 0, POOL, 2)
+    assert len(pools[0]) == 2 and len(pools) > 2
+    nginx.clear_log()
+    drawn = iter(sampler)
+    first = [next(drawn) for _ in range(int(starts[1]))]  # the first pool: it and the next are asked
+    deadline = time.monotonic() + time_limit(60)
+    wanted = set(np.concatenate(pools[:2]).tolist())
+    while not all(dataset.files._fetched is not None and dataset.files._fetched[w] for w in wanted):
+        assert time.monotonic() < deadline, "the first two pools were not fetched ahead"
+        time.sleep(0.02)
+    assert dataset.files._fetched is not None and not dataset.files._fetched.all()  # no further yet
+    rest = list(drawn)  # every later pool asked as its predecessor starts
+    assert first + rest == order.tolist()
+    while not dataset.files._fetched.all():
+        assert time.monotonic() < deadline, "not every pool was fetched ahead"
+        time.sleep(0.02)
+    fetched = _data_gets(nginx)
+    assert bytes_asked_twice(fetched) == 0 and len(fetched) <= 2 * plan.windows
+    nginx.clear_log()
+    for at in range(0, SAMPLES, 64):
+        dataset[order[at:at + 64]]
+    assert _data_gets(nginx) == []

@@ -58,6 +58,20 @@ static void tree_dealloc(TreeObject *o)
 static PyTypeObject TreeType;
 static Forest *forest_arg(PyObject *self);
 
+/* The Tree of the shard that holds the Forest's ``inode``, and the entry's inode in it;
+ * NULL with OSError set (ENOENT, EIO) where there is none. */
+static Tree *shard_of(Forest *f, unsigned long long inode, uint64_t *local)
+{
+    Tree *t;
+    unsigned shard;
+    int error = resolve(f, inode, &t, &shard, local);
+    if (error) {
+        os_error(error);
+        return NULL;
+    }
+    return t;
+}
+
 PyDoc_STRVAR(lookup_doc, "lookup(parent_inode, name: bytes) -> dict of st_* (LOOKUP); OSError with the errno.");
 
 static PyObject *py_lookup(PyObject *self, PyObject *args)
@@ -158,14 +172,13 @@ static PyObject *py_read(PyObject *self, PyObject *args)
         return NULL;
     if (size < 0 || (size_t) size > MAX_REQUEST)
         return os_error(EINVAL);
-    Tree *t;
-    unsigned shard;
     uint64_t local;
-    int error = resolve(f, inode, &t, &shard, &local);
-    if (error)
-        return os_error(error);
+    Tree *t = shard_of(f, inode, &local);
+    if (t == NULL)
+        return NULL;
     uint8_t *data = NULL;
     size_t got = 0, skip = 0;
+    int error;
     Py_BEGIN_ALLOW_THREADS
     error = finished(t, tree_read(t, local, offset, (size_t) size, &data, &got, &skip));
     Py_END_ALLOW_THREADS
@@ -230,13 +243,12 @@ static PyObject *py_readlink(PyObject *self, PyObject *args)
     Forest *f = forest_arg(self);
     if (f == NULL || !PyArg_ParseTuple(args, "K:readlink", &inode))
         return NULL;
-    Tree *t;
-    unsigned shard;
     uint64_t local;
     char target[MAX_SYMLINK_TARGET + 1];
-    int error = resolve(f, inode, &t, &shard, &local);
-    if (!error)
-        error = finished(t, tree_readlink(t, local, target));
+    Tree *t = shard_of(f, inode, &local);
+    if (t == NULL)
+        return NULL;
+    int error = finished(t, tree_readlink(t, local, target));
     if (error)
         return os_error(error);
     return PyBytes_FromString(target);
@@ -252,19 +264,17 @@ static PyObject *py_getxattr(PyObject *self, PyObject *args)
     Forest *f = forest_arg(self);
     if (f == NULL || !PyArg_ParseTuple(args, "Ky#:getxattr", &inode, &name, &length))
         return NULL;
-    Tree *t;
-    unsigned shard;
     uint64_t local;
-    int error = resolve(f, inode, &t, &shard, &local);
-    if (error)
-        return os_error(error);
+    Tree *t = shard_of(f, inode, &local);
+    if (t == NULL)
+        return NULL;
     if (!f->xattrs)
         return os_error(finished(t, ENOSYS));
     XattrQuery q;
     memset(&q, 0, sizeof q);
     q.wanted = (const uint8_t *) name;
     q.wanted_length = (size_t) length;
-    error = tree_xattrs(t, local, &q);
+    int error = tree_xattrs(t, local, &q);
     if (!error && !q.found)
         error = ENODATA;
     PyObject *value = error ? NULL : PyBytes_FromStringAndSize((const char *) q.value, q.value_length);
@@ -283,12 +293,10 @@ static PyObject *py_listxattr(PyObject *self, PyObject *args)
     Forest *f = forest_arg(self);
     if (f == NULL || !PyArg_ParseTuple(args, "K:listxattr", &inode))
         return NULL;
-    Tree *t;
-    unsigned shard;
     uint64_t local;
-    int error = resolve(f, inode, &t, &shard, &local);
-    if (error)
-        return os_error(error);
+    Tree *t = shard_of(f, inode, &local);
+    if (t == NULL)
+        return NULL;
     uint8_t *names = malloc(XATTR_LIST_LIMIT);
     if (names == NULL)
         return PyErr_NoMemory();
@@ -296,7 +304,7 @@ static PyObject *py_listxattr(PyObject *self, PyObject *args)
     memset(&q, 0, sizeof q);
     q.names = names;
     q.names_capacity = XATTR_LIST_LIMIT;
-    error = finished(t, tree_xattrs(t, local, &q));
+    int error = finished(t, tree_xattrs(t, local, &q));
     PyObject *result = error ? os_error(error) : PyBytes_FromStringAndSize((const char *) names, q.names_length);
     free(names);
     return result;

@@ -35,6 +35,8 @@ typedef struct {
 
 static Decoded decoded_slots[DECODED_SLOTS];
 static pthread_mutex_t decoded_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Every Tree's dictionaries (made at first use): one lock, held only for memory work. */
+static pthread_mutex_t dictionaries_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t decoded_clock;
 
 static inline int decoded_is(const Decoded *d, const Tree *t, uint64_t record, uint64_t index, uint64_t length)
@@ -87,14 +89,17 @@ static void keep_decoded(Tree *t, uint64_t record, uint64_t index, uint8_t *byte
 }
 
 /* A fork (a DataLoader's workers, after a thread read through read_file) must not leave
- * the child a lock another thread held: the forking thread holds it across the fork. */
+ * the child a lock another thread held: the forking thread holds both across the fork
+ * (neither is ever held while waiting for anything but memory work). */
 void decoded_before_fork(void)
 {
     pthread_mutex_lock(&decoded_lock);
+    pthread_mutex_lock(&dictionaries_lock);
 }
 
 void decoded_after_fork(void)
 {
+    pthread_mutex_unlock(&dictionaries_lock);
     pthread_mutex_unlock(&decoded_lock);
 }
 
@@ -143,12 +148,10 @@ static ZSTD_DCtx *thread_dctx(void)
     return dctx;
 }
 
-/* Dictionary record ``record`` (its row checked to be CODEC_DICTIONARY by the caller)
- * as a DDict in *ddict: made once, from its bytes checked against its record CRC. */
-static int dictionary_of(Tree *t, uint64_t entry, uint64_t record, ZSTD_DDict **ddict)
+/* Where ``record`` is, or goes, in t's dictionaries (ascending by record); under
+ * dictionaries_lock. */
+static uint64_t dictionary_slot(const Tree *t, uint64_t record)
 {
-    int error = 0;
-    pthread_mutex_lock(&t->dictionary_lock);
     uint64_t low = 0, high = t->dictionary_count;
     while (low < high) {
         uint64_t middle = low + (high - low) / 2;
@@ -157,27 +160,44 @@ static int dictionary_of(Tree *t, uint64_t entry, uint64_t record, ZSTD_DDict **
         else
             high = middle;
     }
-    if (low < t->dictionary_count && t->dictionaries[low].record == record) {
-        *ddict = t->dictionaries[low].ddict;
-        goto done;
-    }
+    return low;
+}
+
+/* Dictionary record ``record`` (its row checked to be CODEC_DICTIONARY by the caller)
+ * as a DDict in *ddict: made once, from its bytes checked against its record CRC.
+ * dictionaries_lock is held only to look and to insert, never while the record is read
+ * (a URL tree's read may wait for the GIL) or the DDict made: so the fork handlers can
+ * take it (a child never inherits it held), and no tree waits on another's reads. */
+static int dictionary_of(Tree *t, uint64_t entry, uint64_t record, ZSTD_DDict **ddict)
+{
+    pthread_mutex_lock(&dictionaries_lock);
+    uint64_t slot = dictionary_slot(t, record);
+    int found = slot < t->dictionary_count && t->dictionaries[slot].record == record;
+    if (found)
+        *ddict = t->dictionaries[slot].ddict;
+    pthread_mutex_unlock(&dictionaries_lock);
+    if (found)
+        return 0;
     uint64_t start = offset_of(t, record), end = offset_of(t, record + 1);
-    if (page_failure) {
-        error = EIO;
-        goto done;
-    }
-    if (start < t->header_end || start > end || end > t->data_end || end - start > DICTIONARY_MAX) {
-        error = codec_broken(t, entry, 41, "names a zstd dictionary outside the data area or over 1 MiB");
-        goto done;
-    }
+    if (page_failure)
+        return EIO;
+    if (start < t->header_end || start > end || end > t->data_end || end - start > DICTIONARY_MAX)
+        return codec_broken(t, entry, 41, "names a zstd dictionary outside the data area or over 1 MiB");
     uint8_t *bytes = NULL;
     size_t skip = 0;
-    if ((error = read_stored(t, entry, record, start, end, 0, end - start, &bytes, &skip, NULL)) != 0)
-        goto done;
+    int error = read_stored(t, entry, record, start, end, 0, end - start, &bytes, &skip, NULL);
+    if (error)
+        return error;
     ZSTD_DDict *made = ZSTD_createDDict(bytes + skip, (size_t) (end - start));
     free(bytes);
-    if (made == NULL) {
-        error = codec_broken(t, entry, 42, "names a zstd dictionary that zstd cannot load");
+    if (made == NULL)
+        return codec_broken(t, entry, 42, "names a zstd dictionary that zstd cannot load");
+    pthread_mutex_lock(&dictionaries_lock);
+    slot = dictionary_slot(t, record);
+    if (slot < t->dictionary_count && t->dictionaries[slot].record == record) {
+        /* another thread made it meanwhile: theirs is kept, every reader uses one */
+        ZSTD_freeDDict(made);
+        *ddict = t->dictionaries[slot].ddict;
         goto done;
     }
     if (t->dictionary_count == t->dictionary_capacity) {
@@ -191,12 +211,13 @@ static int dictionary_of(Tree *t, uint64_t entry, uint64_t record, ZSTD_DDict **
         t->dictionaries = grown;
         t->dictionary_capacity = capacity;
     }
-    memmove(t->dictionaries + low + 1, t->dictionaries + low, (t->dictionary_count - low) * sizeof *t->dictionaries);
-    t->dictionaries[low] = (Dictionary) {record, made};
+    memmove(t->dictionaries + slot + 1, t->dictionaries + slot,
+            (t->dictionary_count - slot) * sizeof *t->dictionaries);
+    t->dictionaries[slot] = (Dictionary) {record, made};
     t->dictionary_count++;
     *ddict = made;
 done:
-    pthread_mutex_unlock(&t->dictionary_lock);
+    pthread_mutex_unlock(&dictionaries_lock);
     return error;
 }
 

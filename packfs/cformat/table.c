@@ -510,7 +510,6 @@ int tree_open(Tree *t, TreeSpans *spans)
         return errno ? errno : EBADF;
     t->log_fd = spans->log_fd;
     pthread_mutex_init(&t->log_lock, NULL);
-    pthread_mutex_init(&t->dictionary_lock, NULL);
     pthread_mutex_init(&t->search_lock, NULL);
     pthread_mutex_init(&t->checks_lock, NULL);
     pthread_cond_init(&t->check_ended, NULL);
@@ -598,7 +597,6 @@ void tree_close(Tree *t)
     forget_dictionaries(t);
     if (t->locks_made) {
         pthread_mutex_destroy(&t->log_lock);
-        pthread_mutex_destroy(&t->dictionary_lock);
         pthread_mutex_destroy(&t->search_lock);
         pthread_mutex_destroy(&t->checks_lock);
         pthread_cond_destroy(&t->check_ended);

@@ -214,8 +214,7 @@ typedef struct Tree {
     const uint8_t *codec_data;     /* section 23: frame tables and extent lists */
     uint64_t codec_data_size;
     struct Dictionary *dictionaries; /* made at first use, ascending by record */
-    uint64_t dictionary_count, dictionary_capacity;
-    pthread_mutex_t dictionary_lock;
+    uint64_t dictionary_count, dictionary_capacity; /* under codecs.c's dictionaries_lock */
     uint64_t decodes;              /* zstd files and frames decoded (tests: the kept ones are not) */
     /* A remote archive (a URL): the map and descriptor are a local copy of its header
      * and table only, and every read that touches the data area [remote_from,

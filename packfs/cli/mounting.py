@@ -73,33 +73,26 @@ def mount(archive: str, mountpoint: str, foreground: bool, fuse_debug: bool, opt
     from .. import fuse as fuse_mount  # the only importer of a FUSE binding
 
     extra = _parse_options(options)
-    fuse_mount.check_options(extra)
     if threads > 1 and binding == "fusepy":
         raise click.UsageError("--threads N with N > 1 needs --binding mfusepy "
                                "(libfuse2 always serves with up to 10 threads)")
-    # Everything that can be known up front fails here, before anything detaches.
-    if allow_other or extra.get("allow_other"):
-        fuse_mount.check_allow_other()
-    fuse_mount.check_fuse(binding)
-    fuse_mount.check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    opened = fuse_mount.open_for_mount(archive, check_data)
+    # Everything that can be known up front fails here, once, before anything detaches:
+    # the daemon serves this plan.
+    plan = fuse_mount.plan_mount(archive, mountpoint, debug=fuse_debug, threads=threads, check_data=check_data,
+                                 allow_other=allow_other, options=extra, binding=binding)
     fuse_mount.hide_command_line_secrets()  # a URL's password, shown by ps while the mount serves
-    binding, notice = fuse_mount.choose_binding(binding, opened)
-    if notice:
-        click.echo(f"note: {notice}", err=True)
-    fuse_mount.check_fuse(binding)
-    settings = dict(debug=fuse_debug, threads=threads, check_data=check_data,
-                    allow_other=allow_other, options=extra, binding=binding)
+    if plan.notice:
+        click.echo(f"note: {plan.notice}", err=True)
     if foreground or fuse_debug:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s packfs: %(message)s"))
         mount_log = logging.getLogger("packfs.mount")
         mount_log.addHandler(handler)
         mount_log.propagate = False  # not also through the CLI's "Warning:" handler
-        fuse_mount.mount(opened, mountpoint, foreground=True, **settings)
+        fuse_mount.mount(plan)
         return
     log_path = log_file or fuse_mount.state_file(mountpoint, ".log")
-    pid = fuse_mount.mount_in_background(opened, mountpoint, log_path, foreground=True, **settings)
+    pid = fuse_mount.mount_in_background(plan, log_path)
     click.echo(f"mounted {shown_location(archive)!r} at {mountpoint!r} (daemon pid {pid}, log {log_path})", err=True)
 
 

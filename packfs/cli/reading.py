@@ -428,11 +428,13 @@ def _record_file_info(path: str, as_json: bool) -> None:
 def _mount_daemon(folder: PackedFolder) -> str:
     """Which daemon `packfs mount` would serve the archive with, and why."""
     from .. import fuse as fuse_mount
+    from ..fuse.common import PYTHON_FALLBACK
 
-    binding, notice = fuse_mount.choose_binding("auto", folder.archive)
-    if binding == fuse_mount.LOWLEVEL:
-        return f"{binding} (compiled, libfuse {fuse_mount.compiled_libfuse_version()})"
-    return f"{binding} (Python): {notice.partition(': ')[2]}"
+    # Asked without copying a URL's metadata to a local view (the mount makes it).
+    reason = fuse_mount.unavailable(folder.archive, copy=False)
+    if reason is None:
+        return f"{fuse_mount.LOWLEVEL} (compiled, libfuse {fuse_mount.compiled_libfuse_version()})"
+    return f"{PYTHON_FALLBACK} (Python): {reason}"
 
 
 @click.command(cls=Command)

@@ -579,8 +579,12 @@ class Archive:
         """(names, modes, uids, gids, mtimes_ns, sizes, nlinks) of the entries in
         ``part``, a slice of :meth:`children` (a range: each column read as one slice, so
         a long listing reads its directory a part at a time; any other sequence of
-        entries, entry by entry)."""
+        entries, entry by entry).  An entry past the table is NotAFileError, as each
+        entry's stat says (a slice would silently stop at the table's end)."""
         if isinstance(part, range) and part.step == 1:
+            if len(part):
+                self._entry(part.start)
+                self._entry(part.stop - 1)
             return self._table.listing_columns(part)
         return columns_by_entry(self, part)
 

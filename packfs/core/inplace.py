@@ -39,7 +39,7 @@ from .checkpolicy import ChecksumPolicy
 # imports this module (its compiled_read), and the layers have no circles.
 OpenedArchive = Any
 
-__all__ = ["InPlace", "in_place", "compiled_reader"]
+__all__ = ["InPlace", "in_place", "remote_view_problem", "compiled_reader"]
 
 Spans = tuple[tuple[int, int], ...]
 
@@ -80,6 +80,26 @@ class InPlace:
             keywords["remote"] = self.remote
         return ((self.mapping, self.fileno, self.guard_slot, self.record_count, self.data_records,
                  self.entry_count, self.sections, check_data, self.path, log_fd), keywords)
+
+
+def remote_view_problem(archive: OpenedArchive) -> Optional[str]:
+    """Why a URL archive's local view (:func:`in_place` with ``remote``) cannot be made,
+    as far as what its open read tells (legacy, version, data area, the metadata's
+    size), without copying anything; None when nothing does: ``packfs info`` asks this,
+    so that saying which daemon would serve a URL costs no copy of its metadata.  The
+    copy itself may still fail (a full disk): then the mount says so."""
+    if archive.legacy or archive.footer.version_minor < 1:
+        view = in_place(archive)  # its words for these (nothing is copied)
+        return view if isinstance(view, str) else None
+    size = archive.size
+    data_start, data_end = archive.data_area
+    if not 0 < data_start <= data_end <= size:
+        return "the archive's data area is not inside it"
+    metadata = data_start + size - data_end
+    if metadata > _VIEW_MAX:
+        return (f"its header and table take {metadata} bytes, more than the compiled daemon copies to a local "
+                f"view ({_VIEW_MAX})")
+    return None
 
 
 def in_place(archive: OpenedArchive, remote: bool = False) -> Union[InPlace, str]:
@@ -235,12 +255,9 @@ def _remote_view(archive: OpenedArchive) -> Union[InPlace, str]:
     source = archive.source
     size = archive.size
     data_start, data_end = archive.data_area
-    if not 0 < data_start <= data_end <= size:
-        return "the archive's data area is not inside it"
-    metadata = data_start + size - data_end
-    if metadata > _VIEW_MAX:
-        return (f"its header and table take {metadata} bytes, more than the compiled daemon copies to a local "
-                f"view ({_VIEW_MAX})")
+    reason = remote_view_problem(archive)
+    if reason is not None:
+        return reason
     cache = source.node_cache() if hasattr(source, "node_cache") else None
     try:
         fd = _view_file(cache)

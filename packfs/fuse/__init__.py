@@ -16,12 +16,13 @@ Every daemon reads the archive through :class:`packfs.core.Archive` only.
 from __future__ import annotations
 
 from .common import BINDINGS, DAEMONS, DEFAULT_BINDING
-from .inodedaemon import LOWLEVEL, compiled_libfuse_version, tree_for, unavailable
+from .inodedaemon import LOWLEVEL, CompiledView, compiled_libfuse_version, compiled_view, tree_for, unavailable
 from .pathdaemon import PackfsOperations
 from .checks import (FSNAME_PREFIX, FSTYPE, check_allow_other, check_fuse, check_mountpoint, check_options,
                      fuse_options, is_mounted)
 from .process import (
     MOUNT_HELPER,
+    MountPlan,
     choose_binding,
     helper_script,
     hide_command_line_secrets,
@@ -30,6 +31,7 @@ from .process import (
     mount_helper,
     mount_in_background,
     open_for_mount,
+    plan_mount,
     remove_old_logs,
     state_directory,
     state_file,
@@ -37,9 +39,9 @@ from .process import (
 )
 
 __all__ = [
-    "BINDINGS", "DAEMONS", "DEFAULT_BINDING", "LOWLEVEL", "choose_binding", "compiled_libfuse_version", "tree_for", "unavailable", "PackfsOperations", "FSNAME_PREFIX", "FSTYPE", "MOUNT_HELPER",
+    "BINDINGS", "DAEMONS", "DEFAULT_BINDING", "LOWLEVEL", "CompiledView", "MountPlan", "choose_binding", "compiled_view", "compiled_libfuse_version", "tree_for", "unavailable", "PackfsOperations", "FSNAME_PREFIX", "FSTYPE", "MOUNT_HELPER",
     "check_allow_other", "check_fuse", "check_mountpoint", "check_options", "fuse_options", "helper_script",
     "hide_command_line_secrets",
-    "is_mounted", "is_stale", "mount", "mount_helper", "mount_in_background", "open_for_mount", "remove_old_logs",
+    "is_mounted", "is_stale", "mount", "mount_helper", "mount_in_background", "open_for_mount", "plan_mount", "remove_old_logs",
     "state_directory", "state_file", "unmount",
 ]

@@ -183,7 +183,8 @@ def check_options(extra: dict[str, Any]) -> None:
 
 def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding: str) -> dict[str, Any]:
     """The mount options: read-only, long caches, our inode numbers, then ``extra``
-    (the user's -o) without what only mount(8) or packfs itself uses."""
+    (the user's -o, which :func:`check_options` has passed) without what only mount(8)
+    or packfs itself uses."""
     options: dict[str, Any] = {
         "ro": True,
         "nosuid": True,  # whatever -o says: see _IGNORED_OPTIONS
@@ -202,7 +203,6 @@ def fuse_options(archive: str, allow_other: bool, extra: dict[str, Any], binding
         options["max_read"] = 131072  # libfuse2's largest read request
     if allow_other:
         options["allow_other"] = True
-    check_options(extra)
     for key, value in extra.items():
         if _ignored(key):
             continue

@@ -3,6 +3,7 @@ mount() and its background daemon, pid and log files, unmount, and mount(8)'s he
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
+from types import ModuleType
 from typing import Any, Callable
 
 from ..core import Archive, ShardSet, open_archive
@@ -23,16 +25,37 @@ from ..errors import MountError
 from ..folder import PackedFolder
 from ..source import shown_location
 from .common import DAEMONS, DEFAULT_BINDING, NAME_CODEC, PYTHON_FALLBACK, log
-from .inodedaemon import LOWLEVEL, serve, unavailable
-from .libfuse import LoopRun, current, has_own_main
+from .inodedaemon import LOWLEVEL, CompiledView, compiled_view, serve
+from .libfuse import LoopRun, current, has_own_main, load_binding
 from .checks import (FSNAME_PREFIX, FSTYPE, check_allow_other, check_fuse, check_mountpoint, check_options,
                      fuse_options, is_mounted, mount_entry)
 from .pathdaemon import PackfsOperations, fuse_class
 
-__all__ = ["mount", "choose_binding", "mount_in_background", "open_for_mount", "unmount", "is_stale", "state_file", "state_directory",
+__all__ = ["mount", "MountPlan", "plan_mount", "choose_binding", "mount_in_background", "open_for_mount", "unmount", "is_stale", "state_file", "state_directory",
            "remove_old_logs", "mount_helper", "helper_script", "MOUNT_HELPER", "hide_command_line_secrets"]
 
-def mount(
+@dataclasses.dataclass
+class MountPlan:
+    """A mount with everything decided that can be decided before it serves, once
+    (:func:`plan_mount`): the archive opened, the mount point checked, the daemon
+    chosen and, for the compiled one, what it serves from.  The CLI makes the plan in
+    its own process, so that every mistake fails there before anything detaches; the
+    background daemon, forked from it, serves the same plan and checks nothing again."""
+
+    served: Archive | ShardSet
+    path: str  # the mount point, absolute
+    mountpoint: str  # as the caller named it, for messages
+    binding: str  # LOWLEVEL or a Python binding's name
+    notice: str | None  # why "auto" fell back to the Python daemon
+    compiled: CompiledView | None  # what the compiled daemon serves (binding LOWLEVEL)
+    fuse: ModuleType | None  # the Python binding's module (any other binding)
+    options: dict[str, Any]  # libfuse's mount options (checks.fuse_options)
+    threads: int = 0
+    debug: bool = False
+    foreground: bool = True  # the Python bindings' own daemonizing (False) is kept for old callers
+
+
+def plan_mount(
     archive: str | Archive | ShardSet | PackedFolder,
     mountpoint: str,
     *,
@@ -43,9 +66,53 @@ def mount(
     allow_other: bool = False,
     options: dict[str, Any] | None = None,
     binding: str = DEFAULT_BINDING,
+) -> MountPlan:
+    """The checks made before a mount, each once, and what they decided (see
+    :func:`mount` for the arguments).
+
+    Raises
+    ------
+    FormatError, ChecksumError
+        The archive cannot be opened.
+    MountError
+        FUSE is unavailable, the mount point or an option is unusable, or the daemon
+        asked for cannot serve the archive.
+    """
+    if isinstance(threads, bool):
+        threads = 0 if threads else 1
+    extra = dict(options or {})
+    check_options(extra)
+    if allow_other or extra.get("allow_other"):
+        check_allow_other()
+    fuse = check_fuse(binding)
+    path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
+    served = open_for_mount(archive, check_data)
+    chosen, notice, compiled = _choose(binding, served)
+    if chosen != LOWLEVEL:
+        if fuse is None:  # "auto" fell back: the device was checked above, the module not yet
+            fuse = load_binding(chosen)
+        if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and has_own_main(fuse)):
+            raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
+                             f"the mfusepy binding; libfuse2 always uses up to 10 threads")
+    return MountPlan(served, path, mountpoint, chosen, notice, compiled, fuse,
+                     fuse_options(served.path, allow_other, extra, chosen), threads, debug, foreground)
+
+
+def mount(
+    archive: str | Archive | ShardSet | PackedFolder | MountPlan,
+    mountpoint: str | None = None,
+    *,
+    foreground: bool = True,
+    debug: bool = False,
+    threads: int = 0,
+    check_data: bool = True,
+    allow_other: bool = False,
+    options: dict[str, Any] | None = None,
+    binding: str = DEFAULT_BINDING,
 ) -> None:
     """Serve ``archive`` (a path, or an open Archive or PackedFolder that this takes over) at
-    ``mountpoint`` until it is unmounted (blocks).
+    ``mountpoint`` until it is unmounted (blocks); or serve a :class:`MountPlan` (whose
+    settings were given to :func:`plan_mount`).
 
     ``threads``: 0 for libfuse's default (at most 10 worker threads), 1 to serve one
     request at a time, N for at most N worker threads (libfuse 3.12 or later).  For
@@ -61,35 +128,30 @@ def mount(
     MountError
         FUSE is unavailable, the mount point or an option is unusable, or serving failed.
     """
-    if isinstance(threads, bool):
-        threads = 0 if threads else 1
-    extra = dict(options or {})
-    if allow_other or extra.get("allow_other"):
-        check_allow_other()
-    check_fuse(binding)
-    path = check_mountpoint(mountpoint, nonempty=bool(extra.get("nonempty")))
-    served = open_for_mount(archive, check_data)
-    binding, notice = choose_binding(binding, served)
-    if notice:
-        log.warning("%s", notice)
+    if isinstance(archive, MountPlan):
+        plan = archive
+    else:
+        if mountpoint is None:
+            raise TypeError("mount() needs a mountpoint with an archive")
+        plan = plan_mount(archive, mountpoint, foreground=foreground, debug=debug, threads=threads, check_data=check_data,
+                          allow_other=allow_other, options=options, binding=binding)
+        if plan.notice:
+            log.warning("%s", plan.notice)
     # How a background daemon's parent learns the mount is up (mount_in_background).
     announce = getattr(current, "announce", lambda _how: None)
-    if binding == LOWLEVEL:
+    pidfile = state_file(plan.path, ".pid")
+    if plan.compiled is not None:
         announce(MOUNT_TABLE_TELLS)  # fuse_session_new checks the options before it mounts
-        _serve_compiled(served, path, pidfile=state_file(path, ".pid"), threads=threads, debug=debug,
-                        options=fuse_options(served.path, allow_other, extra, binding))
+        _serve_compiled(plan.compiled, plan.path, pidfile=pidfile, threads=plan.threads, debug=plan.debug,
+                        options=plan.options)
         return
-    fuse = check_fuse(binding)
-    assert fuse is not None  # a Python binding's module (the compiled daemon and "auto" are settled above)
-    if threads > 1 and not (getattr(fuse, "fuse_version_major", 2) == 3 and has_own_main(fuse)):
-        raise MountError(f"a thread limit (threads={threads}) needs libfuse 3.12 or later through "
-                         f"the mfusepy binding; libfuse2 always uses up to 10 threads")
-    archive = served.path
+    fuse = plan.fuse
+    assert fuse is not None  # a Python binding's module (plan_mount loaded it)
+    served = plan.served
     operations = PackfsOperations(served, no_open=True)
-    pidfile = state_file(path, ".pid")
     with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
         f.write(str(os.getpid()))
-    run = current.run = LoopRun(threads)
+    run = current.run = LoopRun(plan.threads)
     if has_own_main(fuse):
         run.serving = lambda: announce(SERVING)
     else:  # libfuse3 before 3.12, whose fuse_main checks the options before it mounts
@@ -98,12 +160,12 @@ def mount(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             fuse_class(fuse)(
-                operations, path, foreground=foreground, debug=debug, nothreads=threads == 1,
-                encoding=NAME_CODEC, **fuse_options(archive, allow_other, extra, binding),
+                operations, plan.path, foreground=plan.foreground, debug=plan.debug, nothreads=plan.threads == 1,
+                encoding=NAME_CODEC, **plan.options,
             )
     except RuntimeError as error:
         reason = run.error or f"failed (libfuse error {error})"
-        raise MountError(f"mounting {archive!r} at {mountpoint!r}: {reason}") from None
+        raise MountError(f"mounting {served.path!r} at {plan.mountpoint!r}: {reason}") from None
     finally:
         current.run = None
         served.close()
@@ -129,27 +191,34 @@ def choose_binding(binding: str, archive: Archive | ShardSet) -> tuple[str, str 
     MountError
         ``binding`` is "lowlevel" and the compiled daemon cannot serve this archive.
     """
+    chosen, notice, _compiled = _choose(binding, archive)
+    return chosen, notice
+
+
+def _choose(binding: str, archive: Archive | ShardSet) -> tuple[str, str | None, CompiledView | None]:
+    """choose_binding's answer, and what the compiled daemon serves when it is chosen."""
     if binding not in DAEMONS:
         raise ValueError(f"binding must be one of {', '.join(DAEMONS)}, got {binding!r}")
     if binding not in ("auto", LOWLEVEL):
-        return binding, None
-    reason = unavailable(archive)
-    if reason is None:
-        return LOWLEVEL, None
+        return binding, None, None
+    view = compiled_view(archive)
+    if not isinstance(view, str):
+        return LOWLEVEL, None, view
     if binding == LOWLEVEL:
-        raise MountError(f"the compiled daemon (--binding {LOWLEVEL}) cannot serve {archive.path!r}: {reason}")
-    return PYTHON_FALLBACK, f"serving with the Python daemon ({PYTHON_FALLBACK}), not the compiled one: {reason}"
+        raise MountError(f"the compiled daemon (--binding {LOWLEVEL}) cannot serve {archive.path!r}: {view}")
+    return (PYTHON_FALLBACK, f"serving with the Python daemon ({PYTHON_FALLBACK}), not the compiled one: {view}",
+            None)
 
 
-def _serve_compiled(archive: Archive | ShardSet, path: str, pidfile: str, threads: int, debug: bool,
+def _serve_compiled(view: CompiledView, path: str, pidfile: str, threads: int, debug: bool,
                     options: dict[str, Any]) -> None:
     """mount()'s work for the compiled daemon: the pid file, serving, cleaning up."""
     with os.fdopen(_open_state_file(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
         f.write(str(os.getpid()))
     try:
-        status = serve(archive, path, options, threads=threads, debug=debug)
+        status = serve(view, path, options, threads=threads, debug=debug)
     finally:
-        archive.close()
+        view.archive.close()
         try:
             os.unlink(pidfile)
         except OSError:
@@ -294,11 +363,11 @@ def open_for_mount(archive: str | Archive | ShardSet | PackedFolder, check_data:
     return opened
 
 
-def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: str, log_path: str,
-                        timeout: float = 30.0, **settings: Any) -> int:
-    """Fork a daemon serving ``folder`` at ``mountpoint``; return its pid once the mount
-    works.  Forking, rather than starting a new interpreter, reuses the imports and the
-    already validated archive, so mounting costs no second start-up or open.
+def mount_in_background(plan: MountPlan, log_path: str, timeout: float = 30.0) -> int:
+    """Fork a daemon serving ``plan`` (:func:`plan_mount`); return its pid once the mount
+    works.  Forking, rather than starting a new interpreter, reuses the imports, the
+    already validated archive and every decision the plan holds, so mounting costs no
+    second start-up, open or check.
 
     A daemon that ends cleanly (unmounted, or stopped by SIGTERM/SIGINT/SIGHUP) removes
     its log if it is the default one (state_file) and empty; logs of daemons gone for
@@ -309,7 +378,7 @@ def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: s
     MountError
         The daemon exited or did not mount within ``timeout`` (its last log line says why).
     """
-    path = os.path.abspath(mountpoint)
+    path, mountpoint, folder = plan.path, plan.mountpoint, plan.served
     own_log = os.path.abspath(log_path) == state_file(path, ".log")
     remove_old_logs()
     log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -335,7 +404,7 @@ def mount_in_background(folder: Archive | ShardSet | PackedFolder, mountpoint: s
                 daemon_log = logging.getLogger("packfs.mount")
                 daemon_log.addHandler(handler)
                 daemon_log.propagate = False
-                mount(folder, mountpoint, **settings)  # the caller's words in messages
+                mount(plan)
                 status = 0
                 if own_log and os.fstat(log_file.fileno()).st_size == 0:
                     os.unlink(log_path)  # nothing worth keeping
@@ -368,7 +437,7 @@ def _say_once(fd: int) -> Callable[[bytes], None]:
     return say
 
 
-def _wait_until_up(pid: int, up_read: int, path: str, folder: Archive | ShardSet | PackedFolder, mountpoint: str,
+def _wait_until_up(pid: int, up_read: int, path: str, folder: Archive | ShardSet, mountpoint: str,
                    log_path: str, timeout: float) -> None:
     """Wait for a background daemon to serve, or raise MountError with its reason."""
     os.set_blocking(up_read, False)

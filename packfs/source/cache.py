@@ -713,6 +713,14 @@ class CachedSource:
         if due:
             self.flush_counts()
 
+    def count_hits_elsewhere(self, hits: int) -> None:
+        """Add ``hits`` blocks that another reader in this process served from this
+        cache without this source: the compiled daemon reads cached blocks in C
+        (``cformat/blockcache.c``); what it misses it reads through this source, which
+        counts those itself."""
+        if hits > 0:
+            self._count("cache_hits", hits)
+
     def prefetch(self, progress: Optional[Callable[[int], None]] = None) -> int:
         """Fill the disk cache with every byte of the archive it does not hold (a
         whole-archive scan to come: ``packfs cache prefetch``), each byte once, a window
@@ -751,8 +759,9 @@ class CachedSource:
         The missing blocks of all the spans are fetched at once: nearby ones joined into
         runs (:meth:`_plan`: up to the remote's ``part_bytes`` each, never across a block
         the cache holds, so no byte is fetched twice), every run one GET, up to the
-        remote's ``in_flight`` at once, received into an anonymous map that is unmapped
-        once written (a read ahead's path: nothing stays in RSS).  Another thread or
+        remote's ``in_flight`` at once, in groups of at most a quarter of the remote's
+        ``memory_cap``, each received into an anonymous map that is unmapped once
+        written (a read ahead's path: nothing stays in RSS).  Another thread or
         process fetching the same blocks is waited for (the single flight of
         :meth:`_fetch`), not doubled.  Spans reaching into the suffix the open fetched
         stop at it.  Returns the bytes fetched by this call; 0 without a disk cache
@@ -771,8 +780,20 @@ class CachedSource:
         blocks = sorted(wanted)
         before = self.stats()["readahead_bytes"]
         missing = self._read_cached(blocks, None)
-        if missing:
-            self._fetch(missing, None, wanted.difference(missing))
+        cached = wanted.difference(missing)
+        # In groups of whole GETs of at most a quarter of the remote's memory_cap (as
+        # prefetch's windows): each group is received into one anonymous map before it
+        # is written, and a batch touching 64 windows of 8 MiB would otherwise hold
+        # 512 MiB in this process at once.
+        step = max(BLOCK_BYTES, min(CHUNK_BYTES, getattr(self.remote, "memory_cap", CHUNK_BYTES * 4) // 4))
+        group: List[int] = []
+        for run in self._plan(missing, cached):
+            if group and (len(group) + len(run)) * BLOCK_BYTES > step:
+                self._fetch(group, None, cached)
+                group = []
+            group += run
+        if group:
+            self._fetch(group, None, cached)
         return self.stats()["readahead_bytes"] - before
 
     def flush_counts(self) -> None:

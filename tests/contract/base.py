@@ -113,6 +113,10 @@ class ReaderContract:
                     getattr(reader, call)(entry)
             with pytest.raises(NotAFileError):
                 reader.lookup_child(entry, b"a")
+        # Columns past the table: what each entry's stat says, never a listing cut short.
+        for part in (range(count - 1, count + 1), range(count, count + 3), [count], range(-1, 1)):
+            with pytest.raises(NotAFileError, match="entry"):
+                reader.listing_columns(part)
 
     # -- stat -----------------------------------------------------------------------------
 
@@ -242,6 +246,26 @@ class ReaderContract:
         assert [batch[k] for k in range(len(entries))] == [contents(tree, path) for path in reversed(paths)]
         with pytest.raises((PathNotFoundError, NotAFileError)):
             reader.read_many(["hello.txt", "a"])
+
+    def test_prefetch_makes_files_present_without_reading_them(self, reader: ArchiveReader, kind: ReaderKind,
+                                                              tmp_path: Path) -> None:
+        kind.require("prefetch")
+        tree = kind.packed.tree
+        paths = files_of(tree)
+        expected = [contents(tree, path) for path in paths]
+        if kind.name == "url":  # through a disk cache of its own: the first call fetches
+            reader = kind.open("once", cache_dir=tmp_path / "cache")
+        try:
+            entries = [reader.lookup(path) for path in paths]
+            first = reader.prefetch(entries)
+            assert first > 0 if kind.name == "url" else first == 0  # a local archive has nothing to fetch
+            assert reader.prefetch(entries) == 0 and reader.prefetch([]) == 0  # each byte once
+            requests = reader.stats().get("requests", 0)
+            assert reader.read_many(entries) == expected
+            assert reader.stats().get("requests", 0) == requests  # read from the cache
+        finally:
+            if kind.name == "url":
+                reader.close()
 
     @pytest.mark.parametrize("chunk_size", [1, 4096, 1 << 20])
     def test_read_chunks(self, reader: ArchiveReader, kind: ReaderKind, chunk_size: int) -> None:

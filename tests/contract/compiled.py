@@ -42,6 +42,8 @@ UNANSWERED = {
     "extents": "the compiled reader answers READs of ranges: it does not say where a sparse file's holes are",
     "checked chunks": "the compiled reader checks under its policy only (READ's): read_chunks under 'never' cannot "
                       "check every byte",
+    "prefetch": "the compiled reader is asked READs by the kernel, never told which files come next: prefetch is for "
+                "the datasets, which read through the Python reader",
 }
 
 _ERRORS = {errno.ENOENT: PathNotFoundError, errno.EISDIR: NotAFileError, errno.EINVAL: NotAFileError,
