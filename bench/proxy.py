@@ -5,7 +5,10 @@ half the round-trip time before it reaches the server, and each response by half
 before it reaches the client, so one request costs one RTT ``rtt`` (a new connection
 one more, its handshake); ``bandwidth`` (bytes/s, per connection) paces response
 bodies.  It counts connections, requests and response bytes, and keeps each request's
-head (``heads``) for tests that check what a client sent.
+head (``heads``) for tests that check what a client sent.  ``serial`` makes it a
+serial endpoint: one request at a time across all connections, each held from its
+head's arrival until its response was sent (others wait their turn), as a server that
+answers one GET at a time does (bench/remote_peers.py's slow endpoint).
 
 It is HTTP-aware (request heads; responses framed by Content-Length or chunked) so
 that it can inject the faults the remote-source tests need, each for the next
@@ -30,6 +33,7 @@ which prints the port it listens on, then serves until killed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import socket
 import struct
@@ -47,7 +51,7 @@ class Proxy:
     """The proxy, serving on :attr:`port` from construction until :meth:`close`."""
 
     def __init__(self, target_port: int, rtt: float = 0.0, bandwidth: float = 0.0, port: int = 0,
-                 target_host: str = "127.0.0.1") -> None:
+                 target_host: str = "127.0.0.1", serial: bool = False) -> None:
         self.target = (target_host, target_port)
         self.rtt = rtt
         self.bandwidth = bandwidth
@@ -60,6 +64,8 @@ class Proxy:
         self._fault_count = 0
         self._fault_filter: Callable[[bytes], bool] = lambda head: True
         self._lock = threading.Lock()
+        # Held for a whole request in serial mode; not self._lock, which the counters need meanwhile.
+        self._turn = threading.Lock() if serial else None
         self._open: set = set()
         self._listener = socket.create_server(("127.0.0.1", port), backlog=256)
         self.port = self._listener.getsockname()[1]
@@ -125,47 +131,48 @@ class Proxy:
                 head = _read_head(client_in)
                 if head is None:
                     return
-                with self._lock:
-                    self.requests += 1
-                    self.heads.append(head)
-                fault = self._take_fault(head)
-                time.sleep(self.rtt / 2)
-                if fault == "503":
-                    client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                                   b"Content-Length: %d\r\n\r\n" % len(SLOW_DOWN) + SLOW_DOWN)
-                    continue
-                if fault == "ignore_range":
-                    head = re.sub(rb"(?im)^range:[^\r\n]*\r\n", b"", head)
-                elif fault == "longer":
-                    head = re.sub(rb"(?im)^(range: *bytes=\d+-)(\d+)", lambda m: m.group(1) + str(int(m.group(2)) + 1).encode(), head)
-                server.sendall(head)
-                response = _read_head(server_in)
-                if response is None:
-                    return
-                if fault == "stall":
-                    client_in.read(1)  # until the client closes
-                    return
-                if fault == "wrong_range":
-                    response = re.sub(rb"(?im)^(content-range: *bytes )(\d+)-(\d+)",
-                                      lambda m: m.group(1) + b"%d-%d" % (int(m.group(2)) + 1, int(m.group(3)) + 1), response)
-                time.sleep(self.rtt / 2)
-                body = _read_body(server_in, response, head)
-                if fault == "flip" and body:
-                    middle = len(body) // 2
-                    body = body[:middle] + bytes([body[middle] ^ 0x10]) + body[middle + 1:]
-                if fault in ("kill", "truncate"):
-                    client.sendall(response + body[: len(body) // 2])
-                    if fault == "kill":  # a reset (RST), not a clean close (FIN)
-                        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                        with self._lock:
-                            self._open.discard(client)
-                        client.close()
-                        client = None
-                    return
-                client.sendall(response)
-                self._send_paced(client, body)
-                with self._lock:
-                    self.response_bytes += len(response) + len(body)
+                with self._turn or contextlib.nullcontext():
+                    with self._lock:
+                        self.requests += 1
+                        self.heads.append(head)
+                    fault = self._take_fault(head)
+                    time.sleep(self.rtt / 2)
+                    if fault == "503":
+                        client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                                       b"Content-Length: %d\r\n\r\n" % len(SLOW_DOWN) + SLOW_DOWN)
+                        continue
+                    if fault == "ignore_range":
+                        head = re.sub(rb"(?im)^range:[^\r\n]*\r\n", b"", head)
+                    elif fault == "longer":
+                        head = re.sub(rb"(?im)^(range: *bytes=\d+-)(\d+)", lambda m: m.group(1) + str(int(m.group(2)) + 1).encode(), head)
+                    server.sendall(head)
+                    response = _read_head(server_in)
+                    if response is None:
+                        return
+                    if fault == "stall":
+                        client_in.read(1)  # until the client closes
+                        return
+                    if fault == "wrong_range":
+                        response = re.sub(rb"(?im)^(content-range: *bytes )(\d+)-(\d+)",
+                                          lambda m: m.group(1) + b"%d-%d" % (int(m.group(2)) + 1, int(m.group(3)) + 1), response)
+                    time.sleep(self.rtt / 2)
+                    body = _read_body(server_in, response, head)
+                    if fault == "flip" and body:
+                        middle = len(body) // 2
+                        body = body[:middle] + bytes([body[middle] ^ 0x10]) + body[middle + 1:]
+                    if fault in ("kill", "truncate"):
+                        client.sendall(response + body[: len(body) // 2])
+                        if fault == "kill":  # a reset (RST), not a clean close (FIN)
+                            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                            with self._lock:
+                                self._open.discard(client)
+                            client.close()
+                            client = None
+                        return
+                    client.sendall(response)
+                    self._send_paced(client, body)
+                    with self._lock:
+                        self.response_bytes += len(response) + len(body)
         except OSError:
             pass
         finally:
@@ -238,8 +245,10 @@ def main(argv: Optional[list] = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="the port to listen on (0: any free one)")
     parser.add_argument("--rtt-ms", type=float, default=20.0, help="round-trip time to add, in ms")
     parser.add_argument("--bandwidth", type=float, default=0.0, help="bytes/s per connection (0: no cap)")
+    parser.add_argument("--serial", action="store_true", help="answer one request at a time")
     args = parser.parse_args(argv)
-    proxy = Proxy(args.target, rtt=args.rtt_ms / 1000, bandwidth=args.bandwidth, port=args.port)
+    proxy = Proxy(args.target, rtt=args.rtt_ms / 1000, bandwidth=args.bandwidth, port=args.port,
+                  serial=args.serial)
     print(proxy.port, flush=True)
     try:
         while True:
