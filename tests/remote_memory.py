@@ -4,6 +4,7 @@ memory is not counted):
 
     python -m tests.remote_memory open URL     # 1,000 files open at once
     python -m tests.remote_memory loader URL   # a DataLoader with 8 workers, one epoch
+    python -m tests.remote_memory prefetch URL CACHE   # every file fetched into a disk cache
 
 Prints one JSON line: for ``open``, this process's memory with every file open (and
 a part of each read); for ``loader``, each worker's after the epoch's last batch it
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
 
@@ -82,6 +84,21 @@ def loader(url: str) -> dict:
     return {"samples": samples, "parent": memory(), "workers": list(workers.values())}
 
 
+def prefetch(url: str, cache_dir: str) -> dict:
+    """Every file of the archive fetched into the disk cache in one call (the windows of
+    a block-aware epoch, all at once), the memory it took."""
+    from packfs.core import Archive
+
+    with Archive(url, cache_dir=cache_dir) as archive:
+        files = [entry for entry in range(archive.entry_count) if stat.S_ISREG(archive.file_type(entry))]
+        start = memory()["rss"]
+        fetched = archive.prefetch(files)
+        found = memory()
+        found.update(start_rss=start, fetched=fetched, **archive.stats())
+    return found
+
+
 if __name__ == "__main__":
     mode, url = sys.argv[1], sys.argv[2]
-    print(json.dumps(open_files(url) if mode == "open" else loader(url)))
+    found = open_files(url) if mode == "open" else prefetch(url, sys.argv[3]) if mode == "prefetch" else loader(url)
+    print(json.dumps(found))

@@ -194,6 +194,37 @@ def test_torn_and_damaged_blocks_are_fetched_again(nginx, served, dataset, tmp_p
         assert folder.archive.stats()["cache_misses"] == 0
 
 
+@pytest.mark.parametrize("fault", ["kill", "truncate"])
+def test_a_fetch_into_the_cache_cut_mid_body_is_fetched_again_whole(nginx, served, dataset, tmp_path,  # noqa: F811
+                                                                    fault) -> None:
+    """A read ahead writes each piece to its chunk as it arrives and the slots at the
+    end: a GET cut after half its body leaves its bytes without slots, and the span is
+    fetched again from its start, so the cache ends up as whole and right as after a
+    fetch nothing cut."""
+    from bench.proxy import Proxy
+
+    _, files = dataset
+    names = sorted(name for name in files if name.startswith("train/"))
+    left = {}  # what a second reader fetches (the files in the suffix the open fetched)
+    with Proxy(nginx.port) as proxy:
+        url = served.replace(f":{nginx.port}/", f":{proxy.port}/")
+        for cut in (None, fault):
+            cache = tmp_path / f"cache-{cut}"
+            with Archive(url, cache_dir=cache) as archive:
+                entries = [archive.lookup(name) for name in names]
+                proxy.fault(cut, count=2, when=lambda head: b"=-" not in head)  # not the open's suffix
+                assert archive.prefetch(entries) > 0
+                assert proxy.faults_injected == (2 if cut else 0)
+                assert archive.stats()["retries"] >= (2 if cut else 0)
+            nginx.clear_log()
+            with Archive(url, cache_dir=cache) as archive:  # the same URL: the same cache (no faults now)
+                for name, entry in zip(names, entries):
+                    assert archive.read(entry) == files[name]
+                left[cut] = (archive.stats()["cache_misses"], _data_gets(nginx))
+    assert left[fault] == left[None]
+    assert left[None][0] <= 1  # the block the header is in, read at the open
+
+
 def _read_forever(url: str, cache_dir: str, names: list, seed: int, wrong) -> None:
     rng = random.Random(seed)
     choices = sorted(names)

@@ -1,7 +1,9 @@
 """Memory of processes reading an archive at a URL (nginx on loopback): with 1,000
 files open at once, and in each of a DataLoader's 8 worker processes, every process
 stays under the remote source's memory cap (256 MiB by default) while the archive
-is larger than the cap.  Measured in processes of their own (tests/remote_memory.py)."""
+is larger than the cap; fetching the whole archive into the disk cache holds a
+receive buffer, not what it fetches.  Measured in processes of their own
+(tests/remote_memory.py)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,14 @@ def test_each_of_8_dataloader_workers_stays_under_the_cap(large_url) -> None:
         # by while reading, are what packfs holds.
         assert worker["own"] < CAP and worker["peak"] - worker["start_rss"] < CAP
     print(f"parent: rss {found['parent']['rss'] >> 20} MiB, own {found['parent']['own'] >> 20} MiB")
+
+
+def test_fetching_into_the_cache_holds_none_of_what_it_fetches(large_url, tmp_path) -> None:
+    # The windows of a block-aware epoch are fetched in groups of 64 MiB of GETs in
+    # flight at once: written to the cache as they arrive, none of it held here.
+    url, size = large_url
+    found = _measure("prefetch", url, str(tmp_path / "cache"))
+    print(f"\nprefetch of {size >> 20} MiB: peak {found['peak'] >> 20} MiB, "
+          f"grew {(found['peak'] - found['start_rss']) >> 20} MiB, {found['requests']} requests")
+    assert found["fetched"] >= size - (1 << 20)
+    assert found["peak"] - found["start_rss"] < 16 << 20

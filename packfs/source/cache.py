@@ -69,7 +69,6 @@ import errno
 import fcntl
 import hashlib
 import logging
-import mmap
 import os
 import queue
 import secrets
@@ -184,6 +183,52 @@ def cache_key(identity: object, suffix: bytes) -> str:
     digest = hashlib.sha256(repr(identity).encode("utf-8", "surrogateescape"))
     digest.update(hashlib.sha256(suffix).digest())
     return digest.hexdigest()[:40]
+
+
+class _SpanWriter:
+    """One span of a read ahead, written to its chunk's file piece by piece as it is
+    received (:meth:`CachedSource._fill`), each block's CRC computed on the way; its
+    slots written by :meth:`finish` once every byte is in.  A span received again from
+    its start (the fast path gave up on it) starts again."""
+
+    __slots__ = ("cache", "fd", "first", "at_file", "length", "got", "crc", "slots", "failed")
+
+    def __init__(self, cache: "CachedSource", fd: int, first: int, length: int) -> None:
+        self.cache, self.fd, self.first, self.length = cache, fd, first, length
+        self.at_file = SLOTS_BYTES + (first % BLOCKS_PER_CHUNK) * BLOCK_BYTES
+        self.got, self.crc, self.slots, self.failed = 0, 0, bytearray(), False
+
+    def add(self, at: int, piece: memoryview) -> None:
+        if at == 0:
+            self.got, self.slots = 0, bytearray()
+        if self.failed or at != self.got:
+            return
+        try:
+            os.pwrite(self.fd, piece, self.at_file + at)
+        except OSError as error:  # kept from the cache, like _store's
+            self.failed = True
+            self.cache._write_failed(error)
+            return
+        self.cache._note_written(len(piece))  # the bound looked at as the bytes land
+        done = 0
+        while done < len(piece):
+            in_block = self.got % BLOCK_BYTES
+            if in_block == 0:
+                self.crc = self.cache._seed(self.first + self.got // BLOCK_BYTES)
+            take = min(BLOCK_BYTES - in_block, len(piece) - done)
+            self.crc = crc32(piece[done:done + take], self.crc)
+            self.got += take
+            done += take
+            if self.got % BLOCK_BYTES == 0 or self.got == self.length:
+                self.slots += SLOT.pack(self.crc, in_block + take)
+
+    def finish(self) -> None:
+        if self.failed or self.got != self.length:
+            return
+        try:
+            os.pwrite(self.fd, bytes(self.slots), (self.first % BLOCKS_PER_CHUNK) * SLOT.size)
+        except OSError as error:
+            self.cache._write_failed(error)
 
 
 class _Blocks:
@@ -588,26 +633,14 @@ class CachedSource:
         size = self.remote.size
         spans = [(left[0] * BLOCK_BYTES, min(size, (left[-1] + 1) * BLOCK_BYTES)) for left, _ in gets]
         if into is None:
-            # A read ahead only writes what it fetches: received into an anonymous map,
-            # unmapped once written (tens of MiB through malloc would stay in this
-            # process's RSS, its arenas fragmented).
-            area = mmap.mmap(-1, sum(end - start for start, end in spans))
-            whole = memoryview(area)
-            views: List[memoryview] = []
-            try:
-                at = 0
-                for start, end in spans:
-                    views.append(whole[at:at + end - start])
-                    at += end - start
-                self.remote.read_ranges_into(spans, views)
-                for (left, fd), view in zip(gets, views):
-                    self._count("readahead_bytes", len(view))
-                    self._store(fd, left[0] // BLOCKS_PER_CHUNK * BLOCKS_PER_CHUNK, left[0], view)
-            finally:
-                for view in views:
-                    view.release()
-                whole.release()
-                area.close()
+            # A read ahead only writes what it fetches: each piece written to its chunk as
+            # it arrives, the blocks' slots once the span is in (a block without its slot
+            # is not there), so this process holds a receive buffer, not the spans.
+            writers = [_SpanWriter(self, fd, left[0], end - start) for (left, fd), (start, end) in zip(gets, spans)]
+            self.remote.read_ranges_to(spans, lambda k, at, piece: writers[k].add(at, piece))
+            for writer in writers:
+                self._count("readahead_bytes", writer.length)
+                writer.finish()
             return
         # Not joined across a gap: _plan did what was worth it, and a gap here may be
         # blocks the cache holds.
@@ -760,8 +793,8 @@ class CachedSource:
         runs (:meth:`_plan`: up to the remote's ``part_bytes`` each, never across a block
         the cache holds, so no byte is fetched twice), every run one GET, up to the
         remote's ``in_flight`` at once, in groups of at most a quarter of the remote's
-        ``memory_cap``, each received into an anonymous map that is unmapped once
-        written (a read ahead's path: nothing stays in RSS).  Another thread or
+        ``memory_cap``, each written to the cache as it arrives (a read ahead's path:
+        this process holds a receive buffer, not the bytes).  Another thread or
         process fetching the same blocks is waited for (the single flight of
         :meth:`_fetch`), not doubled.  Spans reaching into the suffix the open fetched
         stop at it.  Returns the bytes fetched by this call; 0 without a disk cache
@@ -782,9 +815,8 @@ class CachedSource:
         missing = self._read_cached(blocks, None)
         cached = wanted.difference(missing)
         # In groups of whole GETs of at most a quarter of the remote's memory_cap (as
-        # prefetch's windows): each group is received into one anonymous map before it
-        # is written, and a batch touching 64 windows of 8 MiB would otherwise hold
-        # 512 MiB in this process at once.
+        # prefetch's windows): the blocks of a group stay locked until all of it is in,
+        # and another process waiting for one of them should not wait for 64 windows.
         step = max(BLOCK_BYTES, min(CHUNK_BYTES, getattr(self.remote, "memory_cap", CHUNK_BYTES * 4) // 4))
         group: List[int] = []
         for run in self._plan(missing, cached):

@@ -6,7 +6,8 @@ and the threads fight over the GIL: one process then reads under 2,000 files/s
 whatever the network.  Here the GETs of a batch share one thread and a set of
 keep-alive connections driven by ``selectors`` (epoll): a request is written whole,
 the answer's head parsed with a few splits, its body received straight into the
-buffer it is for.
+buffer it is for (or handed on piece by piece to a sink, which keeps nothing of it in
+memory: a read ahead written to the disk cache as it arrives).
 
 Only the answer a well-behaved server gives is taken here: ``206`` with exactly the
 Content-Range and Content-Length asked for, the ETag (and version id) of the open, a
@@ -24,20 +25,25 @@ import selectors
 import socket
 import ssl
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-__all__ = ["MultiGet"]
+__all__ = ["MultiGet", "Sink"]
 
 HEAD_LIMIT = 64 << 10  # an answer's head longer than this is left to the slow path
 RECEIVE = 256 << 10
+
+#: Where a body goes piece by piece: called with (the span's position in the batch, the
+#: piece's offset in the span, the piece), in order; a span left to the caller and
+#: fetched again starts again at offset 0.  The piece is only valid during the call.
+Sink = Callable[[int, int, memoryview], None]
 
 
 class _Connection:
     """One keep-alive connection and the request it carries (if any)."""
 
-    __slots__ = ("sock", "connected", "reused", "span", "out", "head", "body", "pieces", "got", "closing", "index",
-                 "deadline")
+    __slots__ = ("sock", "connected", "reused", "span", "out", "head", "body", "pieces", "sink", "scratch", "got",
+                 "closing", "index", "deadline")
 
     def __init__(self, sock) -> None:
         self.sock = sock
@@ -49,6 +55,8 @@ class _Connection:
         self.head = bytearray()  # the answer's head as received so far
         self.body: Optional[memoryview] = None  # where the body goes, if given a buffer
         self.pieces: List[bytes] = []  # else the body as received
+        self.sink: Optional[Sink] = None  # or where each piece goes as it is received,
+        self.scratch: Optional[memoryview] = None  # received first into this (its batch's own)
         self.got = 0
         self.closing = False  # the server said Connection: close
         self.deadline = 0.0  # when the request it carries is given up (time.monotonic())
@@ -75,11 +83,12 @@ class MultiGet:
         self._pid = os.getpid()
         self._context: Optional[ssl.SSLContext] = None
 
-    def get(self, spans: Sequence[Tuple[int, int]], into: Optional[Sequence[memoryview]] = None
-            ) -> Tuple[List[object], int, int]:
+    def get(self, spans: Sequence[Tuple[int, int]], into: Optional[Sequence[memoryview]] = None,
+            sink: Optional[Sink] = None) -> Tuple[List[object], int, int]:
         """Fetch each (start, end) span: (per span its bytes -- a bytearray, or with
-        ``into`` the buffer ``into[k]`` it was received into --, or None for a span left
-        to the caller; the requests sent; the body bytes received)."""
+        ``into`` the buffer ``into[k]`` it was received into, or with ``sink`` True once
+        all its pieces went there --, or None for a span left to the caller; the
+        requests sent; the body bytes received)."""
         if os.getpid() != self._pid:
             self._idle, self._pid = [], os.getpid()  # the parent's: never used here
         results: List[object] = [None] * len(spans)
@@ -88,6 +97,9 @@ class MultiGet:
         selector = selectors.DefaultSelector()
         active: Dict[int, _Connection] = {}
         requests = received = 0
+        # A sink's pieces are received one at a time into one buffer of this call's
+        # (batches of other threads use their own).
+        scratch = memoryview(bytearray(RECEIVE)) if sink is not None else None
         try:
             while pending or active:
                 while pending and len(active) < self.connections:
@@ -100,6 +112,7 @@ class MultiGet:
                     connection.index, connection.span = k, (start, end)
                     connection.out, connection.head, connection.got = self.request_head(start, end), bytearray(), 0
                     connection.body, connection.pieces = (into[k] if into is not None else None), []
+                    connection.sink, connection.scratch = sink, scratch
                     # The whole request, not each wait, is bounded: a server that
                     # trickles its answer a byte at a time is given up as one that is silent.
                     connection.deadline = time.monotonic() + self.timeout
@@ -127,7 +140,8 @@ class MultiGet:
                     selector.unregister(connection.sock)
                     if done:
                         pieces = connection.pieces
-                        results[connection.index] = connection.body if into is not None else \
+                        results[connection.index] = True if sink is not None else \
+                            connection.body if into is not None else \
                             pieces[0] if len(pieces) == 1 else b"".join(pieces)
                         received += connection.got
                         if connection.closing:
@@ -223,6 +237,9 @@ class MultiGet:
                     return False  # more than the body: not an answer to this request
                 if connection.body is not None:
                     connection.body[:len(rest)] = rest
+                elif connection.sink is not None:
+                    if rest:
+                        connection.sink(connection.index, 0, memoryview(rest))
                 elif rest:
                     connection.pieces.append(bytes(rest))
                 connection.got = len(rest)
@@ -243,6 +260,11 @@ class MultiGet:
         while connection.got < length:
             if body is not None:
                 got = sock.recv_into(body[connection.got:])
+            elif connection.sink is not None:
+                piece = connection.scratch[:min(RECEIVE, length - connection.got)]  # type: ignore[index]
+                got = sock.recv_into(piece)
+                if got:
+                    connection.sink(connection.index, connection.got, piece[:got])
             else:
                 # A small body that arrives at once is one bytes object, never copied; a
                 # large one comes in pieces of RECEIVE (recv allocates what it is asked for).

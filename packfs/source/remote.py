@@ -39,7 +39,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from ..errors import (ArchiveChangedError, ClosedArchiveError, FormatError, PackfsError, RemoteAccessError,
                       RemoteArchiveError, RemoteIOError, RemoteNotFoundError, RemoteProtocolError, RemoteTimeoutError,
                       missing_dependency)
-from .multiget import MultiGet
+from .multiget import MultiGet, Sink
 from .s3config import s3_settings
 from .sigv4 import canonical_query, encode_key, sign_v4
 from .tails import CHECK_BYTES, KnownTail
@@ -413,14 +413,14 @@ class RemoteFile:
         return (total == str(self.size) and (not self._etag or headers.get("etag") == self._etag)
                 and (not self._version or headers.get("x-amz-version-id") == self._version))
 
-    def _fetch_spans(self, spans: Sequence[Tuple[int, int]], into: Optional[Sequence[memoryview]] = None
-                     ) -> List[object]:
-        """Each span's bytes (or, with ``into``, each received into its buffer): all of
-        them through the fast path, then what it left one GET each through _get, up to
-        ``in_flight`` at once."""
+    def _fetch_spans(self, spans: Sequence[Tuple[int, int]], into: Optional[Sequence[memoryview]] = None,
+                     sink: Optional[Sink] = None) -> List[object]:
+        """Each span's bytes (or, with ``into``, each received into its buffer; with
+        ``sink``, each handed to it as it arrives): all of them through the fast path,
+        then what it left one GET each through _get, up to ``in_flight`` at once."""
         if self._pid != os.getpid():
             self._own()
-        results, requests, received = self._multi.get(spans, into)
+        results, requests, received = self._multi.get(spans, into, sink)
         left = [k for k, got in enumerate(results) if got is None]
         with self._locked():
             self._stats["requests"] += requests
@@ -430,7 +430,10 @@ class RemoteFile:
 
         def fill(k: int) -> None:
             data = self._get(*spans[k])
-            if into is not None:
+            if sink is not None:
+                sink(k, 0, memoryview(data))  # from its start again: the fast path's pieces are void
+                results[k] = True
+            elif into is not None:
                 into[k][:] = data
                 results[k] = into[k]
             else:
@@ -439,15 +442,17 @@ class RemoteFile:
         self._run(fill, left, self.in_flight)
         return results
 
-    def read_ranges_into(self, spans: Sequence[Tuple[int, int]], buffers: Sequence[memoryview]) -> None:
-        """Fill ``buffers[k]`` with the bytes of ``spans[k]`` (as long as it), up to
-        ``in_flight`` GETs at once, each received straight into its buffer."""
+    def read_ranges_to(self, spans: Sequence[Tuple[int, int]], sink: Sink) -> None:
+        """Hand the bytes of each (start, end) span to ``sink`` as they arrive (see
+        :data:`packfs.source.multiget.Sink`), up to ``in_flight`` GETs at once: what a
+        read ahead that only writes them to the disk cache asks, so that what it holds
+        is a receive buffer per batch, not the spans (one span fetched again after a
+        failure is held whole, at most ``part_bytes``).  Returns once every span is
+        in; raises what the slow path raises."""
         self._check_open()
-        for (start, end), buffer in zip(spans, buffers):
+        for start, end in spans:
             self.check_span(start, end)
-            if len(buffer) != end - start:
-                raise ValueError(f"a buffer of {len(buffer)} bytes for the span {start}-{end}")
-        self._fetch_spans(spans, buffers)
+        self._fetch_spans(spans, sink=sink)
 
     def read_ranges(self, spans: Sequence[Tuple[int, int]], gap: Optional[int] = None) -> List[bytes]:
         """The bytes of each (start, end) span, in the order given: spans closer than
