@@ -196,8 +196,9 @@ def upload(client, source: Path, prefix: str) -> list:
 
 # -- one job ------------------------------------------------------------------------------
 
-def tree_memory(pid: int) -> tuple:
-    """(PSS, RSS) in bytes summed over ``pid`` and its descendants."""
+def tree_memory(pid: int, detail: list | None = None) -> tuple:
+    """(PSS, RSS) in bytes summed over ``pid`` and its descendants; with ``detail``, each
+    process's PSS of anonymous, file and shared-memory pages appended to it (MiB)."""
     pids, queue = [], [pid]
     while queue:
         current = queue.pop()
@@ -209,12 +210,17 @@ def tree_memory(pid: int) -> tuple:
     pss = rss = 0
     for current in pids:
         with contextlib.suppress(OSError, ValueError):
+            parts = {}
             with open(f"/proc/{current}/smaps_rollup") as rollup:
                 for line in rollup:
                     if line.startswith("Pss:"):
                         pss += int(line.split()[1]) * 1024
                     elif line.startswith("Rss:"):
                         rss += int(line.split()[1]) * 1024
+                    elif line.startswith(("Pss_Anon:", "Pss_File:", "Pss_Shmem:")):
+                        parts[line.split(":")[0][4:].lower()] = round(int(line.split()[1]) / 1024, 1)
+            if detail is not None:
+                detail.append(parts)
     return pss, rss
 
 
@@ -230,7 +236,10 @@ def run_job(job: dict, python: Path, proxy, env: dict, timeout: float, log: Path
 
     def sample() -> None:
         while not done.wait(0.2):
-            pss, rss = tree_memory(process.pid)
+            detail: list = []
+            pss, rss = tree_memory(process.pid, detail)
+            if pss > result["peak_pss"]:  # where the peak's pages are, per process
+                result["peak_detail"] = detail
             result["peak_pss"] = max(result["peak_pss"], pss)
             result["peak_rss"] = max(result["peak_rss"], rss)
 

@@ -7,6 +7,8 @@ stats and reads a file with two requests, the page and the file, whatever its si
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
 from collections import OrderedDict
 from typing import Callable, Iterable, NamedTuple
 
@@ -16,7 +18,7 @@ from .tail import FetchMany, PageCache, Tail
 
 __all__ = ["IndexRow", "LookupIndex"]
 
-_PARSED_PAGES = 64  # pages kept parsed (hash -> rows), beside the byte cache
+_PARSED_PAGES = 64  # pages kept checked and sorted by hash, beside the byte cache
 
 
 class IndexRow(NamedTuple):
@@ -35,6 +37,17 @@ class IndexRow(NamedTuple):
     offset: int
 
 
+class _Page(NamedTuple):
+    """A checked index page: its bytes, and its rows' path hashes in order with where
+    each row starts -- two arrays, not a Python object per row, so that the pages a
+    process keeps (and each DataLoader worker forked from it copies as it touches
+    them) cost bytes a row, not hundreds."""
+
+    data: bytes
+    hashes: array
+    positions: array
+
+
 class LookupIndex:
     """The lookup index of a 1.4 archive read through ``fetch(start, end)``, its pages
     checked against the tail and kept in ``cache``."""
@@ -48,12 +61,18 @@ class LookupIndex:
 
     def find(self, key: bytes) -> IndexRow | None:
         """The row of the entry whose full path is ``key``, or None."""
-        page = self._tail.index_page_for(crc32(key))
+        path_hash = crc32(key)
+        page = self._tail.index_page_for(path_hash)
         if page < 0:
             return None
-        for path, row in self._rows(page).get(crc32(key), ()):
-            if path == key:
-                return row
+        data, hashes, positions = self._page(page)
+        at = bisect_left(hashes, path_hash)
+        while at < len(hashes) and hashes[at] == path_hash:
+            fields = INDEX_ROW.unpack_from(data, positions[at])
+            path_start = positions[at] + INDEX_ROW.size
+            if data[path_start:path_start + fields[-1]] == key:  # checked when the page was
+                return IndexRow(*fields[1:-1])
+            at += 1
         return None
 
     def prefetch(self, keys: Iterable[bytes], fetch_many: FetchMany) -> None:
@@ -70,7 +89,7 @@ class LookupIndex:
             self._tail.check_index_page(page, data)
             self._cache.put((-1, page), data)
 
-    def _rows(self, page: int) -> dict[int, list[tuple[bytes, IndexRow]]]:
+    def _page(self, page: int) -> _Page:
         parsed = self._parsed.get(page)
         if parsed is not None:
             self._parsed.move_to_end(page)
@@ -81,33 +100,33 @@ class LookupIndex:
             data = self._fetch(located.start, located.end)
             self._tail.check_index_page(page, data)
             self._cache.put((-1, page), data)
-        parsed = self._parse(page, data)
+        parsed = self._parse(page, bytes(data))
         self._parsed[page] = parsed
         while len(self._parsed) > _PARSED_PAGES:
             self._parsed.popitem(last=False)
         return parsed
 
-    def _parse(self, page: int, data: bytes) -> dict[int, list[tuple[bytes, IndexRow]]]:
-        rows: dict[int, list[tuple[bytes, IndexRow]]] = {}
+    def _parse(self, page: int, data: bytes) -> _Page:
+        """Page ``page`` with every row checked: FormatError for the first one wrong."""
+        found: list[tuple[int, int]] = []  # (path hash, where its row starts)
         position, size, end = 0, INDEX_ROW.size, len(data)
         entries = self._tail.entry_count
         while position < end:
             if end - position < size:
                 self._fail(page, f"a row's fixed part is cut at byte {position}")
-            (path_hash, entry, mode, uid, gid, nlink, inode, crc, mtime_ns, length, record, offset,
+            (path_hash, entry, _, _, _, _, inode, _, _, _, record, _,
              path_length) = INDEX_ROW.unpack_from(data, position)
-            path_start = position + size
-            position = path_start + path_length
+            found.append((path_hash, position))
+            position += size + path_length
             if position > end:
                 self._fail(page, f"row of entry {entry} runs past the page")
             if entry >= entries or not 0 < inode <= entries:
                 self._fail(page, f"a row names entry {entry} (inode {inode}) of {entries}")
             if record != NO_RECORD and record >= self._tail.data_records:
                 self._fail(page, f"entry {entry}'s record {record} is not a data record")
-            path = data[path_start:position]
-            rows.setdefault(path_hash, []).append(
-                (path, IndexRow(entry, mode, uid, gid, nlink, inode, crc, mtime_ns, length, record, offset)))
-        return rows
+        found.sort()
+        return _Page(data, array("I", [path_hash for path_hash, _ in found]),
+                     array("Q", [position for _, position in found]))
 
     def _fail(self, page: int, problem: str) -> None:
         raise FormatError(f"{self._where}: invalid lookup index (format section 4d), page {page}: {problem}")
