@@ -289,18 +289,19 @@ class PackedFiles(Sequence):
         self._links = links or {}  # position -> its path, for a file reached through a symlink
         self.entries = np.ascontiguousarray(entries, dtype=np.int64)
         self.entries.setflags(write=False)
-        # Made here, once, and handed to the workers with the selection (a worker
-        # that made its own would look up every file's record again).
         self.window_bytes = None if window_bytes is None else int(window_bytes)
-        self._plan = None if window_bytes is None else plan_windows(self._folder.archive, self.entries,
-                                                                     int(window_bytes))
+        # Made at its first use (a WindowedSampler's, in the process that makes the
+        # DataLoader), once, and handed to the workers with the selection; never for
+        # an epoch read in a uniform shuffle (each file's record located: the table's
+        # record and size columns and the header's offsets, fetched whole from a URL).
+        self._plan: WindowPlan | None = None
         self._fetched: np.ndarray | None = None  # windows this process made present (a byte each)
         #: Whether a read fetches its file's whole window first: with windows and
         #: ``fetch_windows``; a WindowedSampler over the files' dataset sets it (the
         #: order is windowed).  A uniformly shuffled epoch that fetched whole windows
         #: would fetch every window in its first batches, and a dataset larger than
         #: the cache over and over.
-        self.fetch_windows = self._plan is not None and fetch_windows
+        self.fetch_windows = self.window_bytes is not None and fetch_windows
 
     @property
     def folder(self) -> PackedFolder:
@@ -334,36 +335,41 @@ class PackedFiles(Sequence):
         ValueError
             ``window_bytes`` differs from the files' own: a sampler's windows must be
             the ones the files fetch."""
-        if self._plan is not None:
+        if self.window_bytes is not None:
             if window_bytes is not None and int(window_bytes) != self.window_bytes:
                 raise ValueError(f"these files fetch windows of {self.window_bytes} bytes, not {window_bytes}: "
                                  f"give the dataset window_bytes={window_bytes}, or leave the sampler's unset")
-            return self._plan
+            return self._own_plan()
         return plan_windows(self.folder.archive, self.entries,
                             DEFAULT_WINDOW_BYTES if window_bytes is None else int(window_bytes))
+
+    def _own_plan(self) -> WindowPlan:
+        """The windows of the files' own ``window_bytes``, made at the first call."""
+        if self._plan is None:
+            assert self.window_bytes is not None
+            self._plan = plan_windows(self.folder.archive, self.entries, self.window_bytes)
+        return self._plan
 
     def _fetch_windows(self, indices: np.ndarray, folder: PackedFolder) -> None:
         """Make the windows of files ``indices`` present in the node's disk cache, all of
         them in one call (their GETs in flight together), each window once per process:
         after that its files are read from the cache (another process's call for the
         same window waits for this one's fetch, the cache's single flight)."""
-        plan = self._plan
-        if plan is None or not self.fetch_windows or not len(indices):
+        if not self.fetch_windows or self.window_bytes is None or not len(indices):
             return
-        self._prefetch(np.unique(plan.window_of[indices]), folder)
+        self._prefetch(np.unique(self._own_plan().window_of[indices]), folder)
 
     def prefetch_windows(self, windows: Sequence[int] | np.ndarray) -> int:
         """Make windows ``windows`` of :meth:`window_plan` present in the node's disk
         cache now (one or a few large GETs each, once per node), the bytes fetched: what
         a :class:`packfs.torch.WindowedSampler` asks of the next pool while the current
         one is read.  0 without windows, locally, or without a disk cache."""
-        if self._plan is None:
+        if self.window_bytes is None:
             return 0
         return self._prefetch(np.asarray(windows, dtype=np.int64), self.folder)
 
     def _prefetch(self, windows: np.ndarray, folder: PackedFolder) -> int:
-        plan = self._plan
-        assert plan is not None
+        plan = self._own_plan()
         if self._fetched is None:
             self._fetched = np.zeros(plan.windows, dtype=bool)
         windows = windows[~self._fetched[windows]]

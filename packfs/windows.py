@@ -191,11 +191,11 @@ class WindowPlan:
 def plan_windows(archive: Any, entries: Sequence[int] | np.ndarray, window_bytes: int) -> WindowPlan:
     """The :class:`WindowPlan` of files ``entries`` (positions in that sequence) of an
     archive or shard set opened by :func:`packfs.core.open_archive`: each file's record
-    located through the core's public interface (``extent``; for a set, its shard from
-    ``bases``).  One table lookup per file."""
+    located through the core's public interface (``extents_of``, the table's values
+    checked for all files at once; for a set, its shard from ``bases``)."""
     entries = np.asarray(entries, dtype=np.int64)
     bases = getattr(archive, "bases", None)  # a ShardSet's first entry of each shard
     objects = (np.searchsorted(np.asarray(bases[:-1], dtype=np.int64), entries, side="right") - 1
                if bases is not None else np.zeros(len(entries), dtype=np.int64))
-    spans = np.array([archive.extent(int(entry)) for entry in entries], dtype=np.int64).reshape(-1, 2)
+    spans = archive.extents_of(entries)
     return WindowPlan(objects, spans[:, 0], spans[:, 1] - spans[:, 0], window_bytes)

@@ -417,7 +417,8 @@ def test_auto_windows_are_fetched_whole_only_under_a_windowed_sampler(nginx, win
     assert [int(data[:8]) for data in dataset[scattered]] == [
         int(dataset.path(index).rsplit("/", 1)[1][:5]) for index in scattered]
     gets = _data_gets(nginx)
-    assert len(gets) == 4 and max(end - start for start, end in gets) < 100_000
+    files = [(start, end) for start, end in gets if start > 0]  # less the header's page of record offsets
+    assert len(files) == 4 and max(end - start for start, end in files) < 100_000 and len(gets) <= 5
     sampler = dataset.sampler(num_replicas=1, rank=0, fetch_ahead=False)
     assert dataset.files.fetch_windows
     nginx.clear_log()

@@ -592,15 +592,21 @@ class Archive:
         """(start, end): where file or symlink ``entry``'s contents lie in the archive
         file, its table values checked (a tool that reads them itself, with O_DIRECT or
         from another host, needs no more)."""
-        table, container = self._table, self._container
-        return container.checked(lambda: container.record_span(table.record(self._entry(entry))))
+        return self._container.checked(self._record_span, entry)
+
+    def extents_of(self, entries: Sequence[int] | np.ndarray) -> np.ndarray:
+        """:meth:`extent` of each of ``entries``, an (n, 2) int64 array, checked at once."""
+        return self._container.checked(self._table.record_spans, entries, self._record_span)
+
+    def _record_span(self, entry: int) -> tuple[int, int]:
+        return self._container.record_span(self._table.record(self._entry(entry)))
 
     def prefetch(self, entries: Sequence[int] | np.ndarray) -> int:
         """Fetch files ``entries``' records into the node's disk cache (its single flight:
         once per node) in large ranged GETs, not read here: a window of a block-aware
         epoch, before its files are read. Bytes fetched; 0 locally or without a cache."""
         fetch = getattr(self._container.source, "prefetch_spans", None)
-        return 0 if fetch is None else int(fetch([self.extent(int(entry)) for entry in entries]))
+        return 0 if fetch is None else int(fetch(self.extents_of(entries).tolist()))
 
     def column(self, name: str) -> np.ndarray:
         """Table section ``name`` (format section 4) as a numpy array over the map, for
@@ -652,10 +658,9 @@ class Archive:
         ChecksumError
             The contents fail their CRC (under the policy).
         """
-        # The C format library first, where it reads this archive (compiled_read): found, read, checked
-        # and decoded without the GIL, straight into the bytes returned; None for what it
-        # does not answer (a path to normalise or through a symlink, not a file, damage),
-        # which the Python path below answers or raises, so both give the same.
+        # The C format library first (compiled_read): found, read, checked and decoded without
+        # the GIL; None for what it does not answer (a path to normalise or through a symlink,
+        # not a file, damage), which the Python path below answers or raises, the same.
         read_compiled = self.compiled_read
         if read_compiled is not None:
             contents = read_compiled(path, _WHOLE_READ_LIMIT)
@@ -669,11 +674,9 @@ class Archive:
             return self._read_coded(entry, path)
         if not container.guarded:
             container.check_size()  # the table is read through the map
-        # Guarded, a small file is copied out of the map (a truncation under the copy
-        # reads zeros and the check after it raises); unguarded, or large, it is read
-        # with pread (Container.read_record says why, with bench/overwrite.py's figures).
-        # The table and the header are read through memoryviews directly: method calls
-        # cost more than the lookup itself for small files.
+        # Guarded, a small file is copied out of the map (a truncation under the copy reads
+        # zeros and the check after it raises); else it is read with pread (Container.read_record
+        # says why). The table and header are read through memoryviews: calls cost more.
         try:
             record, start, end = self._path_span(path)
             # The one place the checksum policy is read inline rather than asked

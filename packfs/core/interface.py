@@ -245,6 +245,11 @@ class ArchiveReader(Protocol):
         """(start, end) of file or symlink ``entry``'s stored bytes in its archive file."""
         ...
 
+    def extents_of(self, entries: Sequence[int]) -> Any:
+        """:meth:`extent` of each of ``entries`` as an (n, 2) int64 array, the table's values
+        checked for all at once (a plan over millions of files); raises as :meth:`extent`."""
+        ...
+
     def column(self, name: str) -> Any:
         """Path-table section ``name`` over every entry, as a numpy array."""
         ...

@@ -57,7 +57,7 @@ class LookupIndex:
         self._fetch = fetch
         self._cache = cache
         self._where = where
-        self._parsed: OrderedDict[int, dict[int, list[tuple[bytes, IndexRow]]]] = OrderedDict()
+        self._parsed: OrderedDict[int, _Page] = OrderedDict()
 
     def find(self, key: bytes) -> IndexRow | None:
         """The row of the entry whose full path is ``key``, or None."""

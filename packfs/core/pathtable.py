@@ -10,7 +10,7 @@ from __future__ import annotations
 import mmap
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Iterable, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 from .container import Container
 from .lookupindex import LookupIndex
@@ -525,6 +525,40 @@ class PathTable:
                     self.record(entry)
         return (self._mode[entry], self._uid[entry], self._gid[entry], self._mtime_ns[entry],
                 self._size[entry], self._nlink[entry], inode)
+
+    def record_spans(self, entries: Any, one: Callable[[int], tuple[int, int]]) -> np.ndarray:
+        """(start, end) of the data record of each file or symlink of ``entries``, an
+        (n, 2) int64 array: what ``one(entry)`` gives (:meth:`record` and the container's
+        ``record_span``) with their checks made on the whole array at once -- a window
+        plan over millions of files, 35 us a file one at a time.  An entry that fails
+        any of them, or whose size a codec row holds (format 1.5, checked row by row),
+        goes through ``one``, which raises what is wrong."""
+        import numpy as np
+
+        entries = np.asarray(entries, dtype=np.int64).reshape(-1)
+        spans = np.empty((len(entries), 2), dtype=np.int64)
+        if not len(entries):
+            return spans
+        container = self.container
+        good = (entries >= 0) & (entries < self.entry_count)
+        safe = np.where(good, entries, 0)
+        records = self.column("record")[safe]
+        good &= records < self.data_records
+        records = np.where(good, records, 0).astype(np.int64)
+        offsets = np.asarray(container.offset_items[:], dtype=np.int64)
+        following = records + 1
+        ends = np.where(following < len(offsets), offsets[np.minimum(following, len(offsets) - 1)],
+                        container.file_size)
+        starts = offsets[records]
+        good &= (container.data_start <= starts) & (starts <= ends) & (ends <= container.data_end)
+        if self.codecs is None:
+            good &= self.column("size")[safe].astype(np.int64) == ends - starts
+        else:
+            good[:] = False
+        spans[:, 0], spans[:, 1] = starts, ends
+        for at in np.flatnonzero(~good):
+            spans[at] = one(int(entries[at]))
+        return spans
 
     def record(self, entry: int) -> int:
         """The data record of file or symlink ``entry``: one that exists and is as long

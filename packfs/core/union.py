@@ -747,6 +747,22 @@ class ShardSet:
         index, local = self._split(entry)
         return self._shard(index).extent(local)
 
+    def extents_of(self, entries: Sequence[int]) -> Any:
+        """:meth:`extent` of each of ``entries`` (an (n, 2) int64 array), each shard's
+        checked at once (:meth:`Archive.extents_of`); the spans are in each one's shard."""
+        import numpy as np
+
+        wanted = np.asarray(entries, dtype=np.int64).reshape(-1)
+        spans = np.empty((len(wanted), 2), dtype=np.int64)
+        outside = (wanted < 0) | (wanted >= self._entry_count)
+        if outside.any():
+            self._split(int(wanted[outside][0]))  # raises
+        shards = np.searchsorted(np.asarray(self._bases, dtype=np.int64), wanted, side="right") - 1
+        for index in np.unique(shards).tolist():
+            mine = shards == index
+            spans[mine] = self._shard(index).extents_of(wanted[mine] - self._bases[index])
+        return spans
+
     def prefetch(self, entries: Sequence[int]) -> int:
         """Each shard's files of ``entries`` fetched into the node's disk cache
         (:meth:`Archive.prefetch`), the shards one after another; the bytes fetched."""

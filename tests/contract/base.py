@@ -40,6 +40,15 @@ def contents(tree: Path, path: bytes) -> bytes:
     return (tree / os.fsdecode(path)).read_bytes()
 
 
+def _raised(operation: Callable[[], object]) -> BaseException:
+    """What ``operation`` raises (it must)."""
+    try:
+        operation()
+    except Exception as error:  # noqa: BLE001 (what it is, is the point)
+        return error
+    raise AssertionError("expected an error")
+
+
 def files_of(tree: Path) -> list[bytes]:
     return sorted(path for path, st in on_disk(tree).items() if stat_module.S_ISREG(st.st_mode))
 
@@ -266,6 +275,20 @@ class ReaderContract:
         finally:
             if kind.name == "url":
                 reader.close()
+
+    def test_extents_of_is_extent_of_each_at_once(self, reader: ArchiveReader, kind: ReaderKind) -> None:
+        kind.require("window plans")
+        entries = [reader.lookup(path) for path in files_of(kind.packed.tree)]
+        spans = reader.extents_of(entries)
+        assert spans.shape == (len(entries), 2) and str(spans.dtype) == "int64"
+        assert [tuple(span) for span in spans.tolist()] == [reader.extent(entry) for entry in entries]
+        assert reader.extents_of(entries[::-1]).tolist() == spans[::-1].tolist()  # any order, as asked
+        assert reader.extents_of([]).shape == (0, 2)
+        for wrong in (reader.entry_count, -1):
+            with pytest.raises(NotAFileError):
+                reader.extents_of([entries[0], wrong])
+        with pytest.raises(type(_raised(lambda: reader.extent(reader.lookup("a"))))):  # as extent: a directory
+            reader.extents_of([entries[0], reader.lookup("a")])
 
     @pytest.mark.parametrize("chunk_size", [1, 4096, 1 << 20])
     def test_read_chunks(self, reader: ArchiveReader, kind: ReaderKind, chunk_size: int) -> None:

@@ -44,6 +44,8 @@ UNANSWERED = {
                       "check every byte",
     "prefetch": "the compiled reader is asked READs by the kernel, never told which files come next: prefetch is for "
                 "the datasets, which read through the Python reader",
+    "window plans": "the compiled reader is asked READs by the kernel, never where files lie: extents_of is for the "
+                    "datasets' window plans, which read through the Python reader",
 }
 
 _ERRORS = {errno.ENOENT: PathNotFoundError, errno.EISDIR: NotAFileError, errno.EINVAL: NotAFileError,
