@@ -290,10 +290,10 @@ class PackedFiles(Sequence):
         self.entries = np.ascontiguousarray(entries, dtype=np.int64)
         self.entries.setflags(write=False)
         self.window_bytes = None if window_bytes is None else int(window_bytes)
-        # Made at its first use (a WindowedSampler's, in the process that makes the
-        # DataLoader), once, and handed to the workers with the selection; never for
-        # an epoch read in a uniform shuffle (each file's record located: the table's
-        # record and size columns and the header's offsets, fetched whole from a URL).
+        # Made once, in the process that makes the DataLoader, and handed to the workers
+        # with the selection: here when reads fetch windows from the start, else at a
+        # WindowedSampler's first use; never for an epoch read in a uniform shuffle
+        # (each file's record located: the table's record and size columns read whole).
         self._plan: WindowPlan | None = None
         self._fetched: np.ndarray | None = None  # windows this process made present (a byte each)
         #: Whether a read fetches its file's whole window first: with windows and
@@ -302,6 +302,8 @@ class PackedFiles(Sequence):
         #: would fetch every window in its first batches, and a dataset larger than
         #: the cache over and over.
         self.fetch_windows = self.window_bytes is not None and fetch_windows
+        if self.fetch_windows:  # fetching from the first read: made here, not by each worker
+            self._own_plan()
 
     @property
     def folder(self) -> PackedFolder:

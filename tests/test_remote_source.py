@@ -335,6 +335,30 @@ def through(proxy, nginx: Nginx, **options):
     return open_source(nginx.url("blob.bin", port=proxy.port), suffix_bytes=1024, **{**FAST, **options})
 
 
+def test_a_batch_raises_only_once_every_get_of_it_is_done(nginx: Nginx) -> None:
+    """A batch's GETs that run on threads (those the fast path left) are all finished
+    before the first failure is raised: their callers then close the descriptors and
+    free the buffers those GETs write to, and a GET still running would write into
+    whatever reused them."""
+    import threading
+
+    nginx.put("batch.bin", bytes(1 << 16))
+    finished = []
+    entered = threading.Barrier(2)
+
+    def get(item: int) -> None:
+        entered.wait(time_limit(10))  # both running at once
+        if item == 0:
+            raise RemoteAccessError("the first GET failed")
+        time.sleep(0.3)
+        finished.append(item)
+
+    with open_source(nginx.url("batch.bin")) as source:
+        with pytest.raises(RemoteAccessError):
+            source._run(get, [0, 1], 2)
+        assert finished == [1]
+
+
 def test_503_is_retried_then_succeeds(proxy, nginx: Nginx) -> None:
     source = through(proxy, nginx)
     proxy.fault("503", count=2)

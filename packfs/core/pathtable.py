@@ -545,11 +545,15 @@ class PathTable:
         records = self.column("record")[safe]
         good &= records < self.data_records
         records = np.where(good, records, 0).astype(np.int64)
-        offsets = np.asarray(container.offset_items[:], dtype=np.int64)
-        following = records + 1
-        ends = np.where(following < len(offsets), offsets[np.minimum(following, len(offsets) - 1)],
-                        container.file_size)
-        starts = offsets[records]
+        offsets = container.offset_items
+        count = len(offsets)
+        following = np.minimum(records + 1, count - 1)
+        if isinstance(offsets, PagedColumn):  # from a URL: the pages these records' offsets are in
+            starts, ends = offsets.take(records).astype(np.int64), offsets.take(following).astype(np.int64)
+        else:
+            items = np.asarray(offsets, dtype=np.int64)
+            starts, ends = items[records], items[following]
+        ends = np.where(records + 1 < count, ends, container.file_size)
         good &= (container.data_start <= starts) & (starts <= ends) & (ends <= container.data_end)
         if self.codecs is None:
             good &= self.column("size")[safe].astype(np.int64) == ends - starts

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Callable, Iterable, List, Literal, NamedTuple, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Iterable, List, Literal, NamedTuple, Sequence, Tuple, Union, overload
 
 from ..errors import ChecksumError, FormatError
 from ..format import (FOOTER_SIZE, INDEX_PAGE, INDEX_SINCE_MINOR, SECTION_ALIGNMENT, TABLE_PAGE_MIN, TAIL_HEADER,
@@ -407,6 +407,19 @@ class PagedColumn:
             view = self._page(page)
             parts += view[max(start - base, 0) : min(stop - base, len(view))].cast("B")
         return memoryview(bytes(parts)).cast(self._code) if self._code != "B" else bytes(parts)
+
+    def take(self, indices: Any) -> Any:
+        """Items ``indices`` (a numpy array of indices in range) as a numpy array: each
+        page they touch read once, not the whole column."""
+        import numpy as np
+
+        pages = indices // self._per_page
+        taken = np.empty(len(indices), dtype=np.dtype(self._code).newbyteorder("<"))
+        for page in np.unique(pages).tolist():
+            mine = pages == page
+            items = np.frombuffer(self._page(page).cast("B"), dtype=taken.dtype)
+            taken[mine] = items[indices[mine] - page * self._per_page]
+        return taken
 
     def tolist(self) -> list:
         """Every item (what the memoryview's tolist gives)."""

@@ -222,13 +222,16 @@ class _SpanWriter:
             if self.got % BLOCK_BYTES == 0 or self.got == self.length:
                 self.slots += SLOT.pack(self.crc, in_block + take)
 
-    def finish(self) -> None:
+    def finish(self) -> bool:
+        """Write the slots if the whole span arrived and was written: whether it was."""
         if self.failed or self.got != self.length:
-            return
+            return False
         try:
             os.pwrite(self.fd, bytes(self.slots), (self.first % BLOCKS_PER_CHUNK) * SLOT.size)
         except OSError as error:
             self.cache._write_failed(error)
+            return False
+        return True
 
 
 class _Blocks:
@@ -637,10 +640,14 @@ class CachedSource:
             # it arrives, the blocks' slots once the span is in (a block without its slot
             # is not there), so this process holds a receive buffer, not the spans.
             writers = [_SpanWriter(self, fd, left[0], end - start) for (left, fd), (start, end) in zip(gets, spans)]
-            self.remote.read_ranges_to(spans, lambda k, at, piece: writers[k].add(at, piece))
-            for writer in writers:
-                self._count("readahead_bytes", writer.length)
-                writer.finish()
+            arrived = False
+            try:
+                self.remote.read_ranges_to(spans, lambda k, at, piece: writers[k].add(at, piece))
+                arrived = True
+            finally:  # the spans that arrived whole are kept, even when another failed
+                for writer in writers:
+                    if writer.finish() or arrived:  # fetched (a write that failed was said once)
+                        self._count("readahead_bytes", writer.length)
             return
         # Not joined across a gap: _plan did what was worth it, and a gap here may be
         # blocks the cache holds.

@@ -31,7 +31,7 @@ import random
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from email.utils import parsedate_to_datetime
 from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import unquote, urljoin, urlsplit
@@ -519,6 +519,10 @@ class RemoteFile:
         for item in items:
             semaphore.acquire()  # what is held stays bounded: at most ``limit`` parts in flight
             futures.append(pool.submit(bounded, item))
+        # Every task done before anything is raised: a caller that gave them buffers, or
+        # a sink writing to descriptors it closes once this returns, must not have a
+        # task still writing after it (a descriptor number may be reused meanwhile).
+        wait(futures)
         for future in futures:
             future.result()
 
