@@ -353,10 +353,13 @@ def test_a_batch_raises_only_once_every_get_of_it_is_done(nginx: Nginx) -> None:
         time.sleep(0.3)
         finished.append(item)
 
-    with open_source(nginx.url("batch.bin")) as source:
+    source = open_source(nginx.url("batch.bin"))
+    try:
         with pytest.raises(RemoteAccessError):
             source._run(get, [0, 1], 2)
         assert finished == [1]
+    finally:
+        source.close()
 
 
 def test_503_is_retried_then_succeeds(proxy, nginx: Nginx) -> None:
