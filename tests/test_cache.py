@@ -336,6 +336,26 @@ def test_a_sequential_read_is_fetched_ahead_in_growing_windows(nginx, served, da
     assert bytes_asked_twice(spans) == 0 and fetched <= 1.05 * len(contents) + (64 << 20) // 16
 
 
+def test_a_reader_that_prefetches_its_spans_has_nothing_fetched_ahead(nginx, served, dataset,  # noqa: F811
+                                                                       tmp_path) -> None:
+    """Once a reader says which spans come next (a block-aware epoch's windows), reads
+    that look sequential start no stream: the same READs as above fetch what they read."""
+    _, files = dataset
+    contents = files["big/weights.bin"]
+    with Archive(served, cache_dir=tmp_path / "cache") as archive:
+        entry = archive.lookup("big/weights.bin")
+        assert archive.prefetch([archive.lookup("train/0000.bin")]) > 0
+        prefetched = archive.stats()["readahead_bytes"]
+        nginx.clear_log()
+        step = 128 << 10
+        data = b"".join(archive.read(entry, offset, step) for offset in range(0, 4 << 20, step))
+        ahead = archive.stats()["readahead_bytes"] - prefetched
+    assert data == contents[:4 << 20]
+    assert ahead == 0
+    spans = _data_gets(nginx)
+    assert sum(stop - start for start, stop in spans) <= (4 << 20) + 2 * BLOCK_BYTES  # what was read, no more
+
+
 def test_a_batch_through_the_cache_is_coalesced_and_then_served_from_it(nginx, served, dataset,  # noqa: F811
                                                                           tmp_path) -> None:
     _, files = dataset

@@ -542,21 +542,17 @@ class PathTable:
         container = self.container
         good = (entries >= 0) & (entries < self.entry_count)
         safe = np.where(good, entries, 0)
-        records = self.column("record")[safe]
+        records = _items(self._record, safe)  # compared while unsigned, as record() does
         good &= records < self.data_records
         records = np.where(good, records, 0).astype(np.int64)
         offsets = container.offset_items
         count = len(offsets)
         following = np.minimum(records + 1, count - 1)
-        if isinstance(offsets, PagedColumn):  # from a URL: the pages these records' offsets are in
-            starts, ends = offsets.take(records).astype(np.int64), offsets.take(following).astype(np.int64)
-        else:
-            items = np.asarray(offsets, dtype=np.int64)
-            starts, ends = items[records], items[following]
+        starts, ends = _items(offsets, records).astype(np.int64), _items(offsets, following).astype(np.int64)
         ends = np.where(records + 1 < count, ends, container.file_size)
         good &= (container.data_start <= starts) & (starts <= ends) & (ends <= container.data_end)
         if self.codecs is None:
-            good &= self.column("size")[safe].astype(np.int64) == ends - starts
+            good &= _items(self._size, safe).astype(np.int64) == ends - starts
         else:
             good[:] = False
         spans[:, 0], spans[:, 1] = starts, ends
@@ -688,6 +684,16 @@ class PathTable:
     def column(self, name: str) -> np.ndarray:
         """Section ``name`` as a numpy array (numpy is imported on first use)."""
         return self.arrays[name]
+
+
+def _items(column: Column, indices: np.ndarray) -> np.ndarray:
+    """Items ``indices`` of ``column`` as a numpy array: from a URL, only the pages they
+    are in (not the whole section, which ``arrays`` would read and keep)."""
+    import numpy as np
+
+    if isinstance(column, PagedColumn):
+        return column.take(indices)
+    return np.asarray(column)[indices]
 
 
 def _paged(column: Column) -> PagedColumn:

@@ -327,9 +327,13 @@ class CachedSource:
         self._touched: Dict[int, float] = {}  # chunk -> when this process last marked it used
         self._warned = False
         self._streams: List[_Stream] = []
+        # Set by the first prefetch_spans: a reader that says which spans come next (a
+        # block-aware epoch's windows) reads them from the cache in its own order, and
+        # runs of them that look sequential are no stream to fetch ahead (measured: a
+        # DataLoader worker's read-ahead thread fetched nothing and cost 3-4 MiB).
+        self._spans_planned = False
         # What is fetched ahead, in flight at once: at most a quarter of the memory cap
-        # (the parts' bodies are held until written) and an eighth of the cache (which
-        # must not evict what they fetch).
+        # and an eighth of the cache (which must not evict what they fetch).
         self._max_window = max(AHEAD_PART, min(MAX_WINDOW, getattr(remote, "memory_cap", MAX_WINDOW * 4) // 4,
                                                self.cache_size // 8))
         self._reads = 0  # reads through read(), numbered for the streams
@@ -804,10 +808,12 @@ class CachedSource:
         this process holds a receive buffer, not the bytes).  Another thread or
         process fetching the same blocks is waited for (the single flight of
         :meth:`_fetch`), not doubled.  Spans reaching into the suffix the open fetched
-        stop at it.  Returns the bytes fetched by this call; 0 without a disk cache
+        stop at it.  From the first call on, reads start no stream (the reader plans
+        what comes next).  Returns the bytes fetched by this call; 0 without a disk cache
         (there is nowhere to keep them: the records are then read as asked)."""
         if self.directory is None:
             return 0
+        self._spans_planned = True
         end_of_data = self.remote.suffix_start
         wanted: Set[int] = set()
         for start, end in spans:
@@ -883,7 +889,10 @@ class CachedSource:
     def _follow(self, start: int, end: int, limit: int) -> None:
         """Note a read of [start, end): one that continues a stream keeps its window
         ahead of it fetched, in parts of AHEAD_PART, each its own GET, as many in flight
-        as the window holds; one that does not starts a stream."""
+        as the window holds; one that does not starts a stream.  Nothing once the
+        reader plans its spans (prefetch_spans)."""
+        if self._spans_planned:
+            return
         with self._locked():
             self._reads += 1
             stream = next((s for s in self._streams if s.next - STREAM_SLACK <= start <= s.next + STREAM_SLACK), None)
