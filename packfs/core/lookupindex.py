@@ -18,6 +18,7 @@ from .tail import FetchMany, PageCache, Tail
 
 __all__ = ["IndexRow", "LookupIndex"]
 
+_as_row = tuple.__new__  # a row's fields as an IndexRow, without NamedTuple's argument handling
 _PARSED_PAGES = 64  # pages kept checked and sorted by hash, beside the byte cache
 
 
@@ -69,9 +70,9 @@ class LookupIndex:
         at = bisect_left(hashes, path_hash)
         while at < len(hashes) and hashes[at] == path_hash:
             fields = INDEX_ROW.unpack_from(data, positions[at])
-            path_start = positions[at] + INDEX_ROW.size
-            if data[path_start:path_start + fields[-1]] == key:  # checked when the page was
-                return IndexRow(*fields[1:-1])
+            # The path, compared in place (its row was checked when the page was).
+            if fields[-1] == len(key) and data.startswith(key, positions[at] + INDEX_ROW.size):
+                return _as_row(IndexRow, fields[1:-1])
             at += 1
         return None
 
