@@ -157,8 +157,13 @@ def _descriptors_for(shards: int) -> str | None:
         import resource
     except ImportError:
         return None
-    # The shard's, its map's (Python's mmap keeps a dup) and its Tree's own.
-    need = 3 * shards + _SPARE_DESCRIPTORS
+    # The shard's, its map's (Python's mmap keeps a dup) and its Tree's own, beyond what
+    # the process holds open already (a library caller may hold many: sockets, files).
+    try:
+        held = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        held = 0
+    need = held + 3 * shards + _SPARE_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return None
